@@ -1,0 +1,1 @@
+"""rastro_assets: Meta ad spend, catalog and thumbnails kept in DuckDB by Dagster."""

@@ -1,0 +1,104 @@
+"""`ad_spend_daily` and `site_spend_daily`: one account-day per partition.
+
+Both tables are written by the spend writer in one transaction, so they are
+one multi-asset: the site aggregate costs no run of its own and can never
+disagree with the ad rows it sums.
+"""
+
+
+from collections.abc import Iterator
+from datetime import date
+
+import dagster as dg
+
+from rastro_assets.defs.metadata import spend_metadata
+from rastro_assets.defs.partitions import account_date_ranges, spend_partition_key, spend_partitions
+from rastro_assets.defs.resources import RastroResource, run_started_at
+from rastro_assets.sync import SyncOutcome, SyncRefused, SyncRequest
+
+GROUP = "meta_spend"
+OWNERS = ["team:data-engineering"]
+SYNC_KIND_TAG = "rastro/sync_kind"
+ACCOUNT_TAG = "meta_account"
+MAX_DAYS_PER_RUN = 30
+
+AD_SPEND_DAILY = dg.AssetKey("ad_spend_daily")
+SITE_SPEND_DAILY = dg.AssetKey("site_spend_daily")
+
+ad_spend_spec = dg.AssetSpec(
+    AD_SPEND_DAILY,
+    description=(
+        "Spend, impressions, clicks and messaging conversations per ad and account-local day, "
+        "exactly as Meta reports them (spend in the account currency, DECIMAL(18,4)). "
+        "A materialized partition equals Meta's answer for that account-day: ad-days Meta no "
+        "longer returns are deleted after a complete read, never after a partial one."
+    ),
+    kinds={"duckdb"},
+    group_name=GROUP,
+    owners=OWNERS,
+    tags={"domain": "marketing"},
+)
+site_spend_spec = dg.AssetSpec(
+    SITE_SPEND_DAILY,
+    description=(
+        "Per site, ad account and local day: the exact sums of ad_spend_daily over the site's "
+        "linked accounts. Written in the same transaction as the ad rows."
+    ),
+    deps=[AD_SPEND_DAILY],
+    kinds={"duckdb"},
+    group_name=GROUP,
+    owners=OWNERS,
+    tags={"domain": "marketing"},
+)
+
+
+def materializations(outcome: SyncOutcome) -> Iterator[dg.AssetMaterialization]:
+    """Materializations for the account-days this sync replaced completely."""
+    metadata = spend_metadata(outcome)
+    for day in outcome.complete_days:
+        key = spend_partition_key(outcome.request.ad_account_id, day)
+        for asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY):
+            yield dg.AssetMaterialization(asset_key=asset_key, partition=key, metadata=metadata)
+
+
+@dg.multi_asset(
+    name="meta_spend",
+    specs=[ad_spend_spec, site_spend_spec],
+    partitions_def=spend_partitions,
+    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_DAYS_PER_RUN),
+    pool="meta_api",
+)
+def meta_spend(context: dg.AssetExecutionContext, rastro: RastroResource):
+    """Reads Meta for the run's account-days and replaces them in the warehouse."""
+    syncer = rastro.syncer()
+    kind = context.run.tags.get(SYNC_KIND_TAG, "manual")
+    outcomes: list[SyncOutcome] = []
+    for account, ranges in account_date_ranges(context.partition_keys).items():
+        for since, until in ranges:
+            request = SyncRequest(account, since, until, kind=kind, run_id=context.run_id)
+            context.log.info(f"{account}: reading {since} .. {until} ({_days(since, until)} days)")
+            try:
+                outcome = syncer.sync(request, synced_at=run_started_at(context))
+            except SyncRefused as exc:
+                raise dg.Failure(description=str(exc)) from None
+            outcomes.append(outcome)
+            if not outcome.ok:
+                for event in materializations(outcome):
+                    context.log_event(event)
+                raise dg.Failure(
+                    description=outcome.error,
+                    metadata={"unread_days": ", ".join(map(str, outcome.unread_days))},
+                )
+            if outcome.error:
+                context.log.warning(outcome.error)
+            context.log.info(
+                f"{account}: {outcome.rows_written} rows written, {outcome.rows_deleted} deleted, "
+                f"{outcome.api_calls} Meta calls"
+            )
+    metadata = spend_metadata(outcomes[-1]) if len(outcomes) == 1 else {}
+    yield dg.MaterializeResult(asset_key=AD_SPEND_DAILY, metadata=metadata)
+    yield dg.MaterializeResult(asset_key=SITE_SPEND_DAILY, metadata=metadata)
+
+
+def _days(since: date, until: date) -> int:
+    return (until - since).days + 1

@@ -1,0 +1,92 @@
+"""The sync wave: one Dagster run syncs every account that fell due together.
+
+A run costs ~2.8 s of Dagster overhead; a live sync of one account costs a
+few Meta calls. Grouping the accounts due in one sensor tick into one run,
+with bounded concurrency inside, keeps the 45-minute cadence cheap at a
+thousand accounts. Each account-day the wave replaced completely is still
+recorded as a materialization of its partition, so the partition grid and
+freshness stay true.
+"""
+
+
+from concurrent.futures import ThreadPoolExecutor
+from datetime import date
+
+import dagster as dg
+
+from rastro_assets.defs.resources import RastroResource, run_started_at
+from rastro_assets.defs.spend_assets import materializations
+from rastro_assets.sync import SyncOutcome, SyncRefused, SyncRequest
+
+WAVE_TAG = "rastro/wave"
+WAVE_CONCURRENCY = 4
+
+
+class WaveSync(dg.Config):
+    ad_account_id: str
+    kind: str
+    since: str
+    until: str
+    catalog: bool = False
+
+
+class WaveConfig(dg.Config):
+    syncs: list[WaveSync]
+
+
+@dg.op(
+    description="Syncs each account of the wave, a few at a time; one account's failure "
+    "is recorded for its back-off and does not stop the others.",
+    pool="meta_api",
+)
+def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: RastroResource):
+    syncer = rastro.syncer()
+    synced_at = run_started_at(context)
+    requests = [
+        SyncRequest(
+            ad_account_id=item.ad_account_id,
+            since=date.fromisoformat(item.since),
+            until=date.fromisoformat(item.until),
+            kind=item.kind,
+            run_id=context.run_id,
+            catalog=item.catalog,
+        )
+        for item in config.syncs
+    ]
+
+    def run_one(request: SyncRequest) -> SyncOutcome | None:
+        try:
+            return syncer.sync(request, synced_at=synced_at)
+        except SyncRefused as exc:
+            context.log.warning(f"{request.ad_account_id}: skipped: {exc}")
+            return None
+
+    with ThreadPoolExecutor(max_workers=WAVE_CONCURRENCY) as pool:
+        outcomes = [outcome for outcome in pool.map(run_one, requests) if outcome]
+
+    failed = 0
+    for outcome in outcomes:
+        for event in materializations(outcome):
+            context.log_event(event)
+        if outcome.ok:
+            context.log.info(
+                f"{outcome.request.ad_account_id} {outcome.request.kind}: "
+                f"{outcome.rows_written} rows written, {outcome.rows_deleted} deleted"
+            )
+        else:
+            failed += 1
+            context.log.warning(f"{outcome.request.ad_account_id}: {outcome.error}")
+    context.add_output_metadata(
+        {"accounts": len(requests), "synced": len(outcomes) - failed, "failed": failed}
+    )
+    if outcomes and failed == len(outcomes):
+        raise dg.Failure(description=f"every account of the wave failed ({failed})")
+
+
+@dg.job(
+    name="meta_sync_wave",
+    description="Live, daily and weekly syncs of every account due at one sensor tick.",
+    tags={WAVE_TAG: "true"},
+)
+def sync_wave_job():
+    sync_wave()

@@ -1,0 +1,43 @@
+"""A deterministic, faithful fake of the Meta Graph API (in-process and loopback).
+
+`FakeWorld` holds the truth; `FakeGraphTransport` answers in-process for
+`httpx`; `serve()` answers over real sockets on loopback.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from rastro_assets.meta.fake.app import FakeGraphTransport, FakeResponse, handle
+from rastro_assets.meta.fake.server import FakeGraphServer, run_server, serve
+from rastro_assets.meta.fake.world import (
+    CDN_BASE,
+    DEMO_TOKEN,
+    FAILURES,
+    FakeWorld,
+    Figures,
+    MutableClock,
+)
+
+
+@functools.cache
+def demo_world() -> FakeWorld:
+    """The process-wide demo world (system clock), shared by every fake client."""
+    return FakeWorld.demo()
+
+
+__all__ = [
+    "CDN_BASE",
+    "DEMO_TOKEN",
+    "FAILURES",
+    "FakeGraphServer",
+    "FakeGraphTransport",
+    "FakeResponse",
+    "FakeWorld",
+    "Figures",
+    "MutableClock",
+    "demo_world",
+    "handle",
+    "run_server",
+    "serve",
+]

@@ -1,0 +1,147 @@
+"""The fake Graph over real sockets, on loopback only.
+
+The same `handle()` as the in-process transport answers; this module only
+carries bytes. Faults become what a client would see from a real network: a
+"timeout" stalls without answering, "dropped" sends half a body and closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from rastro_assets.meta.fake.app import SERVER_CDN_PREFIX, handle
+from rastro_assets.meta.fake.world import GRAPH_VERSION, FakeWorld
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 8765
+# How often serve_forever looks for a shutdown request: keeps close() quick.
+SHUTDOWN_POLL_SECONDS = 0.05
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    # Buffer each answer into one send: headers and body written apart meet
+    # Nagle and delayed ACKs, costing ~40 ms a request.
+    wbufsize = 1 << 16
+    server: _FakeHTTPServer
+
+    def do_GET(self) -> None:
+        self._serve()
+
+    def do_POST(self) -> None:
+        self._serve()
+
+    def do_DELETE(self) -> None:
+        self._serve()
+
+    def _serve(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        origin = self.server.origin
+        answer = handle(
+            self.server.world,
+            self.command,
+            origin + self.path,
+            dict(self.headers.items()),
+            body,
+            cdn_base=origin + SERVER_CDN_PREFIX,
+        )
+        if answer.fault == "timeout":
+            time.sleep(self.server.world.server_stall_seconds)
+            self._hang_up()
+            return
+        self.send_response(answer.status)
+        for name, value in answer.headers:
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(answer.body)))
+        self.end_headers()
+        if answer.fault == "dropped":
+            self.wfile.write(answer.body[: len(answer.body) // 2])
+            self.wfile.flush()
+            self._hang_up()
+            return
+        self.wfile.write(answer.body)
+
+    def _hang_up(self) -> None:
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def log_message(self, format: str, *args: object) -> None:
+        # Paths carry signed CDN queries; keep them out of default output.
+        log.debug("fake graph: %s", format % args)
+
+
+class _FakeHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, world: FakeWorld, host: str, port: int) -> None:
+        self.world = world
+        super().__init__((host, port), _Handler)
+        bound_host, bound_port = self.server_address[:2]
+        self.origin = f"http://{bound_host}:{bound_port}"
+
+
+class FakeGraphServer:
+    """A running fake Graph; use as a context manager or call `close()`."""
+
+    def __init__(self, world: FakeWorld, host: str = "127.0.0.1", port: int = 0) -> None:
+        if not ipaddress.ip_address(host).is_loopback:
+            raise ValueError(f"the fake Graph binds loopback only, not {host}")
+        self.world = world
+        self._httpd = _FakeHTTPServer(world, host, port)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_SECONDS},
+            name="fake-graph", daemon=True,
+        )
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    @property
+    def origin(self) -> str:
+        return self._httpd.origin
+
+    @property
+    def base_url(self) -> str:
+        """The Graph base a client is given, version included."""
+        return f"{self.origin}/{GRAPH_VERSION}"
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeGraphServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def serve(world: FakeWorld, host: str = "127.0.0.1", port: int = 0) -> FakeGraphServer:
+    """Start serving `world` on loopback (port 0: any free port)."""
+    return FakeGraphServer(world, host, port)
+
+
+def run_server(port: int = DEFAULT_PORT, world: FakeWorld | None = None,
+               host: str = "127.0.0.1") -> None:
+    """Serve `world` (the demo world by default) until interrupted."""
+    world = world or FakeWorld.demo()
+    with serve(world, host, port) as server:
+        print(f"fake Meta Graph at {server.base_url} (Ctrl-C to stop)", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass

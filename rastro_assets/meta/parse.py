@@ -1,0 +1,265 @@
+"""Meta's JSON into typed models, and Meta's error objects into `MetaError`.
+
+Every check here raises `MalformedResponse` with a message naming the field,
+never echoing a whole body (bodies are large, and a malformed one may hold
+anything).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import date
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from rastro_assets.meta.errors import ErrorKind, MalformedResponse, MetaError
+from rastro_assets.meta.models import Ad, AdAccount, CreativeType, InsightRow
+
+MESSAGING_CONVERSATION_ACTION = "onsite_conversion.messaging_conversation_started_7d"
+
+TOKEN_CODES = frozenset({190})
+THROTTLE_CODES = frozenset({4, 17, 32, 613, *range(80000, 80015)})
+PERMISSION_CODES = frozenset({10, *range(200, 300)})
+TOO_MUCH_DATA_SUBCODES = frozenset({(100, 1504018), (2, 1504038)})
+TOO_MUCH_DATA_MESSAGE = "reduce the amount of data"
+TRANSIENT_CODES = frozenset({1, 2})
+UNKNOWN_ALIAS_CODE = 803
+# Counts beyond this are garbage, and huge exponents would be costly to expand.
+MAX_COUNT_DIGITS = 18
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str | Decimal):
+        try:
+            number = Decimal(value)
+        except (InvalidOperation, ValueError):
+            return None
+        if (
+            number.is_finite()
+            and number.adjusted() <= MAX_COUNT_DIGITS
+            and number == number.to_integral_value()
+        ):
+            return int(number)
+    return None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def classify_error(
+    error: Mapping[str, Any],
+    *,
+    http_status: int | None,
+    regain_seconds: int | None,
+    scrub: Any = None,
+) -> MetaError:
+    """The `MetaError` for Meta's `{"error": {...}}` object, per the facts table.
+
+    Args:
+        error: the object under `"error"`.
+        http_status: the response status.
+        regain_seconds: the wait the usage headers announced (kept on
+            throttling errors only).
+        scrub: a function cleaning text before it enters a message (the
+            client passes one that removes its token, in case Meta echoes it).
+    """
+    code = _int_or_none(error.get("code"))
+    subcode = _int_or_none(error.get("error_subcode"))
+    message = _text(error.get("message")) or "Meta returned an error without a message"
+    user_message = _text(error.get("error_user_msg"))
+    if user_message and user_message not in message:
+        message = f"{message} ({user_message})"
+    if scrub is not None:
+        message = scrub(message)
+    fbtrace = _text(error.get("fbtrace_id"))
+
+    if code in TOKEN_CODES:
+        kind = ErrorKind.TOKEN
+    elif code in THROTTLE_CODES:
+        kind = ErrorKind.THROTTLED
+    elif code in PERMISSION_CODES:
+        kind = ErrorKind.PERMISSION
+    elif (code == 1 and TOO_MUCH_DATA_MESSAGE in message.lower()) or (
+        (code, subcode) in TOO_MUCH_DATA_SUBCODES
+    ):
+        kind = ErrorKind.TOO_MUCH_DATA
+    elif code in TRANSIENT_CODES or error.get("is_transient") is True:
+        kind = ErrorKind.TRANSIENT
+    else:
+        kind = ErrorKind.OTHER
+    return MetaError(
+        kind,
+        message,
+        code=code,
+        subcode=subcode,
+        http_status=http_status,
+        fbtrace_id=fbtrace,
+        regain_seconds=regain_seconds if kind is ErrorKind.THROTTLED else None,
+    )
+
+
+def _required_text(obj: Mapping[str, Any], key: str, what: str) -> str:
+    value = obj.get(key)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str) or not value:
+        raise MalformedResponse(f"{what} has no {key!r}")
+    return value
+
+
+def _count(obj: Mapping[str, Any], key: str, what: str) -> int:
+    value = obj.get(key)
+    if value is None:
+        return 0
+    number = _int_or_none(value)
+    if number is None or number < 0:
+        raise MalformedResponse(f"{what} has a {key!r} that is not a whole count: {value!r:.40}")
+    return number
+
+
+def parse_spend(value: Any, what: str) -> Decimal:
+    """Meta's spend string as an exact Decimal (JSON floats arrive as Decimal)."""
+    if isinstance(value, bool) or value is None:
+        raise MalformedResponse(f"{what} has no 'spend'")
+    if isinstance(value, str | int | Decimal):
+        try:
+            spend = Decimal(value.strip() if isinstance(value, str) else value)
+        except (InvalidOperation, ValueError):
+            raise MalformedResponse(f"{what} has a non-numeric spend: {value!r:.40}") from None
+        if spend.is_finite():
+            return spend
+    raise MalformedResponse(f"{what} has a non-numeric spend: {value!r:.40}")
+
+
+def _conversations(row: Mapping[str, Any], what: str) -> int:
+    actions = row.get("actions")
+    if actions is None:
+        return 0
+    if not isinstance(actions, list):
+        raise MalformedResponse(f"{what} has 'actions' that is not a list")
+    total = 0
+    for action in actions:
+        if not isinstance(action, Mapping):
+            raise MalformedResponse(f"{what} has an action that is not an object")
+        if action.get("action_type") != MESSAGING_CONVERSATION_ACTION:
+            continue
+        value = _int_or_none(action.get("value"))
+        if value is None or value < 0:
+            raise MalformedResponse(
+                f"{what} has a messaging conversation count that is not a whole number: "
+                f"{action.get('value')!r:.40}"
+            )
+        total += value
+    return total
+
+
+def _day(row: Mapping[str, Any], key: str, what: str) -> date:
+    value = row.get(key)
+    if not isinstance(value, str):
+        raise MalformedResponse(f"{what} has no {key!r}")
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise MalformedResponse(f"{what} has an unreadable {key!r}: {value!r:.40}") from None
+
+
+def parse_insight_row(row: Any, since: date, until: date) -> InsightRow:
+    """One `level=ad, time_increment=1` row, checked against the asked range."""
+    if not isinstance(row, Mapping):
+        raise MalformedResponse("an insights row is not an object")
+    ad_id = row.get("ad_id")
+    if not isinstance(ad_id, str | int) or isinstance(ad_id, bool) or not str(ad_id):
+        raise MalformedResponse("an insights row has no 'ad_id'")
+    ad_id = str(ad_id)
+    what = f"insights row for ad {ad_id}"
+    start = _day(row, "date_start", what)
+    stop = _day(row, "date_stop", what)
+    if start != stop:
+        raise MalformedResponse(
+            f"{what} spans {start}..{stop}; time_increment=1 rows must cover one day"
+        )
+    if not since <= start <= until:
+        raise MalformedResponse(f"{what} is dated {start}, outside the asked {since}..{until}")
+    if "spend" not in row:
+        raise MalformedResponse(f"{what} on {start} has no 'spend'")
+    return InsightRow(
+        ad_id=ad_id,
+        day=start,
+        spend=parse_spend(row.get("spend"), f"{what} on {start}"),
+        impressions=_count(row, "impressions", what),
+        clicks=_count(row, "clicks", what),
+        conversations=_conversations(row, what),
+        ad_name=_text(row.get("ad_name")),
+        adset_id=_text(row.get("adset_id")),
+        adset_name=_text(row.get("adset_name")),
+        campaign_id=_text(row.get("campaign_id")),
+        campaign_name=_text(row.get("campaign_name")),
+    )
+
+
+def creative_type(creative: Mapping[str, Any] | None) -> CreativeType | None:
+    """The facts page's rule: video, then carousel, then image, else other."""
+    if not isinstance(creative, Mapping):
+        return None
+    spec = creative.get("object_story_spec")
+    spec = spec if isinstance(spec, Mapping) else {}
+    link_data = spec.get("link_data")
+    link_data = link_data if isinstance(link_data, Mapping) else {}
+    if creative.get("video_id") or spec.get("video_data"):
+        return "video"
+    if link_data.get("child_attachments"):
+        return "carousel"
+    if creative.get("image_url") or creative.get("object_type") == "PHOTO":
+        return "image"
+    return "other"
+
+
+def _nested_name(obj: Mapping[str, Any], key: str) -> str | None:
+    inner = obj.get(key)
+    return _text(inner.get("name")) if isinstance(inner, Mapping) else None
+
+
+def parse_ad(obj: Any, ad_account_id: str | None = None) -> Ad:
+    """One ad of the catalog, from `/act_x/ads` or `/?ids=`."""
+    if not isinstance(obj, Mapping):
+        raise MalformedResponse("an ad is not an object")
+    ad_id = _required_text(obj, "id", "an ad")
+    creative = obj.get("creative")
+    creative = creative if isinstance(creative, Mapping) else None
+    account = _text(obj.get("account_id"))
+    if account and not account.startswith("act_"):
+        account = f"act_{account}"
+    return Ad(
+        ad_id=ad_id,
+        ad_account_id=ad_account_id or account,
+        name=_text(obj.get("name")),
+        adset_id=_text(obj.get("adset_id")),
+        adset_name=_nested_name(obj, "adset"),
+        campaign_id=_text(obj.get("campaign_id")),
+        campaign_name=_nested_name(obj, "campaign"),
+        effective_status=_text(obj.get("effective_status")),
+        creative_type=creative_type(creative),
+        creative_id=_text(creative.get("id")) if creative else None,
+        thumbnail_url=_text(creative.get("thumbnail_url")) if creative else None,
+    )
+
+
+def parse_account(obj: Any, ad_account_id: str) -> AdAccount:
+    """`GET /act_x`: name, currency, timezone and status."""
+    if not isinstance(obj, Mapping):
+        raise MalformedResponse(f"ad account {ad_account_id} is not an object")
+    what = f"ad account {ad_account_id}"
+    currency = _required_text(obj, "currency", what)
+    timezone = _required_text(obj, "timezone_name", what)
+    return AdAccount(
+        ad_account_id=ad_account_id,
+        name=_text(obj.get("name")),
+        currency=currency,
+        timezone=timezone,
+        account_status=_int_or_none(obj.get("account_status")),
+    )

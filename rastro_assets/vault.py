@@ -1,0 +1,96 @@
+"""Seal and open Meta access tokens with AES-256-GCM.
+
+The key comes from `RASTRO_SECRETS_KEY` (base64 of 32 random bytes) and
+nothing else: no default, no derived fallback, so a missing key fails closed.
+Each ciphertext is bound to its connection id as associated data, so a sealed
+token copied onto another connection does not open. No message or repr built
+here ever contains a token or key material.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+from collections.abc import Mapping
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+ENV_VAR = "RASTRO_SECRETS_KEY"
+KEY_BYTES = 32
+NONCE_BYTES = 12
+TAG_BYTES = 16
+
+
+class SecretsKeyError(Exception):
+    """The secrets key is missing or malformed, or does not open a sealed token."""
+
+    code = "SECRETS_KEY_MISSING"
+
+
+class Vault:
+    """Seals tokens as `nonce (12 bytes) || AES-GCM ciphertext and tag`."""
+
+    __slots__ = ("_aead", "_var")
+
+    def __init__(self, key: bytes, *, var: str = ENV_VAR) -> None:
+        if not isinstance(key, bytes | bytearray) or len(key) != KEY_BYTES:
+            raise SecretsKeyError(
+                f"{var} must be the base64 of exactly {KEY_BYTES} bytes;"
+                " run `rastro keygen` for a fresh one"
+            )
+        self._aead = AESGCM(bytes(key))
+        self._var = var
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, var: str = ENV_VAR) -> Vault:
+        env = os.environ if environ is None else environ
+        raw = (env.get(var) or "").strip()
+        if not raw:
+            raise SecretsKeyError(
+                f"{var} is not set: tokens cannot be sealed or opened without it;"
+                " run `rastro keygen` for a fresh key and export it"
+            )
+        try:
+            key = base64.b64decode(raw, validate=True)
+        except (binascii.Error, ValueError):
+            raise SecretsKeyError(
+                f"{var} is not valid base64; run `rastro keygen` for a fresh key"
+            ) from None
+        if len(key) != KEY_BYTES:
+            raise SecretsKeyError(
+                f"{var} decodes to {len(key)} bytes, not {KEY_BYTES};"
+                " run `rastro keygen` for a fresh key"
+            )
+        return cls(key, var=var)
+
+    def seal(self, connection_id: str, token: str) -> bytes:
+        if not connection_id:
+            raise ValueError("a sealed token needs a connection id")
+        if not token:
+            raise ValueError("refusing to seal an empty token")
+        nonce = os.urandom(NONCE_BYTES)
+        return nonce + self._aead.encrypt(nonce, token.encode(), connection_id.encode())
+
+    def open(self, connection_id: str, sealed: bytes) -> str:
+        refusal = SecretsKeyError(
+            f"{self._var} does not open this token (connection {connection_id!r}):"
+            " wrong key or tampered ciphertext"
+        )
+        if len(sealed) < NONCE_BYTES + TAG_BYTES:
+            raise refusal
+        nonce, ciphertext = bytes(sealed[:NONCE_BYTES]), bytes(sealed[NONCE_BYTES:])
+        try:
+            plain = self._aead.decrypt(nonce, ciphertext, connection_id.encode())
+        except InvalidTag:
+            raise refusal from None
+        return plain.decode()
+
+    def __repr__(self) -> str:
+        return f"Vault(key from {self._var})"
+
+
+def generate_key() -> str:
+    """A fresh key for `RASTRO_SECRETS_KEY`: base64 of 32 random bytes."""
+    return base64.b64encode(os.urandom(KEY_BYTES)).decode()

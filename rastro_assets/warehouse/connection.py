@@ -1,0 +1,216 @@
+"""Short-lived DuckDB connections that wait politely for another process's lock.
+
+A process holding a read-write connection locks the file against every other
+process, readers included. So every caller opens briefly, closes in `finally`,
+never holds the file across a network call, and retries the open with a
+bounded, jittered back-off when someone else holds it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import duckdb
+
+from rastro_assets.warehouse import schema
+
+FIRST_RETRY_SECONDS = 0.05
+MAX_RETRY_SECONDS = 2.0
+DEFAULT_LOCK_WAIT_SECONDS = 60.0
+
+# Connections with a transaction opened by `transaction`: nested calls join it
+# without asking DuckDB.
+_OWNED: weakref.WeakSet[duckdb.DuckDBPyConnection] = weakref.WeakSet()
+
+# Connections of one process share the file (no DuckDB lock between them):
+# migrations of the same file within this process take turns here.
+_MIGRATION_LOCKS: dict[str, threading.Lock] = {}
+_MIGRATION_LOCKS_GUARD = threading.Lock()
+
+_LOCK_HOLDER = re.compile(r"Conflicting lock is held in (?P<exe>.+?) \(PID (?P<pid>\d+)\)")
+
+
+class WarehouseLocked(Exception):
+    """Another process kept the warehouse file locked for longer than we wait."""
+
+    def __init__(
+        self, path: str, *, holder: str | None, pid: int | None, waited_seconds: float
+    ) -> None:
+        self.path = path
+        self.holder = holder
+        self.pid = pid
+        self.waited_seconds = waited_seconds
+        who = f"{holder} (PID {pid})" if pid is not None else (holder or "another connection")
+        super().__init__(
+            f"the warehouse {path} is locked by another process, {who}, and stayed locked"
+            f" for {waited_seconds:.1f} s; close long-running sessions on it (a DuckDB"
+            " shell, a notebook) or wait for that process to finish, then retry"
+        )
+
+
+class Warehouse:
+    """The DuckDB file: where it is, and how to open it without fighting over it."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        lock_wait_seconds: float = DEFAULT_LOCK_WAIT_SECONDS,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.path = str(path)
+        self.lock_wait_seconds = lock_wait_seconds
+        self._sleep = sleep
+        self._migrated = False
+
+    def __repr__(self) -> str:
+        return f"Warehouse({self.path!r})"
+
+    @contextmanager
+    def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A connection for the body of the `with`, closed when it ends.
+
+        The first read-write connection of this object brings the schema up
+        to date. A read-only connection never writes; on a file that does not
+        exist yet or is behind the code, the schema is first migrated through
+        a brief read-write connection, so readers always see every table.
+        """
+        con = self._open_current(read_only) if read_only else self._open(read_only)
+        try:
+            if not read_only and not self._migrated:
+                self._migrate_with(con)
+            yield con
+        finally:
+            con.close()
+
+    def migrate(self) -> int:
+        """Create or migrate the schema; idempotent. The version reached."""
+        con = self._open(read_only=False)
+        try:
+            return self._migrate_with(con)
+        finally:
+            con.close()
+
+    def _open_current(self, read_only: bool) -> duckdb.DuckDBPyConnection:
+        if self._migrated:
+            return self._open(read_only)
+        if os.path.exists(self.path):
+            con = self._open(read_only)
+            try:
+                if schema.current_version(con) >= schema.LATEST_VERSION:
+                    self._migrated = True
+                    return con
+            except BaseException:
+                con.close()
+                raise
+            con.close()
+        self.migrate()
+        return self._open(read_only)
+
+    def _migrate_with(self, con: duckdb.DuckDBPyConnection) -> int:
+        with _migration_lock(self.path):
+            version = schema.migrate(con)
+            self._migrated = True
+            return version
+
+    def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
+        if not read_only:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        waited = 0.0
+        delay = FIRST_RETRY_SECONDS
+        while True:
+            try:
+                con = duckdb.connect(self.path, read_only=read_only)
+            except duckdb.ConnectionException as exc:
+                if "different configuration" not in str(exc):
+                    raise
+                if read_only:
+                    # This process already holds the file read-write: share that.
+                    read_only = False
+                    continue
+                # A read-only connection of this process is open; it is brief.
+                holder, pid = "a read-only connection of this same process", os.getpid()
+            except duckdb.IOException as exc:
+                match = _LOCK_HOLDER.search(str(exc))
+                if match is None:
+                    raise
+                holder, pid = match["exe"], int(match["pid"])
+            else:
+                try:
+                    con.execute("SET TimeZone = 'UTC'")
+                except BaseException:
+                    con.close()
+                    raise
+                return con
+            remaining = self.lock_wait_seconds - waited
+            if remaining <= 0:
+                raise WarehouseLocked(self.path, holder=holder, pid=pid, waited_seconds=waited)
+            pause = min(delay * random.uniform(0.75, 1.25), MAX_RETRY_SECONDS, remaining)
+            self._sleep(pause)
+            waited += pause
+            delay = min(delay * 2, MAX_RETRY_SECONDS)
+
+
+@contextmanager
+def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    """BEGIN, then COMMIT when the body ends, ROLLBACK when it raises.
+
+    Inside a transaction already open on `con`, this joins it: the outer owner
+    commits or rolls back, so functions that each guard themselves compose
+    into one atomic unit.
+    """
+    if con in _OWNED or in_transaction(con):
+        yield con
+        return
+    con.execute("BEGIN TRANSACTION")
+    _OWNED.add(con)
+    try:
+        yield con
+    except BaseException:
+        # A failed COMMIT inside the body has already ended the transaction.
+        with suppress(duckdb.TransactionException):
+            con.execute("ROLLBACK")
+        raise
+    else:
+        con.execute("COMMIT")
+    finally:
+        _OWNED.discard(con)
+
+
+def in_transaction(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether an explicit transaction is open on `con`.
+
+    DuckDB has no direct question for this, and a failed BEGIN would abort
+    the open transaction; but in autocommit mode every statement gets a new
+    transaction id, while inside a transaction the id stays put.
+    """
+    first = con.execute("SELECT txid_current()").fetchall()
+    second = con.execute("SELECT txid_current()").fetchall()
+    return first == second
+
+
+def register_arrow(con: duckdb.DuckDBPyConnection, name: str, table: object) -> None:
+    """`con.register`, even when the caller left a result half-read.
+
+    DuckDB 2 refuses `register` while an `execute()` result is unfinished;
+    `complete()` runs it to its end (older DuckDB has neither the rule nor
+    the method).
+    """
+    complete = getattr(con, "complete", None)
+    if complete is not None:
+        complete()
+    con.register(name, table)
+
+
+def _migration_lock(path: str) -> threading.Lock:
+    key = os.path.realpath(path)
+    with _MIGRATION_LOCKS_GUARD:
+        return _MIGRATION_LOCKS.setdefault(key, threading.Lock())

@@ -1,0 +1,364 @@
+"""Sites, Meta connections (sealed tokens), ad accounts and the links between them.
+
+Every function takes an open connection. Each mutating one runs in its own
+transaction, or joins the caller's when one is already open on `con`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+import duckdb
+
+from rastro_assets.timekeeping import zone
+from rastro_assets.warehouse.connection import transaction
+from rastro_assets.warehouse.spend import rebuild_site_spend
+
+ACTIVE = "active"
+INVALID = "invalid"
+
+MAX_IDENTIFIER_CHARS = 128
+
+_ACCOUNT_ID = re.compile(r"(?:act_)?([0-9]+)")
+_CURRENCY = re.compile(r"[A-Z]{3}")
+_IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]*")
+
+
+class RegistryError(Exception):
+    """A registry change that the current state refuses (unknown site, taken account...)."""
+
+
+class LinkResult(StrEnum):
+    LINKED = "linked"
+    ALREADY_LINKED = "already_linked"
+
+
+@dataclass(frozen=True)
+class Connection:
+    connection_id: str
+    status: str
+    sealed_token: bytes | None = field(repr=False)
+    sealed_at: datetime | None
+    invalid_since: datetime | None
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class LinkedAccount:
+    ad_account_id: str
+    connection_id: str
+    timezone: str
+    currency: str
+    name: str | None
+    created_at: datetime | None
+    sync_requested_at: datetime | None
+    sites: tuple[str, ...]
+    connection_status: str | None
+    connection_sealed_at: datetime | None
+
+
+def normalize_account_id(raw: str) -> str:
+    """`act_<digits>` or bare digits, as `act_<digits>`; ValueError otherwise."""
+    text = raw.strip() if isinstance(raw, str) else ""
+    match = _ACCOUNT_ID.fullmatch(text)
+    if match is None:
+        raise ValueError(
+            f"ad account id {raw!r} is not act_<digits> or bare digits (for example act_1234567890)"
+        )
+    return f"act_{match[1]}"
+
+
+def normalize_currency(raw: str) -> str:
+    """An ISO 4217-shaped code, upper-cased: three letters A-Z; ValueError otherwise."""
+    text = raw.strip().upper() if isinstance(raw, str) else ""
+    if not _CURRENCY.fullmatch(text):
+        raise ValueError(f"currency {raw!r} is not a three-letter ISO code such as USD or BRL")
+    return text
+
+
+def validate_timezone(raw: str) -> str:
+    """An IANA timezone name known to zoneinfo; ValueError otherwise."""
+    text = raw.strip() if isinstance(raw, str) else ""
+    if not text:
+        raise ValueError("timezone is empty: give an IANA name such as America/Sao_Paulo")
+    try:
+        zone(text)
+    except ValueError:
+        raise ValueError(
+            f"timezone {raw!r} is not an IANA timezone name such as America/Sao_Paulo"
+        ) from None
+    return text
+
+
+def validate_identifier(kind: str, raw: str) -> str:
+    """A site or connection id: letters, digits and `_ . : @ -`, starting alphanumeric."""
+    text = raw.strip() if isinstance(raw, str) else ""
+    if not _IDENTIFIER.fullmatch(text) or len(text) > MAX_IDENTIFIER_CHARS:
+        raise ValueError(
+            f"{kind} {raw!r} is not a valid id: use up to {MAX_IDENTIFIER_CHARS} letters,"
+            " digits and _ . : @ -, starting with a letter or digit"
+        )
+    return text
+
+
+def add_site(con: duckdb.DuckDBPyConnection, site_id: str, name: str | None, now: datetime) -> None:
+    """Create the site, or rename it when it exists."""
+    with transaction(con):
+        con.execute(
+            """
+            INSERT INTO sites (site_id, name, created_at) VALUES (?, ?, ?)
+            ON CONFLICT (site_id) DO UPDATE SET name = coalesce(excluded.name, sites.name)
+            """,
+            [site_id, name, now],
+        )
+
+
+def site_exists(con: duckdb.DuckDBPyConnection, site_id: str) -> bool:
+    return _exists(con, "SELECT 1 FROM sites WHERE site_id = ?", [site_id])
+
+
+def save_connection(
+    con: duckdb.DuckDBPyConnection, connection_id: str, sealed_token: bytes, now: datetime
+) -> None:
+    """Store a (new) sealed token; the connection becomes active again.
+
+    `sealed_at` is the token's version: accounts paused by a dead token resume
+    because the planner reads the status, and a run still holding the old
+    token can no longer mark this one invalid (see `mark_connection_invalid`).
+    """
+    with transaction(con):
+        con.execute(
+            """
+            INSERT INTO meta_connections
+                (connection_id, status, invalid_since, last_error, sealed_token, sealed_at,
+                 created_at, updated_at)
+            VALUES (?, ?, NULL, NULL, ?, ?, ?, ?)
+            ON CONFLICT (connection_id) DO UPDATE SET
+                status = excluded.status, invalid_since = NULL, last_error = NULL,
+                sealed_token = excluded.sealed_token, sealed_at = excluded.sealed_at,
+                updated_at = excluded.updated_at
+            """,
+            [connection_id, ACTIVE, sealed_token, now, now, now],
+        )
+
+
+def get_connection(con: duckdb.DuckDBPyConnection, connection_id: str) -> Connection | None:
+    row = con.execute(
+        """
+        SELECT connection_id, status, sealed_token, sealed_at, invalid_since, last_error
+        FROM meta_connections WHERE connection_id = ?
+        """,
+        [connection_id],
+    ).fetchone()
+    if row is None:
+        return None
+    return Connection(
+        connection_id=row[0],
+        status=row[1],
+        sealed_token=bytes(row[2]) if row[2] is not None else None,
+        sealed_at=row[3],
+        invalid_since=row[4],
+        last_error=row[5],
+    )
+
+
+def mark_connection_invalid(
+    con: duckdb.DuckDBPyConnection,
+    connection_id: str,
+    message: str,
+    now: datetime,
+    *,
+    token_sealed_at: datetime | None,
+) -> bool:
+    """Mark the connection's token dead, if it is still the token the caller used.
+
+    A run that started with an older token must not condemn one connected
+    since: only a stored `sealed_at` equal to `token_sealed_at` is marked. The
+    first `invalid_since` is kept. True when the row was marked.
+    """
+    if token_sealed_at is None:
+        return False
+    with transaction(con):
+        row = con.execute(
+            """
+            UPDATE meta_connections SET
+                status = ?, invalid_since = coalesce(invalid_since, ?), last_error = ?,
+                updated_at = ?
+            WHERE connection_id = ? AND sealed_at = ?
+            """,
+            [INVALID, now, message, now, connection_id, token_sealed_at],
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def link_account(
+    con: duckdb.DuckDBPyConnection,
+    site_id: str,
+    ad_account_id: str,
+    connection_id: str,
+    timezone: str,
+    currency: str,
+    now: datetime,
+    name: str | None = None,
+) -> LinkResult:
+    """Link a site to an ad account synced through `connection_id`.
+
+    The account is created on its first link. An account synced through
+    another connection is refused until every site has unlinked it. A new
+    link to an account that already has spend gets its `site_spend_daily`
+    rows in the same transaction.
+    """
+    ad_account_id = normalize_account_id(ad_account_id)
+    timezone = validate_timezone(timezone)
+    currency = normalize_currency(currency)
+    with transaction(con):
+        if not site_exists(con, site_id):
+            raise RegistryError(f"unknown site {site_id!r}: add it first with `rastro site add`")
+        if get_connection(con, connection_id) is None:
+            raise RegistryError(
+                f"unknown connection {connection_id!r}: connect it first with `rastro connect`"
+            )
+        account = con.execute(
+            "SELECT connection_id, timezone, currency FROM meta_ad_accounts"
+            " WHERE ad_account_id = ?",
+            [ad_account_id],
+        ).fetchone()
+        linked_sites = _sites_linking(con, ad_account_id)
+        if account is None or not linked_sites:
+            con.execute(
+                """
+                INSERT INTO meta_ad_accounts
+                    (ad_account_id, connection_id, timezone, currency, name, created_at)
+                VALUES (?, ?, ?, ?, ?, ?)
+                ON CONFLICT (ad_account_id) DO UPDATE SET
+                    connection_id = excluded.connection_id, timezone = excluded.timezone,
+                    currency = excluded.currency, name = excluded.name
+                """,
+                [ad_account_id, connection_id, timezone, currency, name, now],
+            )
+        else:
+            stored_connection, stored_timezone, stored_currency = account
+            if stored_connection != connection_id:
+                raise RegistryError(
+                    f"{ad_account_id} is already synced through connection"
+                    f" {stored_connection!r} (linked to {', '.join(linked_sites)});"
+                    " unlink it from every site before linking it through another connection"
+                )
+            if (stored_timezone, stored_currency) != (timezone, currency):
+                raise RegistryError(
+                    f"{ad_account_id} is stored with timezone {stored_timezone} and currency"
+                    f" {stored_currency}, not {timezone} and {currency}"
+                )
+            if name is not None:
+                con.execute(
+                    "UPDATE meta_ad_accounts SET name = coalesce(name, ?) WHERE ad_account_id = ?",
+                    [name, ad_account_id],
+                )
+        if site_id in linked_sites:
+            return LinkResult.ALREADY_LINKED
+        con.execute(
+            "INSERT INTO site_ad_accounts (site_id, ad_account_id, linked_at) VALUES (?, ?, ?)",
+            [site_id, ad_account_id, now],
+        )
+        rebuild_site_spend(con, ad_account_id, site_ids=[site_id])
+    return LinkResult.LINKED
+
+
+def unlink_account(con: duckdb.DuckDBPyConnection, site_id: str, ad_account_id: str) -> bool:
+    """Remove a link and that site's spend for the account. True when the account was purged.
+
+    When no site links the account any more, everything synced for it goes:
+    spend, catalog, thumbnails of its catalogued ads, sync history and the
+    account row, so a later link starts again with a fresh backfill.
+    """
+    ad_account_id = normalize_account_id(ad_account_id)
+    with transaction(con):
+        if site_id not in _sites_linking(con, ad_account_id):
+            raise RegistryError(f"site {site_id!r} is not linked to {ad_account_id}")
+        con.execute(
+            "DELETE FROM site_ad_accounts WHERE site_id = ? AND ad_account_id = ?",
+            [site_id, ad_account_id],
+        )
+        con.execute(
+            "DELETE FROM site_spend_daily WHERE site_id = ? AND ad_account_id = ?",
+            [site_id, ad_account_id],
+        )
+        if _sites_linking(con, ad_account_id):
+            return False
+        for statement in (
+            "DELETE FROM site_spend_daily WHERE ad_account_id = ?",
+            "DELETE FROM ad_spend_daily WHERE ad_account_id = ?",
+            "DELETE FROM ad_thumbnails WHERE ad_id IN"
+            " (SELECT ad_id FROM ad_catalog WHERE ad_account_id = ?)",
+            "DELETE FROM ad_catalog WHERE ad_account_id = ?",
+            "DELETE FROM meta_sync_runs WHERE ad_account_id = ?",
+            "DELETE FROM meta_ad_accounts WHERE ad_account_id = ?",
+        ):
+            con.execute(statement, [ad_account_id])
+    return True
+
+
+_LINKED_ACCOUNTS = """
+    SELECT a.ad_account_id, a.connection_id, a.timezone, a.currency, a.name, a.created_at,
+           a.sync_requested_at, list(l.site_id ORDER BY l.site_id) AS sites,
+           c.status, c.sealed_at
+    FROM meta_ad_accounts a
+    JOIN site_ad_accounts l USING (ad_account_id)
+    LEFT JOIN meta_connections c USING (connection_id)
+    WHERE CAST(? AS VARCHAR) IS NULL OR a.ad_account_id = ?
+    GROUP BY ALL
+    ORDER BY a.ad_account_id
+"""
+
+
+def linked_accounts(con: duckdb.DuckDBPyConnection) -> list[LinkedAccount]:
+    """Every account at least one site links, sorted by id."""
+    rows = con.execute(_LINKED_ACCOUNTS, [None, None]).fetchall()
+    return [_linked_account(row) for row in rows]
+
+
+def get_account(con: duckdb.DuckDBPyConnection, ad_account_id: str) -> LinkedAccount | None:
+    """The account if at least one site links it."""
+    row = con.execute(_LINKED_ACCOUNTS, [ad_account_id, ad_account_id]).fetchone()
+    return _linked_account(row) if row else None
+
+
+def request_sync(con: duckdb.DuckDBPyConnection, ad_account_id: str, now: datetime) -> None:
+    """Ask the planner to sync the account at its next look."""
+    with transaction(con):
+        if not _sites_linking(con, ad_account_id):
+            raise RegistryError(f"{ad_account_id} is not linked to any site")
+        con.execute(
+            "UPDATE meta_ad_accounts SET sync_requested_at = ? WHERE ad_account_id = ?",
+            [now, ad_account_id],
+        )
+
+
+def _sites_linking(con: duckdb.DuckDBPyConnection, ad_account_id: str) -> list[str]:
+    rows = con.execute(
+        "SELECT site_id FROM site_ad_accounts WHERE ad_account_id = ? ORDER BY site_id",
+        [ad_account_id],
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+def _exists(con: duckdb.DuckDBPyConnection, query: str, params: list[object]) -> bool:
+    return con.execute(query, params).fetchone() is not None
+
+
+def _linked_account(row: tuple) -> LinkedAccount:
+    return LinkedAccount(
+        ad_account_id=row[0],
+        connection_id=row[1],
+        timezone=row[2],
+        currency=row[3],
+        name=row[4],
+        created_at=row[5],
+        sync_requested_at=row[6],
+        sites=tuple(row[7]),
+        connection_status=row[8],
+        connection_sealed_at=row[9],
+    )

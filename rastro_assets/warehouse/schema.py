@@ -1,0 +1,220 @@
+"""The warehouse schema, as an ordered list of migrations.
+
+`schema_version` records every migration applied. A migration is never
+edited once shipped: a change is a new entry at the end of `MIGRATIONS`.
+Column names of the contract's tables are stable; extra columns are ours.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import suppress
+from dataclasses import dataclass
+
+import duckdb
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+_V1 = (
+    """
+    CREATE TABLE IF NOT EXISTS sites (
+        site_id VARCHAR PRIMARY KEY,
+        name VARCHAR,
+        created_at TIMESTAMPTZ
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS meta_connections (
+        connection_id VARCHAR PRIMARY KEY,
+        status VARCHAR NOT NULL DEFAULT 'active',
+        invalid_since TIMESTAMPTZ,
+        last_error VARCHAR,
+        sealed_token BLOB,
+        sealed_at TIMESTAMPTZ,
+        created_at TIMESTAMPTZ,
+        updated_at TIMESTAMPTZ
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS meta_ad_accounts (
+        ad_account_id VARCHAR PRIMARY KEY,
+        connection_id VARCHAR NOT NULL,
+        timezone VARCHAR NOT NULL,
+        currency VARCHAR NOT NULL,
+        name VARCHAR,
+        created_at TIMESTAMPTZ,
+        sync_requested_at TIMESTAMPTZ
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS site_ad_accounts (
+        site_id VARCHAR NOT NULL,
+        ad_account_id VARCHAR NOT NULL,
+        linked_at TIMESTAMPTZ,
+        PRIMARY KEY (site_id, ad_account_id)
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS ad_spend_daily (
+        ad_account_id VARCHAR NOT NULL,
+        ad_id VARCHAR NOT NULL,
+        day DATE NOT NULL,
+        spend DECIMAL(18, 4) NOT NULL,
+        impressions BIGINT NOT NULL,
+        clicks BIGINT NOT NULL,
+        conversations BIGINT NOT NULL,
+        synced_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (ad_account_id, ad_id, day)
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS site_spend_daily (
+        site_id VARCHAR NOT NULL,
+        ad_account_id VARCHAR NOT NULL,
+        day DATE NOT NULL,
+        spend DECIMAL(18, 4) NOT NULL,
+        impressions BIGINT NOT NULL,
+        clicks BIGINT NOT NULL,
+        conversations BIGINT NOT NULL,
+        ad_rows BIGINT,
+        PRIMARY KEY (site_id, ad_account_id, day)
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS ad_catalog (
+        ad_id VARCHAR PRIMARY KEY,
+        ad_account_id VARCHAR,
+        ad_name VARCHAR,
+        adset_id VARCHAR,
+        adset_name VARCHAR,
+        campaign_id VARCHAR,
+        campaign_name VARCHAR,
+        ad_status VARCHAR,
+        creative_type VARCHAR,
+        creative_id VARCHAR,
+        thumbnail_url VARCHAR,
+        updated_at TIMESTAMPTZ
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS ad_thumbnails (
+        ad_id VARCHAR PRIMARY KEY,
+        content_type VARCHAR,
+        image BLOB,
+        sha256 VARCHAR,
+        creative_id VARCHAR,
+        fetched_at TIMESTAMPTZ
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS meta_sync_runs (
+        run_id VARCHAR NOT NULL,
+        ad_account_id VARCHAR NOT NULL,
+        kind VARCHAR,
+        since DATE,
+        until DATE,
+        started_at TIMESTAMPTZ,
+        finished_at TIMESTAMPTZ,
+        outcome VARCHAR,
+        rows_written BIGINT,
+        rows_deleted BIGINT,
+        api_calls BIGINT,
+        error VARCHAR,
+        catalog BOOLEAN,
+        usage_pct DOUBLE,
+        regain_at TIMESTAMPTZ,
+        incomplete_days VARCHAR,
+        token_sealed_at TIMESTAMPTZ,
+        PRIMARY KEY (run_id, ad_account_id)
+    )
+    """,
+    """
+    CREATE INDEX IF NOT EXISTS meta_sync_runs_account_started
+        ON meta_sync_runs (ad_account_id, started_at)
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS lead_daily_rollups (
+        site_id VARCHAR,
+        ad_id VARCHAR,
+        day DATE,
+        leads BIGINT
+    )
+    """,
+)
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "sites, connections, accounts, links, spend, catalog, thumbnails, runs", _V1),
+)
+
+LATEST_VERSION = MIGRATIONS[-1].version
+MIGRATION_ATTEMPTS = 6
+
+_VERSION_TABLE = """
+    CREATE TABLE IF NOT EXISTS schema_version (
+        version INTEGER PRIMARY KEY,
+        description VARCHAR,
+        applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    )
+"""
+
+
+def current_version(con: duckdb.DuckDBPyConnection) -> int:
+    """The highest migration applied; 0 for a file that has none."""
+    exists = con.execute(
+        "SELECT count(*) FROM information_schema.tables"
+        " WHERE table_schema = 'main' AND table_name = 'schema_version'"
+    ).fetchone()
+    if not exists or not exists[0]:
+        return 0
+    row = con.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()
+    return int(row[0]) if row else 0
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> int:
+    """Apply every missing migration, each in its own transaction; the version reached.
+
+    Another process cannot hold the file read-write meanwhile (DuckDB's file
+    lock), but another connection of this process can: the version is read
+    again inside the transaction, and a commit that loses a race to such a
+    connection is rolled back and re-checked rather than applied twice.
+    """
+    if current_version(con) >= LATEST_VERSION:
+        return LATEST_VERSION
+    for migration in MIGRATIONS:
+        for attempt in range(MIGRATION_ATTEMPTS):
+            if attempt:
+                time.sleep(0.05 * 2**attempt)
+            con.execute("BEGIN TRANSACTION")
+            try:
+                con.execute(_VERSION_TABLE)
+                if current_version(con) >= migration.version:
+                    con.execute("ROLLBACK")
+                    break
+                for statement in migration.statements:
+                    con.execute(statement)
+                con.execute(
+                    "INSERT INTO schema_version (version, description) VALUES (?, ?)",
+                    [migration.version, migration.description],
+                )
+                con.execute("COMMIT")
+                break
+            except (duckdb.TransactionException, duckdb.ConstraintException):
+                _rollback_quietly(con)
+            except BaseException:
+                _rollback_quietly(con)
+                raise
+        else:
+            raise RuntimeError(f"could not apply warehouse migration {migration.version}")
+    return current_version(con)
+
+
+def _rollback_quietly(con: duckdb.DuckDBPyConnection) -> None:
+    # A failed COMMIT has already ended the transaction; ROLLBACK then refuses.
+    with suppress(duckdb.TransactionException):
+        con.execute("ROLLBACK")

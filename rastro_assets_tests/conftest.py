@@ -1,0 +1,131 @@
+"""Small worlds shared by the tests: a warehouse file, a secrets key, a linked account."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from rastro_assets.vault import ENV_VAR, Vault, generate_key
+from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.connection import Warehouse
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def now() -> datetime:
+    return NOW
+
+
+@pytest.fixture
+def duckdb_path(tmp_path: Path) -> Path:
+    """A warehouse file that does not exist yet, in a directory that does not either."""
+    return tmp_path / "data" / "rastro.duckdb"
+
+
+@pytest.fixture
+def secrets_key(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh RASTRO_SECRETS_KEY, set in the environment for the test."""
+    key = generate_key()
+    monkeypatch.setenv(ENV_VAR, key)
+    return key
+
+
+@pytest.fixture
+def vault(secrets_key: str) -> Vault:
+    return Vault.from_env()
+
+
+@pytest.fixture
+def warehouse(duckdb_path: Path) -> Warehouse:
+    """A migrated, empty warehouse that gives up on a foreign lock after 5 s."""
+    warehouse = Warehouse(duckdb_path, lock_wait_seconds=5.0)
+    warehouse.migrate()
+    return warehouse
+
+
+@pytest.fixture
+def con(warehouse: Warehouse) -> Iterator[duckdb.DuckDBPyConnection]:
+    with warehouse.connect() as connection:
+        yield connection
+
+
+@pytest.fixture
+def linked_account(con: duckdb.DuckDBPyConnection, now: datetime) -> str:
+    """`act_1` (America/Sao_Paulo, BRL) linked to site `s1` through connection `c1`."""
+    registry.add_site(con, "s1", "Site one", now)
+    registry.save_connection(con, "c1", b"\0" * 40, now)
+    registry.link_account(con, "s1", "act_1", "c1", "America/Sao_Paulo", "BRL", now)
+    return "act_1"
+
+
+# -- Small Meta worlds: the fake Graph, a linked warehouse, a Syncer -----------
+
+TOKEN = "EAAtestTOKENx7Qv93LmZpR2sKd81"
+"""A distinctive token, so scans for leaks find it if it leaks anywhere."""
+
+
+@pytest.fixture
+def fake_clock():
+    from rastro_assets.meta.fake.world import MutableClock
+
+    return MutableClock(NOW)
+
+
+@pytest.fixture
+def fake_world(fake_clock):
+    """Two accounts on both sides of UTC: act_101 (Sao Paulo, BRL), act_202 (Tokyo, JPY)."""
+    from rastro_assets.meta.fake.world import FakeWorld
+
+    world = FakeWorld(clock=fake_clock, seed=7)
+    world.add_account("act_101", timezone="America/Sao_Paulo", currency="BRL", n_ads=6, token=TOKEN)
+    world.add_account("act_202", timezone="Asia/Tokyo", currency="JPY", n_ads=4, token=TOKEN)
+    return world
+
+
+@pytest.fixture
+def fake_graph(fake_world):
+    """The fake Graph on a loopback server: real sockets, real HTTP."""
+    from rastro_assets.meta.fake.server import serve
+
+    with serve(fake_world) as server:
+        yield server
+
+
+@pytest.fixture
+def linked_world(warehouse: Warehouse, vault: Vault, fake_world, now: datetime):
+    """Site s1 links both fake accounts through connection c1; site s2 shares act_202."""
+    with warehouse.connect() as connection:
+        registry.add_site(connection, "s1", "Site one", now)
+        registry.add_site(connection, "s2", "Site two", now)
+        registry.save_connection(connection, "c1", vault.seal("c1", TOKEN), now)
+        for site, account in (("s1", "act_101"), ("s1", "act_202"), ("s2", "act_202")):
+            fake = fake_world.accounts[account]
+            registry.link_account(
+                connection, site, account, "c1", fake.timezone, fake.currency, now
+            )
+    return fake_world
+
+
+@pytest.fixture
+def syncer(warehouse: Warehouse, linked_world, fake_clock, secrets_key):
+    """A Syncer reaching the fake in-process, with retries that do not sleep."""
+    from rastro_assets.meta.client import MetaClient
+    from rastro_assets.meta.fake.app import FakeGraphTransport
+    from rastro_assets.sync import Syncer
+
+    def client(token: str) -> MetaClient:
+        return MetaClient(
+            token,
+            base_url="https://graph.facebook.com/v25.0",
+            transport=FakeGraphTransport(linked_world),
+            sleep=lambda seconds: None,
+            async_poll_seconds=0,
+            page_size=10,
+        )
+
+    return Syncer(warehouse, client, clock=fake_clock)

@@ -1,0 +1,183 @@
+"""The spend multi-asset on a real Dagster instance, reading the fake Graph over HTTP."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import date, timedelta
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from rastro_assets.defs.checks import site_spend_equals_ad_sums
+from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, spend_partition_key
+from rastro_assets.defs.resources import RastroResource
+from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, SITE_SPEND_DAILY, meta_spend
+from rastro_assets_tests.conftest import NOW, TOKEN
+from rastro_assets_tests.truth import assert_equals_truth, stored_rows
+from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
+
+TODAY = date(2026, 11, 30)
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def instance(tmp_path):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    with dg.instance_for_test(temp_dir=str(home)) as instance:
+        instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202"])
+        yield instance
+
+
+@pytest.fixture
+def rastro(duckdb_path, fake_graph, linked_world, secrets_key) -> RastroResource:
+    return RastroResource(
+        duckdb_path=str(duckdb_path),
+        graph_url=fake_graph.base_url,
+        use_fake_graph=False,
+        fixed_now=NOW.isoformat(),
+    )
+
+
+def materialize_range(instance, rastro, account: str, since: date, until: date, **kwargs):
+    return dg.materialize(
+        [meta_spend, site_spend_equals_ad_sums],
+        instance=instance,
+        resources={"rastro": rastro},
+        tags={
+            "dagster/asset_partition_range_start": str(spend_partition_key(account, since)),
+            "dagster/asset_partition_range_end": str(spend_partition_key(account, until)),
+        },
+        **kwargs,
+    )
+
+
+def materialized_dates(instance, asset_key) -> set[str]:
+    keys = instance.get_materialized_partitions(asset_key)
+    return {key.split("|")[1] for key in keys}
+
+
+def test_one_partition_equals_meta(instance, rastro, warehouse, linked_world):
+    result = dg.materialize(
+        [meta_spend, site_spend_equals_ad_sums],
+        instance=instance,
+        resources={"rastro": rastro},
+        partition_key=str(spend_partition_key("act_101", TODAY)),
+    )
+    assert result.success
+    with warehouse.connect() as con:
+        assert_equals_truth(con, linked_world, "act_101", TODAY, TODAY)
+        assert_site_spend_exact(con)
+    [event] = result.asset_materializations_for_node("meta_spend")[:1]
+    assert event.metadata["rows_written"].value == len(linked_world.truth("act_101", TODAY))
+    assert "spend_by_day" in event.metadata
+    [check] = result.get_asset_check_evaluations()
+    assert check.passed
+
+
+def test_a_seven_day_range_is_one_run(instance, rastro, warehouse, linked_world):
+    since = TODAY - timedelta(days=6)
+    result = materialize_range(instance, rastro, "act_202", since, TODAY)
+    assert result.success
+    with warehouse.connect() as con:
+        assert_equals_truth(con, linked_world, "act_202", since, TODAY)
+        assert_site_spend_exact(con)
+    assert len(materialized_dates(instance, AD_SPEND_DAILY)) == 7
+    assert len(materialized_dates(instance, SITE_SPEND_DAILY)) == 7
+
+
+def test_rematerializing_reconciles_changed_and_vanished_rows(
+    instance, rastro, warehouse, linked_world, fake_clock
+):
+    since = TODAY - timedelta(days=6)
+    materialize_range(instance, rastro, "act_101", since, TODAY)
+    fake_clock.advance(hours=2)
+    for row in list(linked_world.truth("act_101", since))[:2]:
+        linked_world.set_ad_day("act_101", row.ad_id, since, None)
+    assert materialize_range(instance, rastro, "act_101", since, TODAY).success
+    with warehouse.connect() as con:
+        assert_equals_truth(con, linked_world, "act_101", since, TODAY)
+        assert_site_spend_exact(con)
+
+
+def test_a_range_past_local_today_is_refused(instance, rastro, warehouse):
+    result = materialize_range(
+        instance, rastro, "act_101", TODAY, TODAY + timedelta(days=1), raise_on_error=False
+    )
+    assert not result.success
+    failure = result.failure_data_for_node("meta_spend")
+    assert "after the account's local today" in str(failure.user_failure_data.description)
+    with warehouse.connect() as con:
+        assert con.execute("SELECT count(*) FROM ad_spend_daily").fetchone() == (0,)
+
+
+def test_a_failed_read_fails_the_run_and_writes_nothing(
+    instance, rastro, warehouse, linked_world
+):
+    since = TODAY - timedelta(days=6)
+    linked_world.fail("insights", "permission", account="act_101")
+    result = materialize_range(instance, rastro, "act_101", since, TODAY, raise_on_error=False)
+    assert not result.success
+    description = result.failure_data_for_node("meta_spend").user_failure_data.description
+    assert description.startswith("META_PERMISSION: ")
+    with warehouse.connect() as con:
+        assert stored_rows(con, "act_101", since, TODAY) == set()
+    assert materialized_dates(instance, AD_SPEND_DAILY) == set()
+
+
+def test_the_token_never_reaches_dagster_storage_or_duckdb(
+    instance, rastro, linked_world, duckdb_path, tmp_path
+):
+    linked_world.fail("insights", "token_463", account="act_202")
+    materialize_range(instance, rastro, "act_101", TODAY - timedelta(days=2), TODAY)
+    materialize_range(instance, rastro, "act_202", TODAY, TODAY, raise_on_error=False)
+    leaks = [
+        path
+        for root in (tmp_path / "dagster_home", duckdb_path.parent)
+        for path in root.rglob("*")
+        if path.is_file() and TOKEN.encode() in path.read_bytes()
+    ]
+    assert leaks == []
+
+
+@pytest.mark.slow
+def test_dagster_asset_materialize_from_the_command_line(
+    rastro, warehouse, linked_world, duckdb_path, fake_graph, secrets_key, tmp_path
+):
+    home = tmp_path / "cli_home"
+    home.mkdir()
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "RASTRO_DUCKDB_PATH": str(duckdb_path),
+        "RASTRO_META_GRAPH_URL": fake_graph.base_url,
+        "RASTRO_SECRETS_KEY": secrets_key,
+    }
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_202"])
+    yesterday = TODAY - timedelta(days=1)
+    completed = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "dagster"),
+            "asset",
+            "materialize",
+            "-m",
+            "rastro_assets.definitions",
+            "--select",
+            "ad_spend_daily,site_spend_daily",
+            "--partition",
+            f"act_202|{yesterday}",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    with warehouse.connect() as con:
+        assert_equals_truth(con, linked_world, "act_202", yesterday, yesterday)
+    assert TOKEN not in completed.stdout + completed.stderr

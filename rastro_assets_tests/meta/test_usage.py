@@ -1,0 +1,90 @@
+"""Rate-limit headers into `Usage`, alone and through the client."""
+
+from __future__ import annotations
+
+import json
+from datetime import date
+
+import pytest
+
+from rastro_assets.meta.errors import MetaError
+from rastro_assets.meta.fake import FakeWorld
+from rastro_assets.meta.models import Usage
+from rastro_assets.meta.usage import parse_usage
+from rastro_assets_tests.meta.conftest import BRL, ClientFactory
+
+
+def header(value: object) -> str:
+    return json.dumps(value)
+
+
+def test_business_use_case_header() -> None:
+    usage = parse_usage({"X-Business-Use-Case-Usage": header({"1234": [
+        {"type": "ads_insights", "call_count": 95, "total_cputime": 20, "total_time": 20,
+         "estimated_time_to_regain_access": 3}]})})
+    assert usage == Usage(pct=95, regain_seconds=180)
+
+
+def test_ad_account_header_reset_counts_only_when_full_or_throttled() -> None:
+    light = {"X-Ad-Account-Usage": header(
+        {"acc_id_util_pct": 9.67, "reset_time_duration": 100,
+         "ads_api_access_tier": "standard_access"})}
+    assert parse_usage(light) == Usage(pct=9.67, regain_seconds=None)
+    assert parse_usage(light, throttled=True) == Usage(pct=9.67, regain_seconds=100)
+    full = {"X-Ad-Account-Usage": header({"acc_id_util_pct": 100, "reset_time_duration": 240})}
+    assert parse_usage(full) == Usage(pct=100, regain_seconds=240)
+
+
+def test_app_header() -> None:
+    usage = parse_usage({"X-App-Usage": header(
+        {"call_count": 28, "total_time": 25, "total_cputime": 31})})
+    assert usage == Usage(pct=31, regain_seconds=None)
+
+
+def test_insights_throttle_header() -> None:
+    usage = parse_usage({"X-FB-Ads-Insights-Throttle": header(
+        {"app_id_util_pct": 12.5, "acc_id_util_pct": 41, "ads_api_access_tier": "standard"})})
+    assert usage == Usage(pct=41, regain_seconds=None)
+
+
+def test_highest_over_all_headers_case_insensitive() -> None:
+    usage = parse_usage({
+        "x-app-usage": header({"call_count": 5}),
+        "X-AD-ACCOUNT-USAGE": header({"acc_id_util_pct": "12.5"}),
+        "x-business-use-case-usage": header({"1": [{"call_count": 3,
+                                                   "estimated_time_to_regain_access": 0}],
+                                             "2": [{"total_time": 77,
+                                                    "estimated_time_to_regain_access": 2}]}),
+    })
+    assert usage == Usage(pct=77, regain_seconds=120)
+
+
+@pytest.mark.parametrize("garbage", ["not json", "[1, 2", "", "null", '"text"', "[]",
+                                     '{"call_count": "lots"}', '{"call_count": NaN}',
+                                     '{"acc_id_util_pct": -5}', '{"call_count": true}'])
+def test_garbage_headers_are_ignored(garbage: str) -> None:
+    headers = {name: garbage for name in ("X-App-Usage", "X-Ad-Account-Usage",
+                                          "X-Business-Use-Case-Usage",
+                                          "X-FB-Ads-Insights-Throttle")}
+    assert parse_usage(headers) == Usage()
+
+
+def test_client_tracks_rising_usage(world: FakeWorld, client_for: ClientFactory) -> None:
+    client = client_for(page_size=5)
+    client.account(BRL)
+    first = client.stats.usage.pct
+    assert first > 0
+    list(client.insights(BRL, date(2026, 2, 1), date(2026, 3, 1)))
+    assert client.stats.usage.pct > first
+    assert client.stats.api_calls == world.calls["account"] + world.calls["insights"]
+
+
+def test_usage_is_read_from_error_responses(world: FakeWorld, client_for: ClientFactory) -> None:
+    for _ in range(30):
+        world.record_call("warm-up", BRL)
+    world.fail("account", "permission")
+    client = client_for()
+    with pytest.raises(MetaError):
+        client.account(BRL)
+    assert client.stats.api_calls == 1
+    assert client.stats.usage.pct == pytest.approx(100 * 31 / 1200, abs=0.01)

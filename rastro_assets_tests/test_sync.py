@@ -1,0 +1,167 @@
+"""The sync core against the fake Graph: truth, reconciliation, failures, outcomes."""
+
+from __future__ import annotations
+
+from datetime import date, timedelta
+from decimal import Decimal
+
+import pytest
+
+from rastro_assets.meta.fake.world import Figures
+from rastro_assets.sync import SyncRefused, SyncRequest
+from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.runs import sync_runs_by_account
+from rastro_assets_tests.conftest import TOKEN
+from rastro_assets_tests.truth import assert_equals_truth, stored_rows
+from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
+
+SAO_PAULO_TODAY = date(2026, 11, 30)  # 12:00 UTC is 09:00 in Sao Paulo
+TOKYO_TODAY = date(2026, 11, 30)  # and 21:00 in Tokyo
+
+
+def week(until: date = SAO_PAULO_TODAY) -> tuple[date, date]:
+    return until - timedelta(days=6), until
+
+
+def test_a_sync_makes_the_warehouse_equal_meta(syncer, warehouse, linked_world):
+    since, until = week()
+    outcome = syncer.sync(SyncRequest("act_101", since, until, run_id="r1"))
+    assert outcome.ok, outcome.error
+    assert outcome.complete_days == [since + timedelta(days=n) for n in range(7)]
+    assert outcome.rows_written > 0 and outcome.rows_deleted == 0
+    with warehouse.connect() as con:
+        assert_equals_truth(con, linked_world, "act_101", since, until)
+        assert_site_spend_exact(con)
+        [run] = sync_runs_by_account(con)["act_101"]
+    assert (run.outcome, run.kind, run.since, run.until) == ("ok", "manual", since, until)
+    assert run.finished_at is not None
+
+
+def test_jpy_spend_is_exact_whole_yen(syncer, warehouse, linked_world):
+    outcome = syncer.sync(SyncRequest("act_202", TOKYO_TODAY - timedelta(days=2), TOKYO_TODAY))
+    assert outcome.ok
+    with warehouse.connect() as con:
+        spends = [row[0] for row in con.execute("SELECT spend FROM ad_spend_daily").fetchall()]
+    assert spends and all(spend == spend.to_integral_value() for spend in spends)
+
+
+def test_resync_of_unchanged_meta_changes_no_figure(syncer, warehouse):
+    since, until = week()
+    syncer.sync(SyncRequest("act_101", since, until, run_id="r1"))
+    with warehouse.connect() as con:
+        before = stored_rows(con, "act_101", since, until)
+    again = syncer.sync(SyncRequest("act_101", since, until, run_id="r2"))
+    assert (again.rows_written, again.rows_deleted) == (0, 0)
+    with warehouse.connect() as con:
+        assert stored_rows(con, "act_101", since, until) == before
+
+
+def test_changed_figures_and_vanished_ad_days_are_reconciled(syncer, warehouse, linked_world):
+    since, until = week()
+    syncer.sync(SyncRequest("act_101", since, until, run_id="r1"))
+    with warehouse.connect() as con:
+        ad_id, day = con.execute("SELECT ad_id, day FROM ad_spend_daily LIMIT 1").fetchone()
+    linked_world.set_ad_day("act_101", ad_id, day, None)
+    other = next(row for row in linked_world.truth("act_101", until) if row.ad_id != ad_id)
+    linked_world.set_ad_day(
+        "act_101", other.ad_id, until, Figures(spend=Decimal("123.45"), impressions=999, clicks=9)
+    )
+    outcome = syncer.sync(SyncRequest("act_101", since, until, run_id="r2"))
+    assert outcome.rows_deleted == 1 and outcome.rows_written >= 1
+    with warehouse.connect() as con:
+        assert_equals_truth(con, linked_world, "act_101", since, until)
+        assert_site_spend_exact(con)
+
+
+def test_a_failed_read_changes_nothing_and_is_classified(syncer, warehouse, linked_world):
+    since, until = week()
+    syncer.sync(SyncRequest("act_101", since, until, run_id="r1"))
+    with warehouse.connect() as con:
+        before = stored_rows(con, "act_101", since, until)
+    for ad in list(linked_world.truth("act_101", until))[:2]:
+        linked_world.set_ad_day("act_101", ad.ad_id, until, None)
+    linked_world.fail("insights_page", "permission", account="act_101")
+    linked_world.row_cap = 10**6
+    outcome = syncer.sync(SyncRequest("act_101", since, until, run_id="r2"))
+    assert outcome.outcome == "permission"
+    assert outcome.error.startswith("META_PERMISSION: ")
+    assert outcome.unread_days == [since + timedelta(days=n) for n in range(7)]
+    with warehouse.connect() as con:
+        assert stored_rows(con, "act_101", since, until) == before
+        [_, failed] = sync_runs_by_account(con)["act_101"]
+    assert failed.outcome == "permission"
+
+
+def test_throttling_records_when_access_returns(syncer, warehouse, linked_world, fake_clock):
+    linked_world.fail("insights", "throttled", account="act_101", regain_minutes=90)
+    outcome = syncer.sync(SyncRequest("act_101", *week(), run_id="r1"))
+    assert outcome.outcome == "throttled"
+    assert outcome.error.startswith("RATE_LIMITED: ")
+    assert outcome.regain_at >= fake_clock() + timedelta(minutes=89)
+
+
+def test_a_dead_token_invalidates_its_connection(syncer, warehouse, linked_world):
+    linked_world.kill_token(TOKEN, subcode=463)
+    outcome = syncer.sync(SyncRequest("act_101", *week(), run_id="r1"))
+    assert outcome.outcome == "token"
+    assert TOKEN not in outcome.error
+    with warehouse.connect() as con:
+        connection = registry.get_connection(con, "c1")
+    assert connection.status == "invalid"
+    assert connection.invalid_since is not None
+    again = syncer.sync(SyncRequest("act_202", *week(TOKYO_TODAY), run_id="r2"))
+    assert again.outcome == "token"
+    assert again.api_calls == 0
+
+
+def test_without_the_key_nothing_syncs(syncer, warehouse, monkeypatch):
+    monkeypatch.delenv("RASTRO_SECRETS_KEY")
+    outcome = syncer.sync(SyncRequest("act_101", *week(), run_id="r1"))
+    assert outcome.outcome == "key"
+    assert outcome.error.startswith("SECRETS_KEY_MISSING: ")
+    assert "RASTRO_SECRETS_KEY" in outcome.error
+    with warehouse.connect() as con:
+        assert con.execute("SELECT count(*) FROM ad_spend_daily").fetchone() == (0,)
+
+
+def test_a_day_past_local_today_is_refused(syncer):
+    with pytest.raises(SyncRefused, match="after the account's local today"):
+        syncer.sync(SyncRequest("act_101", SAO_PAULO_TODAY, SAO_PAULO_TODAY + timedelta(days=1)))
+
+
+def test_tokyo_today_is_already_tomorrow_for_a_utc_evening(syncer, fake_clock, linked_world):
+    fake_clock.advance(hours=10)  # 22:00 UTC: Tokyo is on Dec 1st, Sao Paulo still Nov 30th
+    assert syncer.sync(SyncRequest("act_202", date(2026, 12, 1), date(2026, 12, 1))).ok
+    with pytest.raises(SyncRefused):
+        syncer.sync(SyncRequest("act_101", date(2026, 12, 1), date(2026, 12, 1)))
+
+
+def test_an_unknown_account_is_refused(syncer):
+    with pytest.raises(SyncRefused, match="not linked"):
+        syncer.sync(SyncRequest("act_999", *week()))
+
+
+def test_a_day_that_stays_incomplete_keeps_its_old_rows(syncer, warehouse, linked_world):
+    day = SAO_PAULO_TODAY - timedelta(days=3)
+    syncer.sync(SyncRequest("act_101", day, day, run_id="r1"))
+    with warehouse.connect() as con:
+        before = stored_rows(con, "act_101", day, day)
+    gone = next(iter(linked_world.truth("act_101", day)))
+    linked_world.set_ad_day("act_101", gone.ad_id, day, None)
+    linked_world.row_cap = 1
+    linked_world.fail("async", "job_failed", account="act_101")
+    outcome = syncer.sync(SyncRequest("act_101", day, day, run_id="r2"))
+    assert outcome.ok
+    assert outcome.incomplete_days == [day]
+    assert outcome.error.startswith("META_TRUNCATED: ")
+    with warehouse.connect() as con:
+        assert stored_rows(con, "act_101", day, day) == before
+        [_, run] = sync_runs_by_account(con)["act_101"]
+    assert run.incomplete_days == (day,)
+
+
+def test_one_run_stamps_one_synced_at(syncer, warehouse, now):
+    syncer.sync(SyncRequest("act_101", *week(), run_id="r1"), synced_at=now)
+    with warehouse.connect() as con:
+        stamps = con.execute("SELECT DISTINCT synced_at FROM ad_spend_daily").fetchall()
+    assert stamps == [(now,)]

@@ -1,0 +1,194 @@
+"""Short-lived connections: closed after use, patient with another process's lock."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from rastro_assets.warehouse.connection import (
+    FIRST_RETRY_SECONDS,
+    MAX_RETRY_SECONDS,
+    Warehouse,
+    WarehouseLocked,
+    in_transaction,
+    transaction,
+)
+
+HOLDER = """
+import sys, time, duckdb
+con = duckdb.connect(sys.argv[1])
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+con.close()
+"""
+
+
+def hold_lock(path: Path, seconds: float) -> subprocess.Popen:
+    """Another process that opens `path` read-write, holds it `seconds`, then closes."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path), str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "locked"
+    return process
+
+
+@pytest.fixture
+def holder(warehouse: Warehouse, duckdb_path: Path) -> Iterator[subprocess.Popen]:
+    process = hold_lock(duckdb_path, 30)
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_connection_is_closed_when_the_block_ends(warehouse: Warehouse):
+    with warehouse.connect() as con:
+        assert con.execute("SELECT 42").fetchone() == (42,)
+    with pytest.raises(duckdb.ConnectionException):
+        con.execute("SELECT 1")
+
+
+def test_connection_is_closed_when_the_block_raises(warehouse: Warehouse):
+    with pytest.raises(RuntimeError), warehouse.connect() as con:
+        raise RuntimeError("boom")
+    with pytest.raises(duckdb.ConnectionException):
+        con.execute("SELECT 1")
+
+
+def test_parent_directory_is_created(tmp_path: Path):
+    path = tmp_path / "a" / "b" / "w.duckdb"
+    with Warehouse(path).connect() as con:
+        con.execute("SELECT 1")
+    assert path.exists()
+
+
+def test_sessions_run_in_utc(warehouse: Warehouse):
+    with warehouse.connect() as con:
+        assert con.execute("SELECT current_setting('TimeZone')").fetchone() == ("UTC",)
+
+
+def test_read_only_beside_a_writer_of_the_same_process_shares_it(warehouse: Warehouse):
+    with warehouse.connect() as writer, warehouse.connect(read_only=True) as reader:
+        writer.execute("INSERT INTO sites VALUES ('s1', 'one', now())")
+        assert reader.execute("SELECT site_id FROM sites").fetchall() == [("s1",)]
+
+
+def test_waits_for_another_process_then_connects(warehouse: Warehouse, duckdb_path: Path):
+    process = hold_lock(duckdb_path, 1.5)
+    try:
+        started = time.monotonic()
+        with warehouse.connect() as con:
+            waited = time.monotonic() - started
+            con.execute("INSERT INTO sites VALUES ('s1', 'after the wait', now())")
+        assert waited >= 0.5
+        assert process.wait(timeout=10) == 0
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_readers_wait_too(warehouse: Warehouse, duckdb_path: Path):
+    process = hold_lock(duckdb_path, 1.0)
+    try:
+        with Warehouse(duckdb_path).connect(read_only=True) as con:
+            assert con.execute("SELECT count(*) FROM sites").fetchone() == (0,)
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_gives_up_naming_the_holder(duckdb_path: Path, holder: subprocess.Popen):
+    warehouse = Warehouse(duckdb_path, lock_wait_seconds=0.3)
+    started = time.monotonic()
+    with pytest.raises(WarehouseLocked) as locked, warehouse.connect():
+        pytest.fail("connected to a locked file")
+    assert time.monotonic() - started < 5
+    message = str(locked.value)
+    assert f"PID {holder.pid}" in message
+    assert "locked by another process" in message
+    assert str(duckdb_path) in message
+    assert "close long-running sessions" in message
+    assert locked.value.pid == holder.pid
+    assert "python" in (locked.value.holder or "")
+
+
+def test_back_off_doubles_with_jitter_up_to_the_cap(duckdb_path: Path, holder: subprocess.Popen):
+    pauses: list[float] = []
+    warehouse = Warehouse(duckdb_path, lock_wait_seconds=12.0, sleep=pauses.append)
+    with pytest.raises(WarehouseLocked) as locked, warehouse.connect():
+        pass
+    assert sum(pauses) == pytest.approx(12.0)
+    assert locked.value.waited_seconds == pytest.approx(12.0)
+    assert FIRST_RETRY_SECONDS * 0.75 <= pauses[0] <= FIRST_RETRY_SECONDS * 1.25
+    assert all(pause <= MAX_RETRY_SECONDS for pause in pauses)
+    assert pauses[4] > pauses[0] * 8
+    assert max(pauses) > MAX_RETRY_SECONDS * 0.7
+    assert len(pauses) < 20
+
+
+def test_zero_wait_fails_at_once(duckdb_path: Path, holder: subprocess.Popen):
+    pauses: list[float] = []
+    warehouse = Warehouse(duckdb_path, lock_wait_seconds=0, sleep=pauses.append)
+    with pytest.raises(WarehouseLocked), warehouse.connect(read_only=True):
+        pass
+    assert pauses == []
+
+
+def test_other_io_errors_are_not_taken_for_a_lock(tmp_path: Path):
+    directory = tmp_path / "a-directory.duckdb"
+    directory.mkdir()
+    with pytest.raises(duckdb.IOException), Warehouse(directory, sleep=pytest.fail).connect():
+        pass
+
+
+def test_transaction_commits(con: duckdb.DuckDBPyConnection):
+    with transaction(con):
+        assert in_transaction(con)
+        con.execute("INSERT INTO sites VALUES ('s1', 'one', now())")
+    assert not in_transaction(con)
+    assert con.execute("SELECT count(*) FROM sites").fetchone() == (1,)
+
+
+def test_transaction_rolls_back_on_error(con: duckdb.DuckDBPyConnection):
+    with pytest.raises(RuntimeError), transaction(con):
+        con.execute("INSERT INTO sites VALUES ('s1', 'one', now())")
+        raise RuntimeError("boom")
+    assert not in_transaction(con)
+    assert con.execute("SELECT count(*) FROM sites").fetchone() == (0,)
+
+
+def test_nested_transaction_joins_the_outer_one(con: duckdb.DuckDBPyConnection):
+    with pytest.raises(RuntimeError), transaction(con):
+        with transaction(con):
+            con.execute("INSERT INTO sites VALUES ('s1', 'one', now())")
+        assert in_transaction(con)
+        raise RuntimeError("the outer unit fails")
+    assert con.execute("SELECT count(*) FROM sites").fetchone() == (0,)
+
+
+def test_transaction_joins_one_opened_by_hand(con: duckdb.DuckDBPyConnection):
+    con.execute("BEGIN TRANSACTION")
+    with transaction(con):
+        con.execute("INSERT INTO sites VALUES ('s1', 'one', now())")
+    assert in_transaction(con)
+    con.execute("ROLLBACK")
+    assert con.execute("SELECT count(*) FROM sites").fetchone() == (0,)
+
+
+def test_transaction_after_a_failed_statement_rolls_back(con: duckdb.DuckDBPyConnection):
+    con.execute("INSERT INTO sites VALUES ('s1', 'one', now())")
+    with pytest.raises(duckdb.ConstraintException), transaction(con):
+        con.execute("INSERT INTO sites VALUES ('s2', 'two', now())")
+        con.execute("INSERT INTO sites VALUES ('s1', 'again', now())")
+    assert con.execute("SELECT site_id FROM sites").fetchall() == [("s1",)]
+    with transaction(con):
+        con.execute("INSERT INTO sites VALUES ('s3', 'three', now())")
+    assert con.execute("SELECT count(*) FROM sites").fetchone() == (2,)
