@@ -8,7 +8,7 @@ starts one wave run for all the live, daily and weekly syncs that are due.
 Both read `meta_sync_runs` through the planner: there is no cursor to drift.
 """
 
-
+import os
 from collections.abc import Iterable
 
 import dagster as dg
@@ -33,8 +33,10 @@ from rastro_assets.timekeeping import days_between
 from rastro_assets.warehouse.connection import WarehouseLocked
 from rastro_assets.warehouse.runs import PlannedAccount, planned_accounts
 
-ACCOUNTS_SENSOR_SECONDS = 30
-CADENCE_SENSOR_SECONDS = 60
+# Operators may tick faster (tests, demos); the daemon never evaluates more often than this.
+SENSOR_SECONDS_OVERRIDE = int(os.environ.get("RASTRO_SENSOR_INTERVAL_SECONDS") or 0)
+ACCOUNTS_SENSOR_SECONDS = SENSOR_SECONDS_OVERRIDE or 30
+CADENCE_SENSOR_SECONDS = SENSOR_SECONDS_OVERRIDE or 60
 SENSOR_LOCK_WAIT_SECONDS = 20.0
 BACKFILL_KINDS = ("backfill", "gap")
 WAVE_KINDS = ("live", "daily", "weekly")

@@ -1,0 +1,200 @@
+"""The cadence sensors on a real instance: what they request, and what they leave alone."""
+
+from __future__ import annotations
+
+from datetime import date, timedelta
+
+import dagster as dg
+import pytest
+
+from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
+from rastro_assets.defs.resources import RastroResource
+from rastro_assets.defs.sensors import meta_accounts_sensor, meta_cadence_sensor
+from rastro_assets.defs.spend_assets import ACCOUNT_TAG, SYNC_KIND_TAG
+from rastro_assets.defs.wave import WAVE_TAG
+from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.runs import SyncRunEnd, finish_sync_run, start_sync_run
+from rastro_assets_tests.conftest import NOW
+
+TODAY = date(2026, 11, 30)  # local today of both fake accounts at NOW
+
+
+@pytest.fixture
+def instance(tmp_path):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    with dg.instance_for_test(temp_dir=str(home)) as instance:
+        yield instance
+
+
+@pytest.fixture
+def rastro(duckdb_path, linked_world, secrets_key) -> RastroResource:
+    return RastroResource(duckdb_path=str(duckdb_path), fixed_now=NOW.isoformat())
+
+
+def evaluate(sensor, instance, rastro):
+    from rastro_assets.definitions import defs
+
+    context = dg.build_sensor_context(
+        instance=instance, definitions=defs, resources={"rastro": rastro}
+    )
+    return sensor(context)
+
+
+def record_ok(warehouse, account: str, since: date, until: date, at, kind="backfill", run="r"):
+    with warehouse.connect() as con:
+        start_sync_run(
+            con,
+            run_id=f"{run}-{account}-{since}",
+            ad_account_id=account,
+            kind=kind,
+            since=since,
+            until=until,
+            started_at=at,
+            catalog=True,
+            token_sealed_at=None,
+        )
+        finish_sync_run(
+            con,
+            run_id=f"{run}-{account}-{since}",
+            ad_account_id=account,
+            end=SyncRunEnd(finished_at=at + timedelta(seconds=5), outcome="ok"),
+        )
+
+
+def backfilled(warehouse, account: str, at=NOW - timedelta(hours=1)) -> None:
+    record_ok(warehouse, account, TODAY - timedelta(days=89), TODAY, at)
+
+
+def test_new_accounts_become_partitions_and_get_a_backfill(instance, rastro):
+    result = evaluate(meta_accounts_sensor, instance, rastro)
+    [add] = result.dynamic_partitions_requests
+    assert (add.partitions_def_name, sorted(add.partition_keys)) == (
+        ACCOUNT_PARTITIONS_NAME,
+        ["act_101", "act_202"],
+    )
+    assert len(result.run_requests) == 2
+    for request in result.run_requests:
+        assert request.tags[SYNC_KIND_TAG] == "backfill"
+        subset = request.asset_graph_subset
+        keys = {
+            str(key)
+            for key in subset.get_partitions_subset(
+                dg.AssetKey("ad_spend_daily")
+            ).get_partition_keys()
+        }
+        account = request.tags[ACCOUNT_TAG]
+        assert len(keys) == 90
+        assert f"{account}|{TODAY - timedelta(days=89)}" in keys
+        assert f"{account}|{TODAY}" in keys
+
+
+def test_unlinked_accounts_lose_their_partition(instance, rastro, warehouse):
+    instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202", "act_303"])
+    backfilled(warehouse, "act_101")
+    backfilled(warehouse, "act_202")
+    result = evaluate(meta_accounts_sensor, instance, rastro)
+    [delete] = result.dynamic_partitions_requests
+    assert isinstance(delete, dg.DeleteDynamicPartitionsRequest)
+    assert list(delete.partition_keys) == ["act_303"]
+    assert result.run_requests == []
+
+
+def test_no_second_backfill_while_one_is_in_flight(instance, rastro):
+    first = evaluate(meta_accounts_sensor, instance, rastro)
+    instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202"])
+    from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
+
+    for number, request in enumerate(first.run_requests):
+        instance.add_backfill(
+            PartitionBackfill.from_asset_graph_subset(
+                backfill_id=f"b{number}",
+                asset_graph_subset=request.asset_graph_subset,
+                dynamic_partitions_store=instance,
+                tags=request.tags,
+                backfill_timestamp=NOW.timestamp(),
+                title=None,
+                description=None,
+                run_config=None,
+            ).with_status(BulkActionStatus.REQUESTED)
+        )
+    second = evaluate(meta_accounts_sensor, instance, rastro)
+    assert isinstance(second, dg.SkipReason)
+    assert "in flight" in second.skip_message
+
+
+def test_live_wave_groups_every_due_account(instance, rastro, warehouse):
+    backfilled(warehouse, "act_101")
+    backfilled(warehouse, "act_202")
+    record_ok(
+        warehouse,
+        "act_101",
+        TODAY - timedelta(days=6),
+        TODAY,
+        NOW - timedelta(hours=2),
+        kind="daily",
+        run="d",
+    )
+    record_ok(
+        warehouse,
+        "act_202",
+        TODAY - timedelta(days=6),
+        TODAY,
+        NOW - timedelta(hours=2),
+        kind="daily",
+        run="d",
+    )
+    request = evaluate(meta_cadence_sensor, instance, rastro)
+    assert isinstance(request, dg.RunRequest)
+    assert request.tags[WAVE_TAG] == "true"
+    syncs = request.run_config["ops"]["sync_wave"]["config"]["syncs"]
+    assert [(s["ad_account_id"], s["kind"], s["since"], s["until"]) for s in syncs] == [
+        ("act_101", "live", str(TODAY - timedelta(days=1)), str(TODAY)),
+        ("act_202", "live", str(TODAY - timedelta(days=1)), str(TODAY)),
+    ]
+
+
+def test_nothing_for_paused_backfilling_or_not_yet_due_accounts(instance, rastro, warehouse, now):
+    backfilled(warehouse, "act_101", at=NOW - timedelta(minutes=10))
+    with warehouse.connect() as con:
+        registry.mark_connection_invalid(
+            con,
+            "c1",
+            "token expired",
+            now,
+            token_sealed_at=registry.get_connection(con, "c1").sealed_at,
+        )
+    skip = evaluate(meta_cadence_sensor, instance, rastro)
+    assert isinstance(skip, dg.SkipReason)
+    assert "paused" in skip.skip_message
+
+
+def test_no_wave_while_the_previous_wave_runs(instance, rastro, warehouse):
+    backfilled(warehouse, "act_101")
+    instance.add_run(
+        dg.DagsterRun(
+            job_name="meta_sync_wave",
+            run_id="w1",
+            tags={WAVE_TAG: "true"},
+            status=dg.DagsterRunStatus.STARTED,
+        )
+    )
+    skip = evaluate(meta_cadence_sensor, instance, rastro)
+    assert isinstance(skip, dg.SkipReason)
+    assert "previous wave" in skip.skip_message
+
+
+def test_an_account_with_a_run_in_flight_is_left_out_of_the_wave(instance, rastro, warehouse):
+    backfilled(warehouse, "act_101")
+    backfilled(warehouse, "act_202")
+    instance.add_run(
+        dg.DagsterRun(
+            job_name="__ASSET_JOB",
+            run_id="m1",
+            tags={ACCOUNT_TAG: "act_202"},
+            status=dg.DagsterRunStatus.STARTED,
+        )
+    )
+    request = evaluate(meta_cadence_sensor, instance, rastro)
+    syncs = request.run_config["ops"]["sync_wave"]["config"]["syncs"]
+    assert [s["ad_account_id"] for s in syncs] == ["act_101"]

@@ -1,0 +1,180 @@
+"""End to end: a real dagster-daemon keeps a linked account of the fake Graph fresh.
+
+Link → the sensors add the partition and start a 90-day partition backfill
+(three 30-day runs) → sync-now → a live wave lands → the token dies at Meta →
+the account pauses → a new token is connected → the account resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rastro_assets import cadence
+from rastro_assets.meta.fake.server import serve
+from rastro_assets.meta.fake.world import FakeWorld
+from rastro_assets.timekeeping import local_date
+from rastro_assets.vault import Vault
+from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.runs import planned_accounts
+from rastro_assets_tests.conftest import TOKEN
+from rastro_assets_tests.truth import assert_equals_truth
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+ACCOUNT = "act_777"
+NEW_TOKEN = "EAAnewTOKENq81ZrW0pLx3Tm5Yc"
+POLL_SECONDS = 1.0
+
+
+def instance_yaml(home: Path) -> dict:
+    """The repo's instance configuration, with its storage moved into `home`."""
+    config = yaml.safe_load((REPO / "dagster.yaml").read_text())
+    config["storage"] = {"sqlite": {"base_dir": str(home / "storage")}}
+    config["local_artifact_storage"]["config"]["base_dir"] = str(home)
+    config["compute_logs"]["config"]["base_dir"] = str(home / "logs")
+    return config
+
+
+def wait_for(what: str, predicate, timeout_seconds: float):
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(POLL_SECONDS)
+    raise AssertionError(f"timed out after {timeout_seconds:.0f} s waiting for {what}")
+
+
+@pytest.fixture
+def daemon_world(tmp_path, secrets_key):
+    world = FakeWorld(seed=11)
+    world.add_account(ACCOUNT, timezone="Pacific/Auckland", currency="NZD", n_ads=3, token=TOKEN)
+    world.add_token(NEW_TOKEN)
+    world.grant(NEW_TOKEN, ACCOUNT)
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(yaml.safe_dump(instance_yaml(home)))
+    warehouse = Warehouse(tmp_path / "rastro.duckdb")
+    warehouse.migrate()
+    vault = Vault.from_env()
+    now = datetime.now(UTC)
+    with warehouse.connect() as con:
+        registry.add_site(con, "s1", "Site one", now)
+        registry.save_connection(con, "c1", vault.seal("c1", TOKEN), now)
+        registry.link_account(con, "s1", ACCOUNT, "c1", "Pacific/Auckland", "NZD", now)
+    with serve(world) as server:
+        env = {
+            **os.environ,
+            "DAGSTER_HOME": str(home),
+            "RASTRO_DUCKDB_PATH": str(warehouse.path),
+            "RASTRO_META_GRAPH_URL": server.base_url,
+            "RASTRO_SECRETS_KEY": secrets_key,
+            "RASTRO_SENSOR_INTERVAL_SECONDS": "5",
+        }
+        daemon = subprocess.Popen(
+            [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", "workspace.yaml"],
+            cwd=REPO,
+            env=env,
+            stdout=(tmp_path / "daemon.log").open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            yield world, warehouse, vault, home, tmp_path / "daemon.log"
+        finally:
+            os.killpg(daemon.pid, signal.SIGTERM)
+            try:
+                daemon.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(daemon.pid, signal.SIGKILL)
+
+
+def account_status(warehouse: Warehouse) -> cadence.AccountStatus:
+    with warehouse.connect() as con:
+        [account] = planned_accounts(con)
+    return cadence.status(account.state, datetime.now(UTC))
+
+
+def runs(warehouse: Warehouse, kind: str) -> list[tuple]:
+    with warehouse.connect() as con:
+        return con.execute(
+            "SELECT since, until, outcome FROM meta_sync_runs WHERE kind = ? ORDER BY started_at",
+            [kind],
+        ).fetchall()
+
+
+def wave_outcome_after(warehouse: Warehouse, instant: datetime) -> str | None:
+    """The outcome of the first finished wave sync (live, daily, weekly) after `instant`."""
+    with warehouse.connect() as con:
+        row = con.execute(
+            """
+            SELECT outcome FROM meta_sync_runs
+            WHERE kind IN ('live', 'daily', 'weekly') AND started_at > ? AND outcome IS NOT NULL
+            ORDER BY started_at LIMIT 1
+            """,
+            [instant],
+        ).fetchone()
+    return row[0] if row else None
+
+
+def sync_now(warehouse: Warehouse) -> datetime:
+    requested_at = datetime.now(UTC)
+    with warehouse.connect() as con:
+        registry.request_sync(con, ACCOUNT, requested_at)
+    return requested_at
+
+
+def test_the_daemon_backfills_syncs_pauses_and_resumes(daemon_world):
+    world, warehouse, vault, home, log = daemon_world
+    try:
+        wait_for(
+            "the 90-day backfill",
+            lambda: (
+                account_status(warehouse).state == "live" and len(runs(warehouse, "backfill")) >= 3
+            ),
+            timeout_seconds=240,
+        )
+        backfill = runs(warehouse, "backfill")
+        assert [outcome for *_, outcome in backfill] == ["ok"] * len(backfill)
+        assert max((until - since).days + 1 for since, until, _ in backfill) == 30
+        today = local_date(datetime.now(UTC), "Pacific/Auckland")
+        with warehouse.connect() as con:
+            assert_equals_truth(
+                con, world, ACCOUNT, today - timedelta(days=89), today - timedelta(days=2)
+            )
+
+        requested_at = sync_now(warehouse)
+        outcome = wait_for("a wave sync", lambda: wave_outcome_after(warehouse, requested_at), 120)
+        assert outcome == "ok"
+
+        world.kill_token(TOKEN, subcode=463)
+        requested_at = sync_now(warehouse)
+        wait_for("the pause", lambda: account_status(warehouse).state == "paused", 120)
+        assert account_status(warehouse).last_error.startswith("META_TOKEN_INVALID")
+
+        reconnected_at = datetime.now(UTC)
+        with warehouse.connect() as con:
+            registry.save_connection(con, "c1", vault.seal("c1", NEW_TOKEN), reconnected_at)
+        outcome = wait_for(
+            "the resumed sync", lambda: wave_outcome_after(warehouse, reconnected_at), 120
+        )
+        assert outcome == "ok"
+        assert account_status(warehouse).state == "live"
+    except AssertionError:
+        print(log.read_text()[-6000:])
+        raise
+    leaks = [
+        path for path in home.rglob("*") if path.is_file() and TOKEN.encode() in path.read_bytes()
+    ]
+    assert leaks == []
