@@ -595,3 +595,25 @@ def _hold(
             until = max(regain, ended + THROTTLE_MIN_WAIT)
             return until, f"Meta usage at {usage:g}%: waiting {_span(until - ended)}"
     return None, ""
+
+
+FRESHNESS_LIMIT = timedelta(minutes=50)
+"""An account's today older than this is stale: one missed 45-minute sync, with slack."""
+
+
+def today_synced_at(state: AccountState) -> datetime | None:
+    """When the account's local today (at that run's start) was last read successfully."""
+    latest = None
+    for run in state.runs:
+        if run.outcome != OK or run.since is None or run.until is None:
+            continue
+        run_today = local_date(run.started_at, state.timezone)
+        if run.since <= run_today <= run.until and (latest is None or run.started_at > latest):
+            latest = run.started_at
+    return latest
+
+
+def is_stale(state: AccountState, now: datetime) -> bool:
+    """True when the account's today is older than `FRESHNESS_LIMIT` (or never read)."""
+    synced_at = today_synced_at(state)
+    return synced_at is None or now - synced_at > FRESHNESS_LIMIT

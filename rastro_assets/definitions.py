@@ -2,16 +2,17 @@
 
 import dagster as dg
 
-from rastro_assets.defs.checks import site_spend_equals_ad_sums
+from rastro_assets.defs.checks import accounts_fresh, site_spend_equals_ad_sums
 from rastro_assets.defs.resources import RastroResource
+from rastro_assets.defs.retention import retention_sensor
 from rastro_assets.defs.sensors import meta_accounts_sensor, meta_cadence_sensor
 from rastro_assets.defs.spend_assets import meta_spend
 from rastro_assets.defs.wave import sync_wave_job
 
 defs = dg.Definitions(
     assets=[meta_spend],
-    asset_checks=[site_spend_equals_ad_sums],
+    asset_checks=[site_spend_equals_ad_sums, accounts_fresh],
     jobs=[sync_wave_job],
-    sensors=[meta_accounts_sensor, meta_cadence_sensor],
+    sensors=[meta_accounts_sensor, meta_cadence_sensor, retention_sensor],
     resources={"rastro": RastroResource()},
 )

@@ -1,14 +1,15 @@
 """Asset checks: invariants proven per partition, visible in the UI."""
 
-
 from datetime import date
 
 import dagster as dg
 
+from rastro_assets import cadence
 from rastro_assets.defs.partitions import spend_partitions
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend_assets import SITE_SPEND_DAILY
+from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, SITE_SPEND_DAILY
 from rastro_assets.warehouse.audit import site_spend_mismatches
+from rastro_assets.warehouse.runs import PlannedAccount, planned_accounts
 
 MAX_SHOWN_MISMATCHES = 20
 
@@ -38,4 +39,51 @@ def site_spend_equals_ad_sums(
                 "\n".join(map(str, mismatches[:MAX_SHOWN_MISMATCHES])) or "none"
             ),
         },
+    )
+
+
+ACCOUNTS_FRESH = "accounts_fresh"
+
+
+def freshness_evaluation(accounts: list[PlannedAccount], now) -> dg.AssetCheckEvaluation:
+    """Which accounts' today is older than the freshness limit, as a check result."""
+    stale = [account for account in accounts if cadence.is_stale(account.state, now)]
+    rows = [
+        f"| {account.state.ad_account_id} | {_age(cadence.today_synced_at(account.state), now)} "
+        f"| {cadence.status(account.state, now).state} |"
+        for account in stale
+    ]
+    table = "\n".join(["| account | today synced | state |", "|---|---|---|", *rows])
+    return dg.AssetCheckEvaluation(
+        asset_key=AD_SPEND_DAILY,
+        check_name=ACCOUNTS_FRESH,
+        passed=not stale,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={
+            "accounts": len(accounts),
+            "stale_accounts": len(stale),
+            "stale": dg.MetadataValue.md(table if stale else "every account is fresh"),
+            "limit_minutes": int(cadence.FRESHNESS_LIMIT.total_seconds() // 60),
+        },
+    )
+
+
+def _age(synced_at, now) -> str:
+    if synced_at is None:
+        return "never"
+    return f"{int((now - synced_at).total_seconds() // 60)} min ago"
+
+
+@dg.asset_check(
+    asset=AD_SPEND_DAILY,
+    name=ACCOUNTS_FRESH,
+    description="Every linked account's local today was read within the last 50 minutes. "
+    "The cadence sensor re-evaluates it whenever the set of stale accounts changes.",
+)
+def accounts_fresh(rastro: RastroResource) -> dg.AssetCheckResult:
+    with rastro.warehouse().connect() as con:
+        accounts = planned_accounts(con)
+    evaluation = freshness_evaluation(accounts, rastro.clock()())
+    return dg.AssetCheckResult(
+        passed=evaluation.passed, severity=evaluation.severity, metadata=evaluation.metadata
     )

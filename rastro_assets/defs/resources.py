@@ -5,7 +5,6 @@ contract's variables), so runs launched by the daemon see what it sees. No
 secret is ever configuration: the token is opened from the vault inside a sync.
 """
 
-
 from datetime import UTC, datetime
 
 import dagster as dg

@@ -16,6 +16,7 @@ from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraph
 from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus
 
 from rastro_assets import cadence
+from rastro_assets.defs.checks import freshness_evaluation
 from rastro_assets.defs.partitions import (
     ACCOUNT_PARTITIONS_NAME,
     spend_partition_key,
@@ -168,9 +169,31 @@ def meta_cadence_sensor(context: dg.SensorEvaluationContext, rastro: RastroResou
             due.append(plan)
         else:
             skipped["not due"] = skipped.get("not due", 0) + 1
+    freshness_events, cursor = _freshness_change(context.cursor, accounts, now)
     if not due:
         summary = ", ".join(f"{count} {why}" for why, count in sorted(skipped.items()))
-        return dg.SkipReason(f"nothing due ({summary or 'no linked accounts'})")
+        return dg.SensorResult(
+            skip_reason=f"nothing due ({summary or 'no linked accounts'})",
+            asset_events=freshness_events,
+            cursor=cursor,
+        )
+    return dg.SensorResult(
+        run_requests=[wave_request(due, now)], asset_events=freshness_events, cursor=cursor
+    )
+
+
+def _freshness_change(cursor: str | None, accounts: list[PlannedAccount], now):
+    """A freshness check evaluation when the set of stale accounts changed since the cursor."""
+    stale = ",".join(
+        account.state.ad_account_id for account in accounts if cadence.is_stale(account.state, now)
+    )
+    if cursor is not None and cursor == stale:
+        return [], cursor
+    return [freshness_evaluation(accounts, now)], stale
+
+
+def wave_request(due: list[cadence.Plan], now) -> dg.RunRequest:
+    """One run syncing every due account; tags say how many of each kind."""
     kinds = {kind: sum(plan.kind == kind for plan in due) for kind in WAVE_KINDS}
     return dg.RunRequest(
         run_key=f"wave:{now.isoformat()}",

@@ -5,7 +5,6 @@ one multi-asset: the site aggregate costs no run of its own and can never
 disagree with the ad rows it sums.
 """
 
-
 from collections.abc import Iterator
 from datetime import date
 

@@ -8,7 +8,6 @@ recorded as a materialization of its partition, so the partition grid and
 freshness stay true.
 """
 
-
 from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 

@@ -144,8 +144,8 @@ def test_live_wave_groups_every_due_account(instance, rastro, warehouse):
         kind="daily",
         run="d",
     )
-    request = evaluate(meta_cadence_sensor, instance, rastro)
-    assert isinstance(request, dg.RunRequest)
+    result = evaluate(meta_cadence_sensor, instance, rastro)
+    [request] = result.run_requests
     assert request.tags[WAVE_TAG] == "true"
     syncs = request.run_config["ops"]["sync_wave"]["config"]["syncs"]
     assert [(s["ad_account_id"], s["kind"], s["since"], s["until"]) for s in syncs] == [
@@ -164,9 +164,9 @@ def test_nothing_for_paused_backfilling_or_not_yet_due_accounts(instance, rastro
             now,
             token_sealed_at=registry.get_connection(con, "c1").sealed_at,
         )
-    skip = evaluate(meta_cadence_sensor, instance, rastro)
-    assert isinstance(skip, dg.SkipReason)
-    assert "paused" in skip.skip_message
+    result = evaluate(meta_cadence_sensor, instance, rastro)
+    assert result.run_requests == []
+    assert "paused" in result.skip_reason.skip_message
 
 
 def test_no_wave_while_the_previous_wave_runs(instance, rastro, warehouse):
@@ -195,6 +195,22 @@ def test_an_account_with_a_run_in_flight_is_left_out_of_the_wave(instance, rastr
             status=dg.DagsterRunStatus.STARTED,
         )
     )
-    request = evaluate(meta_cadence_sensor, instance, rastro)
+    [request] = evaluate(meta_cadence_sensor, instance, rastro).run_requests
     syncs = request.run_config["ops"]["sync_wave"]["config"]["syncs"]
     assert [s["ad_account_id"] for s in syncs] == ["act_101"]
+
+
+def test_freshness_is_reported_when_the_stale_set_changes(instance, rastro, warehouse):
+    from rastro_assets.definitions import defs
+
+    backfilled(warehouse, "act_101", at=NOW - timedelta(minutes=10))
+    context = dg.build_sensor_context(
+        instance=instance, definitions=defs, resources={"rastro": rastro}
+    )
+    first = meta_cadence_sensor(context)
+    [evaluation] = first.asset_events
+    assert not evaluation.passed
+    assert evaluation.metadata["stale_accounts"].value == 1
+    assert "act_202" in evaluation.metadata["stale"].value
+    context.update_cursor(first.cursor)
+    assert meta_cadence_sensor(context).asset_events == []

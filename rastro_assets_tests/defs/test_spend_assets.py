@@ -114,9 +114,7 @@ def test_a_range_past_local_today_is_refused(instance, rastro, warehouse):
         assert con.execute("SELECT count(*) FROM ad_spend_daily").fetchone() == (0,)
 
 
-def test_a_failed_read_fails_the_run_and_writes_nothing(
-    instance, rastro, warehouse, linked_world
-):
+def test_a_failed_read_fails_the_run_and_writes_nothing(instance, rastro, warehouse, linked_world):
     since = TODAY - timedelta(days=6)
     linked_world.fail("insights", "permission", account="act_101")
     result = materialize_range(instance, rastro, "act_101", since, TODAY, raise_on_error=False)
