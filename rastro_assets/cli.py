@@ -124,7 +124,17 @@ def command(subparsers: Subparsers, name: str, handler: Handler, help: str) -> _
 
 def registrars() -> list[Registrar]:
     """Every subcommand, in the order `rastro --help` lists them."""
-    return [add_keygen, add_site, add_connect, add_link, add_unlink]
+    from rastro_assets import cli_cadence, cli_tools
+
+    return [
+        add_keygen,
+        add_site,
+        add_connect,
+        add_link,
+        add_unlink,
+        *cli_cadence.REGISTRARS,
+        *cli_tools.REGISTRARS,
+    ]
 
 
 def build_parser() -> _Parser:

@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from rastro_assets.defs.catalog_assets import ad_catalog, ad_thumbnails
 from rastro_assets.defs.checks import accounts_fresh, site_spend_equals_ad_sums
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.retention import retention_sensor
@@ -10,7 +11,7 @@ from rastro_assets.defs.spend_assets import meta_spend
 from rastro_assets.defs.wave import sync_wave_job
 
 defs = dg.Definitions(
-    assets=[meta_spend],
+    assets=[meta_spend, ad_catalog, ad_thumbnails],
     asset_checks=[site_spend_equals_ad_sums, accounts_fresh],
     jobs=[sync_wave_job],
     sensors=[meta_accounts_sensor, meta_cadence_sensor, retention_sensor],

@@ -2,7 +2,13 @@
 
 Idempotent: the first start creates a demo-only secrets key, the warehouse,
 two sites and three linked accounts of the fake Graph; later starts reuse
-them. Then it becomes `dagster dev` (UI and daemon) on the repo's instance.
+them. Then it becomes `dagster dev` (UI and daemon) on the repo's instance,
+with a persistent Dagster home in `data/dagster_home`.
+
+A `RASTRO_SECRETS_KEY` already in the environment wins over the demo key in
+`data/secrets.key`: whoever keeps real connections in the same warehouse
+keeps them readable. The demo connection is re-sealed whenever the key in use
+does not open it.
 """
 
 from __future__ import annotations
@@ -11,12 +17,15 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import duckdb
+
 from rastro_assets.meta.fake.world import DEMO_TOKEN, FakeWorld
-from rastro_assets.vault import Vault, generate_key
+from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault, generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
 
@@ -43,31 +52,35 @@ class DemoPaths:
 
     @property
     def dagster_home(self) -> Path:
-        return self.data / "dagster"
+        return self.data / "dagster_home"
 
 
 def demo_key(paths: DemoPaths) -> str:
-    """The demo's secrets key, made once and kept in data/ (demo only)."""
+    """The demo's secrets key, made once and kept in data/ (demo only), readable by its owner."""
     paths.data.mkdir(parents=True, exist_ok=True)
     if not paths.key_file.exists():
-        paths.key_file.write_text(generate_key() + "\n")
-        paths.key_file.chmod(0o600)
+        # Created with its final mode: the key is never readable by others, not even briefly.
+        fd = os.open(paths.key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as file:
+            file.write(generate_key() + "\n")
     return paths.key_file.read_text().strip()
 
 
-def prepare(paths: DemoPaths, now: datetime | None = None) -> dict[str, str]:
+def prepare(
+    paths: DemoPaths, now: datetime | None = None, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """Create or reuse the demo data; return the environment Dagster runs with."""
     now = now or datetime.now(UTC)
-    key = demo_key(paths)
-    vault = Vault.from_env({"RASTRO_SECRETS_KEY": key})
+    environ = os.environ if environ is None else environ
+    key = (environ.get(ENV_VAR) or "").strip() or demo_key(paths)
+    vault = Vault.from_env({ENV_VAR: key})
     world = FakeWorld.demo()
     warehouse = Warehouse(paths.duckdb)
-    warehouse.migrate()
     with warehouse.connect() as con:
         for site_id, name in DEMO_SITES.items():
-            registry.add_site(con, site_id, name, now)
-        connection = registry.get_connection(con, DEMO_CONNECTION)
-        if connection is None or connection.status != "active":
+            if not registry.site_exists(con, site_id):
+                registry.add_site(con, site_id, name, now)
+        if not _demo_token_stored(con, vault):
             registry.save_connection(
                 con, DEMO_CONNECTION, vault.seal(DEMO_CONNECTION, DEMO_TOKEN), now
             )
@@ -85,27 +98,52 @@ def prepare(paths: DemoPaths, now: datetime | None = None) -> dict[str, str]:
                     name=account.name,
                 )
     paths.dagster_home.mkdir(parents=True, exist_ok=True)
+    # The repo's instance config, refreshed on every start; its relative paths
+    # (data/dagster/...) resolve from the repo root, where Dagster runs.
     shutil.copyfile(paths.root / "dagster.yaml", paths.dagster_home / "dagster.yaml")
     return {
-        "RASTRO_SECRETS_KEY": key,
+        ENV_VAR: key,
         "RASTRO_META_FAKE": "true",
         "RASTRO_DUCKDB_PATH": str(paths.duckdb),
         "DAGSTER_HOME": str(paths.dagster_home),
     }
 
 
-def run(root: Path, extra_args: list[str]) -> int:
+def _demo_token_stored(con: duckdb.DuckDBPyConnection, vault: Vault) -> bool:
+    """Whether the demo connection is active and `vault` opens its token as the demo token."""
+    connection = registry.get_connection(con, DEMO_CONNECTION)
+    if connection is None or connection.status != registry.ACTIVE or not connection.sealed_token:
+        return False
+    try:
+        return vault.open(DEMO_CONNECTION, connection.sealed_token) == DEMO_TOKEN
+    except SecretsKeyError:
+        return False
+
+
+def run(root: Path, extra_args: list[str], environ: Mapping[str, str] | None = None) -> int:
     """Prepare the demo, then replace this process with `dagster dev`."""
     paths = DemoPaths(root.resolve())
     if not (paths.root / "workspace.yaml").exists():
         print("rastro: error: run `rastro demo` from the repo root", file=sys.stderr)
         return 2
-    env = {**os.environ, **prepare(paths)}
+    base = dict(os.environ if environ is None else environ)
+    env = {**base, **prepare(paths, environ=base)}
     os.chdir(paths.root)
     dagster = shutil.which("dagster", path=str(Path(sys.executable).parent)) or "dagster"
-    print(f"rastro demo: data in {paths.data}; starting Dagster on http://127.0.0.1:3000")
+    print(
+        f"rastro demo: data in {paths.data}; starting Dagster (UI and daemon) on"
+        f" http://127.0.0.1:{_port(extra_args)}",
+        flush=True,
+    )
     # A parent that ignores SIGINT/SIGTERM would hand that on through exec.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.execvpe(dagster, [dagster, "dev", "-w", "workspace.yaml", *extra_args], env)
     return 0
+
+
+def _port(extra_args: list[str]) -> str:
+    for flag in ("--port", "-p"):
+        if flag in extra_args[:-1]:
+            return extra_args[extra_args.index(flag) + 1]
+    return "3000"

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 from rastro_assets.meta.client import MetaClient
 from rastro_assets.meta.errors import ErrorKind, MetaError
@@ -19,9 +20,13 @@ from rastro_assets.meta.models import Usage
 from rastro_assets.timekeeping import Clock, days_between, local_date
 from rastro_assets.vault import SecretsKeyError, Vault
 from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.catalog import upsert_names_from_spend
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.runs import SyncRunEnd, finish_sync_run, start_sync_run
 from rastro_assets.warehouse.spend import AccountNotLinked, DaySummary, write_spend
+
+if TYPE_CHECKING:
+    from rastro_assets.catalog_sync import CatalogOutcome, ThumbnailOutcome
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +78,11 @@ class SyncOutcome:
     complete_days: list[date] = field(default_factory=list)
     incomplete_days: list[date] = field(default_factory=list)
     days: dict[date, DaySummary] = field(default_factory=dict)
+    # The catalog and thumbnails read after the spend. Their failure is
+    # recorded here and never changes `outcome`: the spend was written.
+    catalog: CatalogOutcome | None = None
+    thumbnails: ThumbnailOutcome | None = None
+    catalog_error: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -146,7 +156,44 @@ class Syncer:
         else:
             self._read_and_write(request, connection, started_at, result)
         self._finish(request, result, token_sealed_at)
+        if result.ok:
+            self._catalog_after_spend(request, result)
         return result
+
+    def _catalog_after_spend(self, request: SyncRequest, result: SyncOutcome) -> None:
+        """The full catalog and thumbnails when asked, else the unnamed ads with leads.
+
+        Runs after the spend run is recorded, so nothing here can change what
+        the spend sync reports; any failure, even an unexpected one, only
+        lands in `catalog_error`.
+        """
+        # Imported here: catalog_sync builds on this module.
+        from rastro_assets.catalog_sync import CatalogSyncer, safe_text
+
+        syncer = CatalogSyncer(
+            self.warehouse, self.client_factory, vault_factory=self.vault_factory,
+            clock=self.clock,
+        )
+        account, run_id = request.ad_account_id, request.run_id
+        try:
+            result.catalog = syncer.sync_catalog(account, full=request.catalog, run_id=run_id)
+            # Between full reads, only the ads just named by id can have a new
+            # picture with a fresh URL; older failures wait for the daily read.
+            only = None if request.catalog else result.catalog.named_ids
+            if result.catalog.ok and (only is None or only):
+                result.thumbnails = syncer.sync_thumbnails(account, run_id=run_id, only=only)
+            errors = [
+                part.error for part in (result.catalog, result.thumbnails)
+                if part is not None and not part.ok
+            ]
+            result.catalog_error = "; ".join(e for e in errors if e) or None
+        except Exception as exc:  # noqa: BLE001 - the spend is written; the catalog is extra
+            result.catalog_error = (
+                f"{ERROR_CODES['other']}: the catalog read failed"
+                f" ({type(exc).__name__}: {safe_text(str(exc))})"
+            )[:MAX_ERROR_CHARS]
+        if result.catalog_error:
+            log.warning("%s catalog: %s", account, result.catalog_error)
 
     def _read_and_write(self, request, connection, started_at, result: SyncOutcome) -> None:
         try:
@@ -168,6 +215,9 @@ class Syncer:
                         complete_days=chunk_days if chunk.complete else (),
                         synced_at=started_at,
                     )
+                    # Names as they arrive: an ad is named long before the
+                    # daily catalog read, and even if that read fails.
+                    upsert_names_from_spend(con, request.ad_account_id, chunk.rows, started_at)
                 result.rows_written += written.rows_written
                 result.rows_deleted += written.rows_deleted
                 result.days.update(written.days)

@@ -60,7 +60,7 @@ def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: Rastro
             context.log.warning(f"{request.ad_account_id}: skipped: {exc}")
             return None
 
-    with ThreadPoolExecutor(max_workers=WAVE_CONCURRENCY) as pool:
+    with syncer.warehouse.held(), ThreadPoolExecutor(max_workers=WAVE_CONCURRENCY) as pool:
         outcomes = [outcome for outcome in pool.map(run_one, requests) if outcome]
 
     failed = 0

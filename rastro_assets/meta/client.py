@@ -35,7 +35,7 @@ from rastro_assets.meta.parse import (
     classify_error,
     parse_account,
     parse_ad,
-    parse_insight_row,
+    parse_insight_rows,
 )
 from rastro_assets.meta.usage import parse_usage
 
@@ -104,6 +104,15 @@ def normalize_account_id(ad_account_id: str) -> str:
     if not match:
         raise ValueError(f"not an ad account id: {ad_account_id!r:.40} (want act_<digits>)")
     return f"act_{match.group(1)}"
+
+
+def _by_day_and_ad(rows: list[InsightRow]) -> list[InsightRow]:
+    """One row per ad-day (a later copy wins: pages may repeat a row), by day then ad id."""
+    keys = [(row.day, row.ad_id) for row in rows]
+    if all(map(tuple.__lt__, keys, keys[1:])):
+        return rows  # already in order, so no repeats either
+    latest = dict(zip(keys, rows, strict=True))
+    return [latest[key] for key in sorted(latest)]
 
 
 def _without_query(url: httpx.URL) -> str:
@@ -283,13 +292,11 @@ class MetaClient:
 
     def _read_insights(self, act: str, since: date, until: date) -> list[InsightRow]:
         params = self._insights_params(since, until) | {"limit": str(self._page_size)}
-        rows: dict[tuple[str, date], InsightRow] = {}
+        rows: list[InsightRow] = []
         what = f"GET {act}/insights {since}..{until}"
         for page in self._pages(f"{act}/insights", params, what=what, retry_timeouts=False):
-            for raw in page:
-                row = parse_insight_row(raw, since, until)
-                rows[(row.ad_id, row.day)] = row
-        return sorted(rows.values(), key=lambda r: (r.day, r.ad_id))
+            rows.extend(parse_insight_rows(page, since, until))
+        return _by_day_and_ad(rows)
 
     def _read_async(self, act: str, day: date) -> InsightsChunk:
         def incomplete(rows: Sequence[InsightRow] = ()) -> InsightsChunk:
@@ -333,20 +340,17 @@ class MetaClient:
             self._sleep(self._async_poll_seconds)
             waited_seconds += self._async_poll_seconds
 
-        rows: dict[tuple[str, date], InsightRow] = {}
+        rows: list[InsightRow] = []
         try:
             for page in self._pages(f"{run_id}/insights", {"limit": str(self._page_size)},
                                     what=f"GET report {run_id}/insights"):
-                for raw in page:
-                    row = parse_insight_row(raw, day, day)
-                    rows[(row.ad_id, row.day)] = row
+                rows.extend(parse_insight_rows(page, day, day))
         except MetaError as exc:
             if exc.kind is not ErrorKind.TOO_MUCH_DATA:
                 raise
             log.warning("%s could not be read in full: %s", what, exc)
-            return incomplete(sorted(rows.values(), key=lambda r: r.ad_id))
-        return InsightsChunk(since=day, until=day,
-                             rows=sorted(rows.values(), key=lambda r: r.ad_id), complete=True)
+            return incomplete(_by_day_and_ad(rows))
+        return InsightsChunk(since=day, until=day, rows=_by_day_and_ad(rows), complete=True)
 
     # -- catalog ---------------------------------------------------------------
 

@@ -8,7 +8,7 @@ anything).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import date
+from datetime import date, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -26,6 +26,9 @@ TRANSIENT_CODES = frozenset({1, 2})
 UNKNOWN_ALIAS_CODE = 803
 # Counts beyond this are garbage, and huge exponents would be costly to expand.
 MAX_COUNT_DIGITS = 18
+# Strings of at most this many decimal digits are counts `_int_or_none` accepts as int().
+_FAST_COUNT_DIGITS = 18
+_ONE_DAY = timedelta(days=1)
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -199,6 +202,104 @@ def parse_insight_row(row: Any, since: date, until: date) -> InsightRow:
         adset_name=_text(row.get("adset_name")),
         campaign_id=_text(row.get("campaign_id")),
         campaign_name=_text(row.get("campaign_name")),
+    )
+
+
+def parse_insight_rows(raw_rows: Any, since: date, until: date) -> list[InsightRow]:
+    """`parse_insight_row` over a page's `data`, with a fast path for well-formed rows.
+
+    A row takes the fast path only when every field has the plain shape Meta
+    sends (a dict, a string ad id, an ISO day inside the range, a spend
+    string, counts as strings of decimal digits); the fast path then computes
+    exactly what `parse_insight_row` computes. Any other row goes through
+    `parse_insight_row` itself, so the answer and every error are the same.
+    """
+    if not isinstance(raw_rows, list):
+        return [parse_insight_row(raw, since, until) for raw in raw_rows]
+    day_of = {}
+    day = since
+    while day <= until:
+        day_of[day.isoformat()] = day
+        day += _ONE_DAY
+    out: list[InsightRow] = []
+    append = out.append
+    make = InsightRow
+    for raw in raw_rows:
+        row = _fast_insight_row(raw, day_of, make)
+        append(row if row is not None else parse_insight_row(raw, since, until))
+    return out
+
+
+def _fast_count(value: Any) -> int | None:
+    """A count as `_count` reads it, for the shapes it can be sure of; None: ask `_count`."""
+    if value is None:
+        return 0
+    cls = value.__class__
+    if cls is str:
+        if value.isdecimal() and len(value) <= _FAST_COUNT_DIGITS:
+            return int(value)
+        return None
+    if cls is int and value >= 0:
+        return value
+    return None
+
+
+def _fast_insight_row(raw: Any, day_of: dict[str, date], make: Any) -> InsightRow | None:
+    """The row, or None when it is not plainly well formed (the caller then parses it fully)."""
+    if raw.__class__ is not dict:
+        return None
+    get = raw.get
+    ad_id = get("ad_id")
+    start = get("date_start")
+    if ad_id.__class__ is not str or not ad_id or start.__class__ is not str:
+        return None
+    day = day_of.get(start)
+    if day is None or get("date_stop") != start:
+        return None
+    spend_text = get("spend")
+    if spend_text.__class__ is not str:
+        return None
+    try:
+        spend = Decimal(spend_text)
+    except (InvalidOperation, ValueError):
+        return None
+    if not spend.is_finite():
+        return None
+    impressions = _fast_count(get("impressions"))
+    clicks = _fast_count(get("clicks"))
+    if impressions is None or clicks is None:
+        return None
+    actions = get("actions")
+    conversations = 0
+    if actions is not None:
+        if actions.__class__ is not list:
+            return None
+        for action in actions:
+            if action.__class__ is not dict:
+                return None
+            if action.get("action_type") == MESSAGING_CONVERSATION_ACTION:
+                value = action.get("value")
+                count = None if value is None else _fast_count(value)
+                if count is None:
+                    return None
+                conversations += count
+    ad_name = get("ad_name")
+    adset_id = get("adset_id")
+    adset_name = get("adset_name")
+    campaign_id = get("campaign_id")
+    campaign_name = get("campaign_name")
+    return make(
+        ad_id,
+        day,
+        spend,
+        impressions,
+        clicks,
+        conversations,
+        ad_name if ad_name.__class__ is str and ad_name else None,
+        adset_id if adset_id.__class__ is str and adset_id else None,
+        adset_name if adset_name.__class__ is str and adset_name else None,
+        campaign_id if campaign_id.__class__ is str and campaign_id else None,
+        campaign_name if campaign_name.__class__ is str and campaign_name else None,
     )
 
 

@@ -70,6 +70,8 @@ class Warehouse:
         self.lock_wait_seconds = lock_wait_seconds
         self._sleep = sleep
         self._migrated = False
+        self._keeper: duckdb.DuckDBPyConnection | None = None
+        self._keeper_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Warehouse({self.path!r})"
@@ -83,13 +85,42 @@ class Warehouse:
         exist yet or is behind the code, the schema is first migrated through
         a brief read-write connection, so readers always see every table.
         """
-        con = self._open_current(read_only) if read_only else self._open(read_only)
+        if self._keeper is not None:
+            con = self._cursor()
+        else:
+            con = self._open_current(read_only) if read_only else self._open(read_only)
         try:
             if not read_only and not self._migrated:
                 self._migrate_with(con)
             yield con
         finally:
             con.close()
+
+    @contextmanager
+    def held(self) -> Iterator[Warehouse]:
+        """Keep the file open read-write while many short connections come and go.
+
+        A wave syncs hundreds of accounts from a few threads. Opening the file
+        for each write costs a checkpoint on every close, and threads opening
+        and closing the same database at once race inside DuckDB. While held,
+        `connect()` hands out cursors of one kept connection instead. Hold it
+        only as long as the work: other processes wait while it is held.
+        """
+        keeper = self._open(read_only=False)
+        try:
+            if not self._migrated:
+                self._migrate_with(keeper)
+            self._keeper = keeper
+            yield self
+        finally:
+            self._keeper = None
+            keeper.close()
+
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        with self._keeper_lock:
+            con = self._keeper.cursor()
+        con.execute("SET TimeZone = 'UTC'")
+        return con
 
     def migrate(self) -> int:
         """Create or migrate the schema; idempotent. The version reached."""

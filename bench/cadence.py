@@ -1,0 +1,342 @@
+"""Cost of freshness: what the cadence costs per account-day at 100, 1,000 and 5,000 accounts.
+
+Two parts, in one run:
+1. Simulate a day of sensor ticks on the planner's injected clock with N linked
+   accounts spread over eight timezones (already backfilled). Each tick, the
+   accounts due go into one wave, exactly as `meta_cadence` does. Counted:
+   Dagster runs per day, syncs by kind, Meta calls per account-day (against
+   Rastro's reference cadence, which reads the same ranges one account at a
+   time), and the oldest any account's today gets.
+2. Measure on a real Dagster instance what those runs cost: a wave of K
+   accounts executed as its own process (`dagster job execute`, as the run
+   launcher would), for two K, live and daily, reading the fake Graph over
+   loopback. CPU seconds of the run process are split into a fixed cost per
+   run and a cost per account sync; instance storage growth likewise.
+
+Then: CPU seconds per account-day = (waves x fixed + syncs x per-sync) / N,
+and storage at steady state with retention = the latest materialization of
+each account-day partition (two assets) plus its sync rows.
+
+Run: .venv/bin/python bench/cadence.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from rastro_assets import cadence  # noqa: E402
+from rastro_assets.timekeeping import local_date  # noqa: E402
+
+TIMEZONES = [
+    "America/Los_Angeles",
+    "America/New_York",
+    "America/Sao_Paulo",
+    "Europe/London",
+    "Europe/Berlin",
+    "Asia/Kolkata",
+    "Asia/Tokyo",
+    "Pacific/Auckland",
+]
+TICK = timedelta(seconds=60)
+ADS_PER_ACCOUNT = 20
+PAGE_SIZE = 500
+START = datetime(2026, 11, 30, 0, 0, tzinfo=UTC)
+WAVE_SECONDS_PER_ACCOUNT = 0.05  # wall time a wave holds the cadence (4 syncs at once)
+
+
+def backfilled_state(index: int, now: datetime) -> cadence.AccountState:
+    timezone = TIMEZONES[index % len(TIMEZONES)]
+    linked = now - timedelta(days=2)
+    today = local_date(linked, timezone)
+    backfill = cadence.SyncRun(
+        run_id=f"b{index}",
+        kind="backfill",
+        since=today - timedelta(days=89),
+        until=today,
+        started_at=linked,
+        finished_at=linked + timedelta(minutes=2),
+        outcome="ok",
+        catalog=True,
+    )
+    return cadence.AccountState(
+        ad_account_id=f"act_{index + 1}",
+        timezone=timezone,
+        linked_at=linked,
+        connection_status="active",
+        connection_error=None,
+        token_sealed_at=linked - timedelta(minutes=1),
+        sync_requested_at=None,
+        runs=[backfill],
+    )
+
+
+def meta_calls(plan: cadence.Plan) -> int:
+    days = (plan.until - plan.since).days + 1
+    calls = -(-days * ADS_PER_ACCOUNT // PAGE_SIZE)
+    if plan.catalog:
+        calls += -(-ADS_PER_ACCOUNT // PAGE_SIZE)
+    return calls
+
+
+def simulate(n_accounts: int, hours: int = 48) -> dict:
+    """Tick the planner over `hours`; report the last 24 hours (a steady day)."""
+    states = [backfilled_state(index, START) for index in range(n_accounts)]
+    runs: list[list[cadence.SyncRun]] = [list(state.runs) for state in states]
+    steady_from = START + timedelta(hours=hours - 24)
+    waves = 0
+    syncs: Counter[str] = Counter()
+    calls = 0
+    worst_age = timedelta(0)
+    busy_until = START
+    now = START
+    wave_number = 0
+    while now < START + timedelta(hours=hours):
+        if now >= busy_until:
+            due = []
+            for index, state in enumerate(states):
+                plan = cadence.plan(state, now)
+                if plan.kind in ("live", "daily", "weekly") and plan.is_due(now):
+                    due.append((index, plan))
+            if due:
+                wave_number += 1
+                busy_until = now + timedelta(seconds=len(due) * WAVE_SECONDS_PER_ACCOUNT)
+                for index, plan in due:
+                    run = cadence.SyncRun(
+                        run_id=f"w{wave_number}",
+                        kind=plan.kind,
+                        since=plan.since,
+                        until=plan.until,
+                        started_at=now,
+                        finished_at=busy_until,
+                        outcome="ok",
+                        catalog=plan.catalog,
+                    )
+                    runs[index].append(run)
+                    states[index] = cadence.AccountState(
+                        **{**states[index].__dict__, "runs": runs[index]}
+                    )
+                    if now >= steady_from:
+                        syncs[plan.kind] += 1
+                        calls += meta_calls(plan)
+                if now >= steady_from:
+                    waves += 1
+        if now >= steady_from:
+            for state in states:
+                synced = cadence.today_synced_at(state)
+                age = now - synced if synced else timedelta(days=1)
+                worst_age = max(worst_age, age)
+        now += TICK
+    return {
+        "accounts": n_accounts,
+        "waves_per_day": waves,
+        "syncs_per_day": dict(syncs),
+        "meta_calls_per_account_day": calls / n_accounts,
+        "reference_calls_per_account_day": reference_calls(),
+        "worst_today_age_minutes": worst_age.total_seconds() / 60,
+    }
+
+
+def reference_calls() -> float:
+    """Rastro's reference: 32 live reads of 2 days, a daily 7-day read with the catalog,
+    one weekly 28-day read instead of a daily every seventh day."""
+    live = -(-2 * ADS_PER_ACCOUNT // PAGE_SIZE)
+    catalog = -(-ADS_PER_ACCOUNT // PAGE_SIZE)
+    daily = -(-7 * ADS_PER_ACCOUNT // PAGE_SIZE) + catalog
+    weekly = -(-28 * ADS_PER_ACCOUNT // PAGE_SIZE) + catalog
+    return (24 * 60 / 45 - 1) * live + (6 * daily + weekly) / 7
+
+
+# -- Part 2: measured cost of real wave runs -------------------------------------------
+
+
+def measure_waves(sizes: list[int], kinds: list[str]) -> dict:
+    from rastro_assets.meta.fake.server import serve
+    from rastro_assets.meta.fake.world import FakeWorld
+    from rastro_assets.vault import Vault, generate_key
+    from rastro_assets.warehouse import registry
+    from rastro_assets.warehouse.connection import Warehouse
+
+    results = {}
+    token = "EAAbenchTOKENc4d3nc3"
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        world = FakeWorld(seed=3)
+        n = max(sizes)
+        for index in range(n):
+            world.add_account(
+                f"act_{index + 1}",
+                timezone=TIMEZONES[index % len(TIMEZONES)],
+                currency="USD",
+                n_ads=ADS_PER_ACCOUNT,
+                token=token,
+            )
+        key = generate_key()
+        vault = Vault.from_env({"RASTRO_SECRETS_KEY": key})
+        warehouse = Warehouse(tmp_path / "rastro.duckdb")
+        warehouse.migrate()
+        now = datetime.now(UTC)
+        with warehouse.connect() as con:
+            registry.add_site(con, "s1", "Bench", now)
+            registry.save_connection(con, "c1", vault.seal("c1", token), now)
+            for index in range(n):
+                registry.link_account(
+                    con,
+                    "s1",
+                    f"act_{index + 1}",
+                    "c1",
+                    TIMEZONES[index % len(TIMEZONES)],
+                    "USD",
+                    now,
+                )
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+        with serve(world) as server:
+            env = {
+                **os.environ,
+                "DAGSTER_HOME": str(home),
+                "RASTRO_DUCKDB_PATH": str(warehouse.path),
+                "RASTRO_META_GRAPH_URL": server.base_url,
+                "RASTRO_SECRETS_KEY": key,
+            }
+            for kind in kinds:
+                for size in sizes:
+                    results[(kind, size)] = run_wave(world, env, home, size, kind)
+    return results
+
+
+def run_wave(world, env: dict, home: Path, size: int, kind: str) -> dict:
+    days = {"live": 2, "daily": 7}[kind]
+    syncs = []
+    for index in range(size):
+        account = f"act_{index + 1}"
+        today = world.today(account)
+        syncs.append(
+            {
+                "ad_account_id": account,
+                "kind": kind,
+                "since": str(today - timedelta(days=days - 1)),
+                "until": str(today),
+                "catalog": kind == "daily",
+            }
+        )
+    config = home / "wave.json"
+    config.write_text(json.dumps({"ops": {"sync_wave": {"config": {"syncs": syncs}}}}))
+    before_bytes = directory_bytes(home)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    completed = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "dagster"),
+            "job",
+            "execute",
+            "-m",
+            "rastro_assets.definitions",
+            "-j",
+            "meta_sync_wave",
+            "-c",
+            str(config),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if completed.returncode != 0:
+        raise SystemExit(completed.stderr[-3000:])
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {
+        "cpu_seconds": cpu,
+        "wall_seconds": wall,
+        "storage_bytes": directory_bytes(home) - before_bytes,
+    }
+
+
+def directory_bytes(path: Path) -> int:
+    return sum(item.stat().st_size for item in path.rglob("*") if item.is_file())
+
+
+def fit(small: dict, large: dict, small_n: int, large_n: int, key: str) -> tuple[float, float]:
+    per_account = (large[key] - small[key]) / (large_n - small_n)
+    return small[key] - per_account * small_n, per_account
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="smaller waves, 1,000 accounts only")
+    args = parser.parse_args()
+    sizes = [5, 40] if args.quick else [10, 100]
+    measured = measure_waves(sizes, ["live", "daily"])
+    small, large = sizes
+    fixed_cpu, live_cpu = fit(
+        measured[("live", small)], measured[("live", large)], small, large, "cpu_seconds"
+    )
+    _, daily_cpu = fit(
+        measured[("daily", small)], measured[("daily", large)], small, large, "cpu_seconds"
+    )
+    _, live_bytes = fit(
+        measured[("live", small)], measured[("live", large)], small, large, "storage_bytes"
+    )
+    print(
+        f"measured wave run: fixed {fixed_cpu:.2f} CPU s; per live sync {live_cpu * 1000:.0f} ms, "
+        f"per daily sync {daily_cpu * 1000:.0f} ms; "
+        f"storage per live sync {live_bytes / 1024:.1f} KB"
+    )
+    for (kind, size), figures in sorted(measured.items()):
+        print(
+            f"  {kind:5} wave of {size:4} accounts: {figures['cpu_seconds']:.2f} CPU s, "
+            f"{figures['wall_seconds']:.1f} s wall, {figures['storage_bytes'] / 1024:.0f} KB"
+        )
+    # Each live sync materializes 2 days x 2 assets; at steady state retention keeps the
+    # latest materialization of each account-day partition per asset.
+    bytes_per_event = live_bytes / 4
+    steady_kb = 2 * bytes_per_event / 1024
+    print(
+        f"storage at steady state with retention: {steady_kb:.1f} KB per account-day "
+        f"({bytes_per_event / 1024:.1f} KB per materialization, 2 assets)"
+    )
+    summary_1000 = None
+    for n in [1000] if args.quick else [100, 1000, 5000]:
+        simulated = simulate(n)
+        syncs = simulated["syncs_per_day"]
+        cpu = (
+            simulated["waves_per_day"] * fixed_cpu
+            + syncs.get("live", 0) * live_cpu
+            + (syncs.get("daily", 0) + syncs.get("weekly", 0)) * daily_cpu
+        ) / n
+        print(
+            f"{n:5} accounts: {simulated['waves_per_day']} Dagster runs/day, syncs {syncs}, "
+            f"Meta calls/account-day {simulated['meta_calls_per_account_day']:.1f} "
+            f"(reference {simulated['reference_calls_per_account_day']:.1f}), "
+            f"CPU s/account-day {cpu:.2f}, "
+            f"oldest today {simulated['worst_today_age_minutes']:.0f} min"
+        )
+        if n == 1000:
+            summary_1000 = (cpu, simulated)
+    cpu, simulated = summary_1000
+    print(
+        f"cadence: {cpu:.2f} CPU s/account-day, {steady_kb:.1f} KB/account-day, "
+        f"{simulated['meta_calls_per_account_day']:.1f} Meta calls/account-day, "
+        f"today <= {simulated['worst_today_age_minutes']:.0f} min at 1,000 accounts "
+        f"(goal <= 1 CPU s, <= 50 KB, <= {simulated['reference_calls_per_account_day']:.1f} calls, "
+        f"<= 50 min)"
+    )
+
+
+if __name__ == "__main__":
+    main()

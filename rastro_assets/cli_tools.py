@@ -1,0 +1,224 @@
+"""`rastro rotate-key`, `rastro demo` and `rastro fake-meta`: keys and the demo.
+
+`rotate-key` re-seals every stored token under a new secrets key in one
+transaction: either every token opens under the new key afterwards, or
+nothing changed. `demo` and `fake-meta` run the product on the fake Graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import ipaddress
+from pathlib import Path
+
+from rastro_assets.cli import (
+    EXIT_OK,
+    Context,
+    Registrar,
+    Subparsers,
+    UsageError,
+    command,
+)
+from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault
+from rastro_assets.warehouse.connection import transaction
+
+# rotate-key -----------------------------------------------------------------
+
+
+def add_rotate_key(subparsers: Subparsers) -> None:
+    parser = command(
+        subparsers,
+        "rotate-key",
+        _rotate_key,
+        f"re-seal every stored token under the key in {ENV_VAR}, opening each with the old key",
+    )
+    parser.add_argument(
+        "--old-key-env",
+        required=True,
+        metavar="VAR",
+        help=f"the environment variable holding the old key (the new one is {ENV_VAR})",
+    )
+
+
+def _rotate_key(args: argparse.Namespace, ctx: Context) -> int:
+    old_var = args.old_key_env.strip()
+    if not old_var:
+        raise UsageError("--old-key-env needs the name of an environment variable")
+    if old_var == ENV_VAR:
+        raise UsageError(
+            f"--old-key-env names {ENV_VAR}, which holds the new key: put the old key in"
+            " another variable (for example RASTRO_OLD_SECRETS_KEY)"
+        )
+    try:
+        old = Vault.from_env(ctx.environ, var=old_var)
+    except SecretsKeyError:
+        raise UsageError(
+            f"--old-key-env {old_var}: that variable must hold the old key, the base64 of"
+            " 32 bytes, as RASTRO_SECRETS_KEY did before"
+        ) from None
+    new = ctx.vault()
+    if _key_bytes(ctx, old_var) == _key_bytes(ctx, ENV_VAR):
+        raise UsageError(
+            f"{old_var} and {ENV_VAR} hold the same key: export the new key (`rastro keygen`)"
+            f" as {ENV_VAR} first"
+        )
+    warehouse = ctx.warehouse()
+    if not Path(warehouse.path).exists():
+        ctx.say(f"no warehouse at {warehouse.path}: no token to re-seal")
+        return EXIT_OK
+    with warehouse.connect() as con, transaction(con):
+        rows = con.execute(
+            "SELECT connection_id, sealed_token FROM meta_connections"
+            " WHERE sealed_token IS NOT NULL ORDER BY connection_id"
+        ).fetchall()
+        resealed: list[tuple[str, bytes]] = []
+        already: list[str] = []
+        unreadable: list[str] = []
+        # Every token is opened before anything is written: one that opens
+        # under neither key would be lost, so it stops the whole rotation.
+        for connection_id, sealed in rows:
+            sealed = bytes(sealed)
+            try:
+                token = old.open(connection_id, sealed)
+            except SecretsKeyError:
+                if _opens(new, connection_id, sealed):
+                    already.append(connection_id)
+                else:
+                    unreadable.append(connection_id)
+                continue
+            ctx.keep_secret(token)
+            resealed.append((connection_id, new.seal(connection_id, token)))
+        if unreadable:
+            names = ", ".join(repr(name) for name in unreadable)
+            raise UsageError(
+                f"the token of connection(s) {names} opens under neither {old_var} nor"
+                f" {ENV_VAR}; nothing was changed (reconnect those with `rastro connect`,"
+                " or find the key they were sealed with)"
+            )
+        now = ctx.now()
+        for connection_id, sealed in resealed:
+            # `sealed_at` is the token's version, not the ciphertext's: the
+            # token is the same, so runs holding it still count as current.
+            con.execute(
+                "UPDATE meta_connections SET sealed_token = ?, updated_at = ?"
+                " WHERE connection_id = ?",
+                [sealed, now, connection_id],
+            )
+    ctx.say(f"re-sealed {len(resealed)} token(s) under {ENV_VAR}")
+    if already:
+        names = ", ".join(already)
+        ctx.say(f"{len(already)} token(s) were sealed under {ENV_VAR} already: {names}")
+    ctx.say(
+        f"restart dagster-daemon, dagster-webserver and the run workers with the new {ENV_VAR};"
+        f" {old_var} opens nothing any more"
+    )
+    return EXIT_OK
+
+
+def _key_bytes(ctx: Context, var: str) -> bytes:
+    return base64.b64decode((ctx.environ.get(var) or "").strip(), validate=True)
+
+
+def _opens(vault: Vault, connection_id: str, sealed: bytes) -> bool:
+    try:
+        vault.open(connection_id, sealed)
+    except SecretsKeyError:
+        return False
+    return True
+
+
+# fake-meta ------------------------------------------------------------------
+
+FAKE_META_PORT = 8765  # the server's DEFAULT_PORT, without importing the fake to build --help
+
+
+def add_fake_meta(subparsers: Subparsers) -> None:
+    parser = command(
+        subparsers,
+        "fake-meta",
+        _fake_meta,
+        "serve the fake Meta Graph (the demo accounts) over HTTP on loopback until Ctrl-C",
+    )
+    parser.add_argument(
+        "--port", type=int, default=FAKE_META_PORT, help=f"port (default {FAKE_META_PORT}; 0: any)"
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="a loopback address (default 127.0.0.1)"
+    )
+
+
+def _fake_meta(args: argparse.Namespace, ctx: Context) -> int:
+    host = loopback_host(args.host)
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port} is not a port number (0-65535)")
+    from rastro_assets.meta.fake.server import run_server
+
+    try:
+        run_server(args.port, host=host)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {host}:{args.port}: {exc.strerror or exc}") from None
+    return EXIT_OK
+
+
+def loopback_host(raw: str) -> str:
+    """`raw` when it is a loopback address (`localhost` is 127.0.0.1); UsageError otherwise.
+
+    The fake answers any token for the demo accounts: it must never be
+    reachable from another machine.
+    """
+    text = raw.strip().strip("[]")
+    if text.lower() == "localhost":
+        return "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        raise UsageError(
+            f"--host {raw!r} is not an IP address: the fake Graph binds loopback only"
+            " (127.0.0.1 or ::1)"
+        ) from None
+    if not address.is_loopback:
+        raise UsageError(
+            f"--host {raw!r} is not a loopback address: the fake Graph binds loopback only"
+            " (127.0.0.1 or ::1)"
+        )
+    return str(address)
+
+
+# demo -----------------------------------------------------------------------
+
+
+def add_demo(subparsers: Subparsers) -> None:
+    parser = command(
+        subparsers,
+        "demo",
+        _demo,
+        "create or reuse the demo in data/ (fake Graph, 2 sites, 3 accounts) and start"
+        " Dagster on it; run from the repo root",
+    )
+    parser.add_argument("--port", type=int, help="the Dagster UI's port (default 3000)")
+    parser.add_argument(
+        "dagster_args",
+        nargs=argparse.REMAINDER,
+        metavar="-- DAGSTER_DEV_ARGS",
+        help="more arguments for `dagster dev`, after --",
+    )
+
+
+def _demo(args: argparse.Namespace, ctx: Context) -> int:
+    from rastro_assets import demo
+
+    root = Path.cwd()
+    if not (root / "workspace.yaml").exists() or not (root / "dagster.yaml").exists():
+        raise UsageError(
+            "run `rastro demo` from the repo root (where workspace.yaml and dagster.yaml are)"
+        )
+    extra = list(args.dagster_args)
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
+    if args.port is not None:
+        extra = ["--port", str(args.port), *extra]
+    return demo.run(root, extra, environ=ctx.environ)
+
+
+REGISTRARS: list[Registrar] = [add_rotate_key, add_demo, add_fake_meta]

@@ -1,0 +1,181 @@
+"""`ad_catalog` and `ad_thumbnails`: one ad account per partition.
+
+A hand materialization of `ad_catalog` reads the account's whole catalog,
+every status; `ad_thumbnails` copies every picture missing or stale since it
+was stored. The daily re-sync does the same inside the spend run (see
+`Syncer`); `catalog_materializations` turns its outcome into events, so a run
+that is no asset run can still record these partitions.
+"""
+
+import base64
+from collections.abc import Iterator
+
+import dagster as dg
+
+from rastro_assets.catalog_sync import (
+    CatalogOutcome,
+    CatalogRefused,
+    CatalogSyncer,
+    Preview,
+    ThumbnailOutcome,
+)
+from rastro_assets.defs.partitions import account_partitions
+from rastro_assets.defs.resources import RastroResource
+from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
+from rastro_assets.meta import make_client
+from rastro_assets.sync import SyncOutcome
+from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.registry import normalize_account_id
+
+GROUP = "meta_catalog"
+OWNERS = ["team:data-engineering"]
+
+AD_CATALOG = dg.AssetKey("ad_catalog")
+AD_THUMBNAILS = dg.AssetKey("ad_thumbnails")
+
+
+def catalog_syncer(rastro: RastroResource) -> CatalogSyncer:
+    settings = rastro.settings()
+    return CatalogSyncer(
+        Warehouse(settings.duckdb_path),
+        lambda token: make_client(settings, token),
+        clock=rastro.clock(),
+    )
+
+
+def _account(context: dg.AssetExecutionContext) -> str:
+    try:
+        return normalize_account_id(context.partition_key)
+    except ValueError as exc:
+        raise dg.Failure(description=str(exc)) from None
+
+
+@dg.asset(
+    key=AD_CATALOG,
+    partitions_def=account_partitions,
+    deps=[AD_SPEND_DAILY],
+    kinds={"duckdb"},
+    group_name=GROUP,
+    owners=OWNERS,
+    tags={"domain": "marketing"},
+    pool="meta_api",
+    description=(
+        "Every ad of the account, any status (deleted and archived included), with the names "
+        "analysts read spend by: ad, ad set and campaign, Meta's effective_status as ad_status, "
+        "and the creative kind (video, image, carousel, other). Names arrive with each spend "
+        "read; the full catalog is read once a local day and by this materialization. A field "
+        "Meta leaves out keeps its stored value."
+    ),
+)
+def ad_catalog(context: dg.AssetExecutionContext, rastro: RastroResource) -> dg.MaterializeResult:
+    """Reads the account's whole catalog from Meta and merges it into `ad_catalog`."""
+    account = _account(context)
+    try:
+        outcome = catalog_syncer(rastro).sync_catalog(account, full=True, run_id=context.run_id)
+    except CatalogRefused as exc:
+        raise dg.Failure(description=str(exc)) from None
+    if not outcome.ok:
+        raise dg.Failure(description=outcome.error)
+    context.log.info(
+        f"{account}: {outcome.ads_read} ads read, {outcome.added} added, {outcome.renamed} "
+        f"renamed, {outcome.status_changed} status changes; {outcome.total_ads} in the catalog"
+    )
+    return dg.MaterializeResult(metadata=catalog_metadata(outcome))
+
+
+@dg.asset(
+    key=AD_THUMBNAILS,
+    partitions_def=account_partitions,
+    deps=[AD_CATALOG],
+    kinds={"duckdb"},
+    group_name=GROUP,
+    owners=OWNERS,
+    tags={"domain": "marketing"},
+    pool="meta_api",
+    description=(
+        "The picture of each catalogued ad that has one at Meta, copied as served (bytes, "
+        "content type, sha256), because Meta's thumbnail URLs expire within days. Re-copied "
+        "when the ad's creative changes. A failed download keeps the previous row and is "
+        "retried on the next run; a broken image is never stored."
+    ),
+)
+def ad_thumbnails(
+    context: dg.AssetExecutionContext, rastro: RastroResource
+) -> dg.MaterializeResult:
+    """Copies every missing or stale thumbnail of the account (at most 300 a run)."""
+    account = _account(context)
+    try:
+        outcome = catalog_syncer(rastro).sync_thumbnails(account, run_id=context.run_id)
+    except CatalogRefused as exc:
+        raise dg.Failure(description=str(exc)) from None
+    if not outcome.ok:
+        raise dg.Failure(description=outcome.error)
+    if outcome.failed:
+        # Single pictures failing is routine (URLs expire): the next run retries.
+        context.log.warning(
+            f"{account}: {outcome.failed} of {outcome.wanted} thumbnails failed and will be "
+            f"retried; first: {outcome.failures[0] if outcome.failures else 'unknown'}"
+        )
+    context.log.info(f"{account}: {outcome.fetched} of {outcome.wanted} thumbnails fetched")
+    return dg.MaterializeResult(metadata=thumbnail_metadata(outcome))
+
+
+# -- metadata ----------------------------------------------------------------------
+
+
+def catalog_metadata(outcome: CatalogOutcome) -> dict[str, dg.MetadataValue]:
+    return {
+        "ad_account_id": dg.MetadataValue.text(outcome.ad_account_id),
+        "read": dg.MetadataValue.text("full catalog" if outcome.full else "unnamed ads by id"),
+        "ads_read": dg.MetadataValue.int(outcome.ads_read),
+        "ads_added": dg.MetadataValue.int(outcome.added),
+        "ads_renamed": dg.MetadataValue.int(outcome.renamed),
+        "status_changes": dg.MetadataValue.int(outcome.status_changed),
+        "ads_total": dg.MetadataValue.int(outcome.total_ads),
+        "api_calls": dg.MetadataValue.int(outcome.api_calls),
+        "dagster/row_count": dg.MetadataValue.int(outcome.total_ads),
+    }
+
+
+def thumbnail_metadata(outcome: ThumbnailOutcome) -> dict[str, dg.MetadataValue]:
+    return {
+        "ad_account_id": dg.MetadataValue.text(outcome.ad_account_id),
+        "thumbnails_wanted": dg.MetadataValue.int(outcome.wanted),
+        "thumbnails_fetched": dg.MetadataValue.int(outcome.fetched),
+        "thumbnails_failed": dg.MetadataValue.int(outcome.failed),
+        "thumbnails_removed": dg.MetadataValue.int(outcome.removed),
+        "failures": dg.MetadataValue.text("\n".join(outcome.failures) or "none"),
+        "preview": dg.MetadataValue.md(preview_markdown(outcome.preview)),
+    }
+
+
+def preview_markdown(previews: list[Preview]) -> str:
+    """Up to four small pictures inline, as data: URIs (no URL to expire, nothing to fetch)."""
+    if not previews:
+        return "_no thumbnail stored yet_"
+    cells = []
+    for preview in previews:
+        label = _md_text(preview.ad_name or preview.ad_id)
+        data = base64.b64encode(preview.image).decode("ascii")
+        cells.append(f"![{label}](data:{preview.content_type};base64,{data})<br>{label}")
+    return "| " + " | ".join(cells) + " |\n|" + "---|" * len(cells)
+
+
+def _md_text(text: str) -> str:
+    """Ad names are free text: keep them from closing the image or table syntax."""
+    return "".join(f"\\{ch}" if ch in "[]()|*_`<>\\" else ch for ch in " ".join(text.split()))
+
+
+def catalog_materializations(outcome: SyncOutcome) -> Iterator[dg.AssetMaterialization]:
+    """Events for the catalog work a spend sync did (a full read, its thumbnails)."""
+    account = outcome.request.ad_account_id
+    if outcome.catalog is not None and outcome.catalog.ok and outcome.catalog.full:
+        yield dg.AssetMaterialization(
+            asset_key=AD_CATALOG, partition=account, metadata=catalog_metadata(outcome.catalog)
+        )
+        if outcome.thumbnails is not None and outcome.thumbnails.ok:
+            yield dg.AssetMaterialization(
+                asset_key=AD_THUMBNAILS, partition=account,
+                metadata=thumbnail_metadata(outcome.thumbnails),
+            )
+

@@ -1,0 +1,145 @@
+"""`ad_catalog` and `ad_thumbnails` on a real Dagster instance, reading the fake Graph over HTTP."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from datetime import date
+
+import dagster as dg
+import pytest
+
+from rastro_assets.defs.catalog_assets import (
+    AD_CATALOG,
+    AD_THUMBNAILS,
+    ad_catalog,
+    ad_thumbnails,
+    catalog_materializations,
+    preview_markdown,
+)
+from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
+from rastro_assets.defs.resources import RastroResource
+from rastro_assets.sync import SyncRequest
+from rastro_assets_tests.conftest import NOW, TOKEN
+
+TODAY = date(2026, 11, 30)
+
+
+@pytest.fixture
+def instance(tmp_path):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    with dg.instance_for_test(temp_dir=str(home)) as instance:
+        instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202", "act_9"])
+        yield instance
+
+
+@pytest.fixture
+def rastro(duckdb_path, fake_graph, linked_world, secrets_key) -> RastroResource:
+    return RastroResource(
+        duckdb_path=str(duckdb_path),
+        graph_url=fake_graph.base_url,
+        use_fake_graph=False,
+        fixed_now=NOW.isoformat(),
+    )
+
+
+def materialize(instance, rastro, assets, account: str, **kwargs):
+    return dg.materialize(assets, instance=instance, resources={"rastro": rastro},
+                          partition_key=account, **kwargs)
+
+
+def metadata(result, node: str) -> dict:
+    [event] = result.asset_materializations_for_node(node)
+    return {key: value.value for key, value in event.metadata.items()}
+
+
+def with_picture(world, account: str) -> list[str]:
+    return sorted(ad_id for ad_id, ad in world.accounts[account].ads.items()
+                  if world.has_thumbnail(ad))
+
+
+def test_catalog_then_thumbnails_for_one_account(instance, rastro, warehouse, linked_world):
+    result = materialize(instance, rastro, [ad_catalog, ad_thumbnails], "act_101")
+    assert result.success
+    ads = linked_world.accounts["act_101"].ads
+    catalog = metadata(result, "ad_catalog")
+    assert (catalog["ads_added"], catalog["ads_total"], catalog["ads_renamed"]) == (
+        len(ads), len(ads), 0)
+    pictures = metadata(result, "ad_thumbnails")
+    expected = with_picture(linked_world, "act_101")
+    assert (pictures["thumbnails_fetched"], pictures["thumbnails_failed"]) == (len(expected), 0)
+    assert "data:image/png;base64," in pictures["preview"]
+    with warehouse.connect() as con:
+        stored = con.execute("SELECT ad_id, image, sha256 FROM ad_thumbnails ORDER BY ad_id")
+        stored = stored.fetchall()
+        statuses = {row[0] for row in con.execute("SELECT ad_status FROM ad_catalog").fetchall()}
+    assert [row[0] for row in stored] == expected
+    for ad_id, image, sha256 in stored:
+        assert image == linked_world.thumbnail_bytes(ad_id)
+        assert sha256 == hashlib.sha256(image).hexdigest()
+    assert {ad.effective_status for ad in ads.values()} == statuses
+    assert instance.get_materialized_partitions(AD_CATALOG) == {"act_101"}
+    assert instance.get_materialized_partitions(AD_THUMBNAILS) == {"act_101"}
+
+    again = materialize(instance, rastro, [ad_thumbnails], "act_101")
+    assert metadata(again, "ad_thumbnails")["thumbnails_fetched"] == 0
+
+
+def test_failed_pictures_do_not_fail_the_asset(instance, rastro, warehouse, linked_world):
+    materialize(instance, rastro, [ad_catalog], "act_202")
+    linked_world.fail("thumbnail", "not_found", times=None)
+    result = materialize(instance, rastro, [ad_thumbnails], "act_202")
+    assert result.success
+    values = metadata(result, "ad_thumbnails")
+    assert values["thumbnails_failed"] == len(with_picture(linked_world, "act_202"))
+    assert values["thumbnails_fetched"] == 0
+    assert "sig=" not in values["failures"]
+
+
+def test_a_dead_token_fails_the_catalog(instance, rastro, warehouse, linked_world):
+    linked_world.kill_token(TOKEN)
+    result = materialize(instance, rastro, [ad_catalog], "act_202", raise_on_error=False)
+    assert not result.success
+    description = result.failure_data_for_node("ad_catalog").user_failure_data.description
+    assert description.startswith("META_TOKEN_INVALID: ")
+    assert instance.get_materialized_partitions(AD_CATALOG) == set()
+    thumbs = materialize(instance, rastro, [ad_thumbnails], "act_202", raise_on_error=False)
+    assert not thumbs.success  # the connection is now marked invalid: nothing reads Meta
+
+
+def test_an_unlinked_account_fails_clearly(instance, rastro):
+    result = materialize(instance, rastro, [ad_catalog], "act_9", raise_on_error=False)
+    assert not result.success
+    description = result.failure_data_for_node("ad_catalog").user_failure_data.description
+    assert "act_9 is not linked" in description
+
+
+def test_the_definitions_register_both_assets():
+    from rastro_assets.definitions import defs
+
+    graph = defs.resolve_asset_graph()
+    catalog = graph.get(AD_CATALOG)
+    assert dg.AssetKey("ad_spend_daily") in catalog.parent_keys
+    assert AD_CATALOG in graph.get(AD_THUMBNAILS).parent_keys
+    assert catalog.group_name == "meta_catalog" and catalog.kinds >= {"duckdb"}
+
+
+def test_a_daily_spend_sync_yields_catalog_events(syncer, linked_world):
+    outcome = syncer.sync(SyncRequest("act_202", TODAY, TODAY, kind="daily", catalog=True))
+    events = list(catalog_materializations(outcome))
+    assert [(event.asset_key, event.partition) for event in events] == [
+        (AD_CATALOG, "act_202"), (AD_THUMBNAILS, "act_202")
+    ]
+    live = syncer.sync(SyncRequest("act_202", TODAY, TODAY, kind="live"))
+    assert list(catalog_materializations(live)) == []
+
+
+def test_the_preview_is_small_and_escapes_names():
+    from rastro_assets.catalog_sync import Preview
+
+    image = b"\x89PNG\r\n\x1a\nabc"
+    text = preview_markdown([Preview("1", "Sale ](x) | 50%", "image/png", image)])
+    assert base64.b64encode(image).decode() in text
+    assert "\\]\\(x\\) \\|" in text
+    assert preview_markdown([]) == "_no thumbnail stored yet_"

@@ -1,0 +1,342 @@
+"""`rastro sync-now`, `rastro status` and `rastro plan` over a pinned clock."""
+
+from __future__ import annotations
+
+import io
+import json
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from rastro_assets import cli
+from rastro_assets.cli_cadence import parse_instant
+from rastro_assets.timekeeping import fixed_clock
+from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.runs import SyncRunEnd, finish_sync_run, start_sync_run
+
+STATUS_KEYS = {
+    "ad_account_id",
+    "sites",
+    "state",
+    "last_sync_at",
+    "next_sync_at",
+    "backfill",
+    "last_error",
+}
+PLAN_KEYS = {"ad_account_id", "kind", "since", "until", "catalog", "due_at", "reason"}
+STATUS_HEADER = ["ACCOUNT", "SITES", "STATE", "LAST SYNC", "NEXT SYNC", "BACKFILL", "LAST ERROR"]
+
+
+@pytest.fixture
+def rastro(duckdb_path: Path, now: datetime):
+    """Run `rastro ARGS` in-process at a pinned instant; (exit code, stdout, stderr)."""
+
+    def run(*args: str, at: datetime = now) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        ctx = cli.Context(
+            environ={"RASTRO_DUCKDB_PATH": str(duckdb_path)},
+            stdin=io.StringIO(""),
+            stdout=out,
+            stderr=err,
+            clock=fixed_clock(at),
+        )
+        return cli.run(list(args), ctx), out.getvalue(), err.getvalue()
+
+    return run
+
+
+def assert_usage_error(result: tuple[int, str, str], *fragments: str) -> None:
+    code, out, err = result
+    assert (code, out) == (2, ""), (out, err)
+    [line] = err.splitlines()
+    assert line.startswith("rastro: error: ")
+    for fragment in fragments:
+        assert fragment in line
+
+
+def link(con, site: str, account: str, connection: str, timezone: str, at: datetime) -> None:
+    if not registry.site_exists(con, site):
+        registry.add_site(con, site, None, at)
+    if registry.get_connection(con, connection) is None:
+        registry.save_connection(con, connection, b"\0" * 40, at)
+    registry.link_account(con, site, account, connection, timezone, "USD", at)
+
+
+def sync_run(
+    con,
+    run_id: str,
+    account: str,
+    since: date,
+    until: date,
+    started_at: datetime,
+    outcome: str = "ok",
+    error: str | None = None,
+    kind: str = "backfill",
+) -> None:
+    start_sync_run(
+        con,
+        run_id=run_id,
+        ad_account_id=account,
+        kind=kind,
+        since=since,
+        until=until,
+        started_at=started_at,
+        catalog=True,
+        token_sealed_at=started_at - timedelta(days=10),
+    )
+    end = SyncRunEnd(
+        finished_at=started_at + timedelta(minutes=2), outcome=outcome, error=error, api_calls=3
+    )
+    finish_sync_run(con, run_id=run_id, ad_account_id=account, end=end)
+
+
+@pytest.fixture
+def accounts(warehouse: Warehouse, now: datetime) -> dict[str, datetime]:
+    """Four accounts, one per state; returns when each one's last good sync finished.
+
+    act_1 (Sao Paulo) has read 30 of its 90 backfill days; act_2 (Tokyo, two
+    sites) is live; act_3 failed its last sync; act_4's connection is dead.
+    """
+    linked = now - timedelta(hours=3)
+    with warehouse.connect() as con:
+        link(con, "s1", "act_1", "c1", "America/Sao_Paulo", linked)
+        link(con, "s1", "act_2", "c1", "Asia/Tokyo", linked)
+        link(con, "s2", "act_2", "c1", "Asia/Tokyo", linked)
+        link(con, "s2", "act_3", "c1", "UTC", linked)
+        link(con, "s2", "act_4", "c2", "UTC", linked)
+        # act_1: the first 30-day block of the backfill (local today 2026-11-30).
+        sync_run(con, "r1", "act_1", date(2026, 9, 2), date(2026, 10, 1), now - timedelta(hours=2))
+        # act_2: the whole backfill, through today, after today's 04:00 in Tokyo.
+        act_2_started = now - timedelta(minutes=20)
+        sync_run(con, "r2", "act_2", date(2026, 9, 2), date(2026, 11, 30), act_2_started)
+        # act_3: a good backfill, then a failed live sync.
+        sync_run(con, "r3", "act_3", date(2026, 9, 2), date(2026, 11, 30), now - timedelta(hours=2))
+        sync_run(
+            con,
+            "r4",
+            "act_3",
+            date(2026, 11, 29),
+            date(2026, 11, 30),
+            now - timedelta(minutes=10),
+            outcome="other",
+            error="META_UNAVAILABLE: Meta answered 503 " + "x" * 100,
+            kind="live",
+        )
+        registry.mark_connection_invalid(
+            con, "c2", "Error validating access token", now, token_sealed_at=linked
+        )
+    return {
+        "act_1": now - timedelta(hours=2) + timedelta(minutes=2),
+        "act_2": act_2_started + timedelta(minutes=2),
+        "act_3": now - timedelta(hours=2) + timedelta(minutes=2),
+    }
+
+
+# sync-now -------------------------------------------------------------------
+
+
+def test_sync_now_records_the_request(rastro, warehouse: Warehouse, linked_account, now):
+    code, out, err = rastro("sync-now", "1")
+    assert (code, err) == (0, "")
+    assert out.startswith("act_1: sync requested")
+    assert "backfill 2026-09-02..2026-11-30 (90 days)" in out
+    with warehouse.connect(read_only=True) as con:
+        account = registry.get_account(con, "act_1")
+    assert account.sync_requested_at == now
+    code, out, _ = rastro("plan", "--json")
+    [plan] = json.loads(out)
+    assert plan["reason"].endswith("sync requested")
+
+
+def test_sync_now_on_a_paused_account_says_what_to_do(rastro, warehouse: Warehouse, accounts):
+    code, out, err = rastro("sync-now", "act_4")
+    assert (code, err) == (0, "")
+    assert "paused" in out and "rastro connect c2" in out
+
+
+@pytest.mark.parametrize(
+    ("account", "fragment"),
+    [("act_999", "act_999 is not linked"), ("act_x", "not act_<digits>"), ("", "not act_")],
+)
+def test_sync_now_refuses_unknown_accounts(
+    rastro, warehouse: Warehouse, linked_account, account, fragment
+):
+    with warehouse.connect(read_only=True) as con:
+        before = con.execute("SELECT * FROM meta_ad_accounts ORDER BY ALL").fetchall()
+    assert_usage_error(rastro("sync-now", account), fragment)
+    with warehouse.connect(read_only=True) as con:
+        assert con.execute("SELECT * FROM meta_ad_accounts ORDER BY ALL").fetchall() == before
+
+
+def test_sync_now_without_a_warehouse_creates_none(rastro, duckdb_path: Path):
+    assert_usage_error(rastro("sync-now", "act_1"), "act_1 is not linked")
+    assert not duckdb_path.exists()
+
+
+# status ---------------------------------------------------------------------
+
+
+def test_status_json_has_the_contract_shape(rastro, accounts, now):
+    code, out, err = rastro("status", "--json")
+    assert (code, err) == (0, "")
+    entries = json.loads(out)
+    assert [entry["ad_account_id"] for entry in entries] == ["act_1", "act_2", "act_3", "act_4"]
+    for entry in entries:
+        assert set(entry) == STATUS_KEYS
+    act_1, act_2, act_3, act_4 = entries
+    assert act_1["state"] == "backfilling"
+    assert act_1["backfill"] == {"done": 30, "total": 90}
+    assert act_1["sites"] == ["s1"]
+    assert act_1["last_error"] is None
+    assert datetime.fromisoformat(act_1["last_sync_at"]) == accounts["act_1"]
+    assert act_1["last_sync_at"].endswith("-03:00")
+
+    assert act_2["state"] == "live"
+    assert act_2["sites"] == ["s1", "s2"]
+    assert act_2["backfill"] is None
+    assert act_2["last_sync_at"].endswith("+09:00")
+    next_sync = datetime.fromisoformat(act_2["next_sync_at"])
+    assert next_sync == now + timedelta(minutes=25)
+
+    assert act_3["state"] == "error"
+    assert act_3["last_error"].startswith("META_UNAVAILABLE: Meta answered 503")
+    assert datetime.fromisoformat(act_3["next_sync_at"]) > now
+
+    assert act_4["state"] == "paused"
+    assert act_4["next_sync_at"] is None
+    assert act_4["last_error"].startswith("META_TOKEN_INVALID: ")
+
+
+def test_status_table_is_aligned_and_readable(rastro, accounts):
+    code, out, err = rastro("status")
+    assert (code, err) == (0, "")
+    header, *rows = out.splitlines()
+    assert header.split("  ")[0] == "ACCOUNT"
+    starts = [header.index(name) for name in STATUS_HEADER]
+    assert starts == sorted(starts)
+    by_account = {row.split()[0]: row for row in rows}
+    assert list(by_account) == ["act_1", "act_2", "act_3", "act_4"]
+    for row in rows:
+        # Every column starts where its header does.
+        for start in starts[1:]:
+            assert row[start - 2 : start] == "  " and row[start] != " ", (header, row)
+    assert "backfilling" in by_account["act_1"] and "30/90 days" in by_account["act_1"]
+    assert "1 h 58 min ago" in by_account["act_1"]
+    assert "s1,s2" in by_account["act_2"] and "in 25 min" in by_account["act_2"]
+    assert "error" in by_account["act_3"] and "META_UNAVAILABLE: Meta answered 503" in out
+    assert "..." in by_account["act_3"] and "x" * 100 not in out
+    assert by_account["act_4"].split()[2:4] == ["paused", "never"]
+
+
+@pytest.mark.parametrize("exists", [False, True])
+def test_status_and_plan_of_an_empty_warehouse(rastro, duckdb_path: Path, exists: bool):
+    if exists:
+        Warehouse(duckdb_path).migrate()
+    for command in ("status", "plan"):
+        assert rastro(command, "--json") == (0, "[]\n", "")
+        code, out, err = rastro(command)
+        assert (code, err) == (0, "")
+        assert out.splitlines()[0].startswith("ACCOUNT")
+        assert "no linked accounts" in out
+    assert duckdb_path.exists() == exists
+
+
+# plan -----------------------------------------------------------------------
+
+
+def test_plan_of_a_new_account_is_its_backfill(rastro, linked_account, now):
+    at = "2026-11-30T13:30:00Z"
+    code, out, err = rastro("plan", "--at", at, "--json")
+    assert (code, err) == (0, "")
+    [plan] = json.loads(out)
+    assert set(plan) == PLAN_KEYS
+    linked_day = date(2026, 11, 30)  # 09:00 in Sao Paulo at `now`
+    assert plan["ad_account_id"] == "act_1"
+    assert plan["kind"] == "backfill"
+    assert plan["since"] == (linked_day - timedelta(days=89)).isoformat() == "2026-09-02"
+    assert plan["until"] == "2026-11-30"
+    assert plan["catalog"] is True
+    assert plan["due_at"] == "2026-11-30T10:30:00-03:00"
+    assert "0 of 90 days" in plan["reason"]
+
+
+def test_plan_table(rastro, accounts):
+    code, out, err = rastro("plan", "--at", "2026-11-30T12:00:00+00:00")
+    assert (code, err) == (0, "")
+    header, *rows = out.splitlines()
+    assert header.split() == ["ACCOUNT", "KIND", "DAYS", "(LOCAL)", "CATALOG", "DUE", "REASON"]
+    by_account = {row.split()[0]: row for row in rows}
+    assert "backfill  2026-10-02..2026-11-30 (60 days)" in by_account["act_1"]
+    assert " now " in by_account["act_1"]
+    assert by_account["act_2"].split()[1] == "live"
+    assert "in 25 min (2026-11-30 21:25 local)" in by_account["act_2"]
+    assert by_account["act_4"].split()[1:3] == ["paused", "-"]
+
+
+def test_plan_at_another_instant(rastro, accounts, now):
+    """Tomorrow 04:05 in Tokyo, act_2 is owed its daily re-sync; the clock does not matter."""
+    code, out, _ = rastro("plan", "--json", "--at", "2026-12-01T04:05:00+09:00")
+    assert code == 0
+    plans = {plan["ad_account_id"]: plan for plan in json.loads(out)}
+    daily = plans["act_2"]
+    assert (daily["kind"], daily["since"], daily["until"], daily["catalog"]) == (
+        "daily",
+        "2026-11-25",
+        "2026-12-01",
+        True,
+    )
+    assert daily["due_at"] == "2026-12-01T04:00:00+09:00"
+    assert plans["act_4"] == {
+        "ad_account_id": "act_4",
+        "kind": "paused",
+        "since": None,
+        "until": None,
+        "catalog": False,
+        "due_at": None,
+        "reason": plans["act_4"]["reason"],
+    }
+
+
+def test_plan_defaults_to_now(rastro, linked_account, now):
+    code, out, _ = rastro("plan", "--json", at=now + timedelta(hours=1))
+    [plan] = json.loads(out)
+    assert datetime.fromisoformat(plan["due_at"]) == now + timedelta(hours=1)
+
+
+@pytest.mark.parametrize(
+    ("at", "fragment"),
+    [
+        ("garbage", "not an ISO 8601 instant"),
+        ("2026-11-30T25:00:00Z", "not an ISO 8601 instant"),
+        ("", "not an ISO 8601 instant"),
+        ("2026-11-30T12:00:00", "no UTC offset"),
+        ("2026-11-30", "no UTC offset"),
+    ],
+)
+def test_plan_refuses_a_bad_instant(rastro, linked_account, at, fragment):
+    assert_usage_error(rastro("plan", "--at", at), "--at", fragment)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("2026-11-30T12:00:00Z", datetime(2026, 11, 30, 12, tzinfo=UTC)),
+        ("2026-11-30t12:00z", datetime(2026, 11, 30, 12, tzinfo=UTC)),
+        ("2026-11-30T09:00:00-03:00", datetime(2026, 11, 30, 12, tzinfo=UTC)),
+        ("2026-11-30 21:00+09:00", datetime(2026, 11, 30, 12, tzinfo=UTC)),
+        ("2026-11-30T12:00:00.250000+00:00", datetime(2026, 11, 30, 12, 0, 0, 250000, tzinfo=UTC)),
+    ],
+)
+def test_parse_instant(raw, expected):
+    parsed = parse_instant(raw)
+    assert parsed == expected and parsed.tzinfo is UTC
+
+
+def test_help_lists_the_cadence_commands(rastro, capsys: pytest.CaptureFixture[str]):
+    code, _, _ = rastro("--help")
+    out = capsys.readouterr().out
+    assert code == 0
+    for name in ("sync-now", "status", "plan"):
+        assert name in out
