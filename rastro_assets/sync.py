@@ -21,7 +21,7 @@ from rastro_assets.timekeeping import Clock, days_between, local_date
 from rastro_assets.vault import SecretsKeyError, Vault
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.catalog import upsert_names_from_spend
-from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.connection import Warehouse, transaction
 from rastro_assets.warehouse.runs import SyncRunEnd, finish_sync_run, start_sync_run
 from rastro_assets.warehouse.spend import AccountNotLinked, DaySummary, write_spend
 
@@ -77,6 +77,8 @@ class SyncOutcome:
     regain_at: datetime | None = None
     complete_days: list[date] = field(default_factory=list)
     incomplete_days: list[date] = field(default_factory=list)
+    changed_days: list[date] = field(default_factory=list)
+    """Days read in a part of the answer that inserted, changed or deleted a row."""
     days: dict[date, DaySummary] = field(default_factory=dict)
     # The catalog and thumbnails read after the spend. Their failure is
     # recorded here and never changes `outcome`: the spend was written.
@@ -171,7 +173,9 @@ class Syncer:
         from rastro_assets.catalog_sync import CatalogSyncer, safe_text
 
         syncer = CatalogSyncer(
-            self.warehouse, self.client_factory, vault_factory=self.vault_factory,
+            self.warehouse,
+            self.client_factory,
+            vault_factory=self.vault_factory,
             clock=self.clock,
         )
         account, run_id = request.ad_account_id, request.run_id
@@ -183,7 +187,8 @@ class Syncer:
             if result.catalog.ok and (only is None or only):
                 result.thumbnails = syncer.sync_thumbnails(account, run_id=run_id, only=only)
             errors = [
-                part.error for part in (result.catalog, result.thumbnails)
+                part.error
+                for part in (result.catalog, result.thumbnails)
                 if part is not None and not part.ok
             ]
             result.catalog_error = "; ".join(e for e in errors if e) or None
@@ -206,7 +211,7 @@ class Syncer:
         try:
             for chunk in client.insights(request.ad_account_id, request.since, request.until):
                 chunk_days = list(days_between(chunk.since, chunk.until))
-                with self.warehouse.connect() as con:
+                with self.warehouse.connect() as con, transaction(con):
                     written = write_spend(
                         con,
                         request.ad_account_id,
@@ -220,6 +225,8 @@ class Syncer:
                     upsert_names_from_spend(con, request.ad_account_id, chunk.rows, started_at)
                 result.rows_written += written.rows_written
                 result.rows_deleted += written.rows_deleted
+                if written.rows_written or written.rows_deleted:
+                    result.changed_days.extend(chunk_days)
                 result.days.update(written.days)
                 (result.complete_days if chunk.complete else result.incomplete_days).extend(
                     chunk_days

@@ -175,7 +175,7 @@ def catalog_materializations(outcome: SyncOutcome) -> Iterator[dg.AssetMateriali
         )
         if outcome.thumbnails is not None and outcome.thumbnails.ok:
             yield dg.AssetMaterialization(
-                asset_key=AD_THUMBNAILS, partition=account,
+                asset_key=AD_THUMBNAILS,
+                partition=account,
                 metadata=thumbnail_metadata(outcome.thumbnails),
             )
-

@@ -5,7 +5,7 @@ one multi-asset: the site aggregate costs no run of its own and can never
 disagree with the ad rows it sums.
 """
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import date
 
 import dagster as dg
@@ -51,10 +51,12 @@ site_spend_spec = dg.AssetSpec(
 )
 
 
-def materializations(outcome: SyncOutcome) -> Iterator[dg.AssetMaterialization]:
-    """Materializations for the account-days this sync replaced completely."""
+def materializations(
+    outcome: SyncOutcome, days: Iterable[date] | None = None
+) -> Iterator[dg.AssetMaterialization]:
+    """Materializations for the account-days this sync replaced completely (or `days`)."""
     metadata = spend_metadata(outcome)
-    for day in outcome.complete_days:
+    for day in outcome.complete_days if days is None else days:
         key = spend_partition_key(outcome.request.ad_account_id, day)
         for asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY):
             yield dg.AssetMaterialization(asset_key=asset_key, partition=key, metadata=metadata)

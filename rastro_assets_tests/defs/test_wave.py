@@ -1,0 +1,100 @@
+"""The sync wave: many accounts in one run, materializations only where something changed."""
+
+from __future__ import annotations
+
+from datetime import date, timedelta
+
+import dagster as dg
+import pytest
+
+from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
+from rastro_assets.defs.resources import RastroResource
+from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
+from rastro_assets.defs.wave import sync_wave_job
+from rastro_assets.warehouse.runs import sync_runs_by_account
+from rastro_assets_tests.conftest import NOW
+from rastro_assets_tests.truth import assert_equals_truth
+from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
+
+TODAY = date(2026, 11, 30)
+
+
+@pytest.fixture
+def instance(tmp_path):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    with dg.instance_for_test(temp_dir=str(home)) as instance:
+        instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202"])
+        yield instance
+
+
+def run_wave(instance, rastro, syncs):
+    return sync_wave_job.execute_in_process(
+        run_config={"ops": {"sync_wave": {"config": {"syncs": syncs}}}},
+        instance=instance,
+        resources={"rastro": rastro},
+        raise_on_error=False,
+    )
+
+
+def live(account: str) -> dict:
+    return {
+        "ad_account_id": account,
+        "kind": "live",
+        "since": str(TODAY - timedelta(days=1)),
+        "until": str(TODAY),
+        "catalog": False,
+    }
+
+
+@pytest.fixture
+def rastro(duckdb_path, fake_graph, linked_world, secrets_key) -> RastroResource:
+    return RastroResource(
+        duckdb_path=str(duckdb_path), graph_url=fake_graph.base_url, fixed_now=NOW.isoformat()
+    )
+
+
+def spend_materializations(result) -> list[str]:
+    return [
+        event.partition
+        for event in result.get_asset_materialization_events()
+        if event.asset_key == AD_SPEND_DAILY
+    ]
+
+
+def test_a_wave_syncs_every_account_and_records_what_changed(
+    instance, rastro, warehouse, linked_world, fake_clock
+):
+    first = run_wave(instance, rastro, [live("act_101"), live("act_202")])
+    assert first.success
+    assert sorted(spend_materializations(first)) == sorted(
+        f"{account}|{day}"
+        for account in ("act_101", "act_202")
+        for day in (TODAY - timedelta(days=1), TODAY)
+    )
+    with warehouse.connect() as con:
+        for account in ("act_101", "act_202"):
+            assert_equals_truth(con, linked_world, account, TODAY - timedelta(days=1), TODAY)
+        assert_site_spend_exact(con)
+        runs = sync_runs_by_account(con)
+    assert {account: [run.kind for run in history] for account, history in runs.items()} == {
+        "act_101": ["live"],
+        "act_202": ["live"],
+    }
+
+    unchanged = run_wave(instance, rastro, [live("act_101"), live("act_202")])
+    assert unchanged.success
+    assert spend_materializations(unchanged) == []
+
+
+def test_one_failing_account_does_not_stop_the_wave(instance, rastro, warehouse, linked_world):
+    linked_world.fail("insights", "permission", account="act_101")
+    result = run_wave(instance, rastro, [live("act_101"), live("act_202")])
+    assert result.success
+    assert {partition.split("|")[0] for partition in spend_materializations(result)} == {
+        "act_202"
+    }
+    with warehouse.connect() as con:
+        runs = sync_runs_by_account(con)
+    assert runs["act_101"][-1].outcome == "permission"
+    assert runs["act_202"][-1].outcome == "ok"
