@@ -156,7 +156,13 @@ class Syncer:
             reason = (connection.last_error if connection else None) or "no valid token"
             self._fail(result, "token", f"the connection's token is invalid: {reason}")
         else:
-            self._read_and_write(request, connection, started_at, result)
+            try:
+                self._read_and_write(request, connection, started_at, result)
+            except Exception as exc:  # noqa: BLE001 - recorded as this account's failure
+                # An unexpected error must still end the run's row, or the
+                # account would wait out the lease; its type says where to look.
+                log.exception("%s: unexpected failure", request.ad_account_id)
+                self._fail(result, "other", f"unexpected {type(exc).__name__} in the sync")
         self._finish(request, result, token_sealed_at)
         if result.ok:
             self._catalog_after_spend(request, result)

@@ -165,3 +165,16 @@ def test_one_run_stamps_one_synced_at(syncer, warehouse, now):
     with warehouse.connect() as con:
         stamps = con.execute("SELECT DISTINCT synced_at FROM ad_spend_daily").fetchall()
     assert stamps == [(now,)]
+
+
+def test_an_unexpected_error_ends_the_run_as_a_failure(syncer, warehouse):
+    def broken_client(token):
+        raise RuntimeError("a bug")
+
+    syncer.client_factory = broken_client
+    outcome = syncer.sync(SyncRequest("act_101", *week(), run_id="r1"))
+    assert outcome.outcome == "other"
+    assert outcome.error == "META_UNAVAILABLE: unexpected RuntimeError in the sync"
+    with warehouse.connect() as con:
+        [run] = sync_runs_by_account(con)["act_101"]
+    assert (run.outcome, run.finished_at is not None) == ("other", True)

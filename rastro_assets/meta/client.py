@@ -8,10 +8,12 @@ scrubbed too, in case Meta ever echoes it. httpx exceptions are converted to
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
 import re
+import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import date, timedelta
@@ -73,6 +75,16 @@ ASYNC_GAVE_UP = frozenset({"Job Failed", "Job Skipped"})
 THUMBNAIL_REASON_CHARS = 120
 
 _ACCOUNT_RE = re.compile(r"^(?:act_)?(\d+)$")
+
+
+@functools.cache
+def _shared_ssl_context() -> ssl.SSLContext:
+    """One TLS context for every client of the process.
+
+    Building one loads the CA bundle (~40 ms of CPU); a wave builds a client per
+    account sync, hundreds per run.
+    """
+    return httpx.create_ssl_context()
 _AD_ID_RE = re.compile(r"^\d+$")
 _NODE_ID_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 _QUERY_RE = re.compile(r"\?\S*")
@@ -166,6 +178,7 @@ class MetaClient:
         self._random = random.Random()
         self._http = httpx.Client(
             transport=transport,
+            verify=_shared_ssl_context(),
             timeout=httpx.Timeout(timeout_seconds),
             follow_redirects=False,
             headers={"User-Agent": "rastro-assets"},

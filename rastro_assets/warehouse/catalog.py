@@ -85,9 +85,16 @@ _CHANGES = """
         count(*) FILTER (WHERE NOT matched),
         count(*) FILTER (WHERE matched AND NOT owned),
         count(*) FILTER (WHERE owned AND new_name <> old_name),
-        count(*) FILTER (WHERE owned AND new_status <> old_status)
+        count(*) FILTER (WHERE owned AND new_status <> old_status),
+        count(*) FILTER (WHERE owned AND differs)
     FROM (
         SELECT i.ad_name AS new_name, c.ad_name AS old_name,
+               (i.ad_name IS NOT NULL AND i.ad_name IS DISTINCT FROM c.ad_name)
+               OR (i.adset_id IS NOT NULL AND i.adset_id IS DISTINCT FROM c.adset_id)
+               OR (i.adset_name IS NOT NULL AND i.adset_name IS DISTINCT FROM c.adset_name)
+               OR (i.campaign_id IS NOT NULL AND i.campaign_id IS DISTINCT FROM c.campaign_id)
+               OR (i.campaign_name IS NOT NULL
+                   AND i.campaign_name IS DISTINCT FROM c.campaign_name) AS differs,
                i.ad_status AS new_status, c.ad_status AS old_status,
                c.ad_id IS NOT NULL AS matched,
                c.ad_id IS NOT NULL
@@ -167,7 +174,11 @@ def upsert_catalog(
     now: datetime,
     *,
     refile: bool,
+    names_only: bool = False,
 ) -> CatalogWriteResult:
+    """Merge `table` into the catalog. With `names_only`, a batch that adds no
+    ad and changes no name writes nothing: every live spend read brings the
+    same names again, and the merge is most of its cost."""
     """Merge a batch of Meta's ads into the account's catalog, in one transaction.
 
     A field Meta left out (None) keeps its stored value; `updated_at` becomes
@@ -228,7 +239,10 @@ def upsert_names_from_spend(
             "campaign_name": pa.array([row.campaign_name for row in rows], pa.string()),
         }
     )
-    return _merge(con, ad_account_id, _INCOMING_NAMES, table, _NAMES_SOURCE, now, refile=False)
+    return _merge(
+        con, ad_account_id, _INCOMING_NAMES, table, _NAMES_SOURCE, now, refile=False,
+        names_only=True,
+    )
 
 
 def _merge(
@@ -240,7 +254,11 @@ def _merge(
     now: datetime,
     *,
     refile: bool,
+    names_only: bool = False,
 ) -> CatalogWriteResult:
+    """Merge `table` into the catalog. With `names_only`, a batch that adds no
+    ad and changes no name writes nothing: every live spend read brings the
+    same names again, and the merge is most of its cost."""
     if now.tzinfo is None:
         raise ValueError("now must be an aware datetime")
     if not table.num_rows:
@@ -249,10 +267,11 @@ def _merge(
         _require_link(con, ad_account_id)
         register_arrow(con, name, table)
         try:
-            ads, added, skipped, renamed, status_changed = con.execute(
+            ads, added, skipped, renamed, status_changed, differing = con.execute(
                 _CHANGES.format(source=source), [refile, ad_account_id]
-            ).fetchone()
-            con.execute(_MERGE.format(source=source), [ad_account_id, now, refile])
+            ).fetchall()[0]
+            if not (names_only and added == 0 and differing == 0):
+                con.execute(_MERGE.format(source=source), [ad_account_id, now, refile])
         finally:
             con.unregister(name)
     return CatalogWriteResult(
