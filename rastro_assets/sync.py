@@ -68,6 +68,8 @@ class SyncOutcome:
     """How one account sync ended. `error` is the contract's "CODE: message"."""
 
     request: SyncRequest
+    timezone: str = "UTC"
+    started_at: datetime | None = None
     outcome: str = "ok"  # ok | token | throttled | permission | key | other
     error: str | None = None
     rows_written: int = 0
@@ -151,7 +153,7 @@ class Syncer:
                 token_sealed_at=token_sealed_at,
             )
 
-        result = SyncOutcome(request=request)
+        result = SyncOutcome(request=request, timezone=account.timezone, started_at=started_at)
         if connection is None or connection.status != "active":
             reason = (connection.last_error if connection else None) or "no valid token"
             self._fail(result, "token", f"the connection's token is invalid: {reason}")

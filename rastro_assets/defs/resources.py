@@ -40,6 +40,19 @@ class RastroResource(dg.ConfigurableResource):
             return fixed_clock(datetime.fromisoformat(self.fixed_now))
         return system_clock
 
+    def run_started_at(self, context: dg.OpExecutionContext | dg.AssetExecutionContext) -> datetime:
+        """The run's start: the one `synced_at` for every row the run writes.
+
+        With a pinned clock, the pinned instant, so a replay stamps what it claims.
+        """
+        if self.fixed_now:
+            return self.clock()()
+        record = context.instance.get_run_record_by_id(context.run_id)
+        started = record.start_time if record else None
+        if started is None:
+            return datetime.now(UTC)
+        return datetime.fromtimestamp(started, UTC)
+
     def warehouse(self) -> Warehouse:
         return Warehouse(self.settings().duckdb_path)
 
@@ -50,12 +63,3 @@ class RastroResource(dg.ConfigurableResource):
             lambda token: make_client(settings, token),
             clock=self.clock(),
         )
-
-
-def run_started_at(context: dg.OpExecutionContext | dg.AssetExecutionContext) -> datetime:
-    """The run's start: the one `synced_at` for every row the run writes."""
-    record = context.instance.get_run_record_by_id(context.run_id)
-    started = record.start_time if record else None
-    if started is None:
-        return datetime.now(UTC)
-    return datetime.fromtimestamp(started, UTC)

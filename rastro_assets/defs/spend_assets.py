@@ -12,7 +12,7 @@ import dagster as dg
 
 from rastro_assets.defs.metadata import spend_metadata
 from rastro_assets.defs.partitions import account_date_ranges, spend_partition_key, spend_partitions
-from rastro_assets.defs.resources import RastroResource, run_started_at
+from rastro_assets.defs.resources import RastroResource
 from rastro_assets.sync import SyncOutcome, SyncRefused, SyncRequest
 
 GROUP = "meta_spend"
@@ -79,7 +79,7 @@ def meta_spend(context: dg.AssetExecutionContext, rastro: RastroResource):
             request = SyncRequest(account, since, until, kind=kind, run_id=context.run_id)
             context.log.info(f"{account}: reading {since} .. {until} ({_days(since, until)} days)")
             try:
-                outcome = syncer.sync(request, synced_at=run_started_at(context))
+                outcome = syncer.sync(request, synced_at=rastro.run_started_at(context))
             except SyncRefused as exc:
                 raise dg.Failure(description=str(exc)) from None
             outcomes.append(outcome)

@@ -13,10 +13,12 @@ from datetime import date
 
 import dagster as dg
 
+from rastro_assets import cadence
 from rastro_assets.defs.catalog_assets import catalog_materializations
-from rastro_assets.defs.resources import RastroResource, run_started_at
+from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend_assets import materializations
 from rastro_assets.sync import SyncOutcome, SyncRefused, SyncRequest
+from rastro_assets.timekeeping import zone
 
 WAVE_TAG = "rastro/wave"
 WAVE_CONCURRENCY = 4
@@ -34,21 +36,41 @@ class WaveConfig(dg.Config):
     syncs: list[WaveSync]
 
 
+LIVE_RECORD_BLOCK_MINUTES = 180
+"""Live waves mark a changed partition once per this many local minutes."""
+
+
 def days_worth_recording(outcome: SyncOutcome) -> list[date]:
     """The completely read days whose partition a materialization should mark.
 
-    A materialization costs ~10 ms and ~5 KB of instance storage, and a live
-    wave re-reads today and yesterday of every account every 45 minutes. A
-    day the wave found unchanged is already shown by the materialization
-    that wrote its rows, so only days that changed are recorded, and empty
-    days (nothing earlier wrote them, so nothing else marks them synced).
+    A materialization costs ~10 ms of CPU and ~5-10 KB of instance storage, and
+    live waves re-read today and yesterday of every account every 45 minutes:
+    recording each would be most of the cadence's cost. So a day unchanged
+    since its last write is not recorded (the materialization that wrote its
+    rows still shows it), and a live wave records changed days only in the
+    first 45 minutes of each three-hour block of the account's local clock.
+    Empty days are always recorded (nothing else marks them read), and daily,
+    weekly and backfill reads record every day they changed. Freshness to the
+    minute is the `accounts_fresh` check's job, and the DuckDB rows themselves
+    are replaced on every wave.
     """
     changed = set(outcome.changed_days)
+    recording_block = outcome.request.kind != "live" or _first_wave_of_block(outcome)
     return [
         day
         for day in outcome.complete_days
-        if day in changed or (day not in outcome.days or outcome.days[day].rows == 0)
+        if (day in changed and recording_block)
+        or day not in outcome.days
+        or outcome.days[day].rows == 0
     ]
+
+
+def _first_wave_of_block(outcome: SyncOutcome) -> bool:
+    if outcome.started_at is None:
+        return True
+    local = outcome.started_at.astimezone(zone(outcome.timezone))
+    minutes = local.hour * 60 + local.minute
+    return minutes % LIVE_RECORD_BLOCK_MINUTES < cadence.LIVE_INTERVAL.total_seconds() // 60
 
 
 @dg.op(
@@ -58,7 +80,7 @@ def days_worth_recording(outcome: SyncOutcome) -> list[date]:
 )
 def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: RastroResource):
     syncer = rastro.syncer()
-    synced_at = run_started_at(context)
+    synced_at = rastro.run_started_at(context)
     requests = [
         SyncRequest(
             ad_account_id=item.ad_account_id,

@@ -91,10 +91,34 @@ def test_one_failing_account_does_not_stop_the_wave(instance, rastro, warehouse,
     linked_world.fail("insights", "permission", account="act_101")
     result = run_wave(instance, rastro, [live("act_101"), live("act_202")])
     assert result.success
-    assert {partition.split("|")[0] for partition in spend_materializations(result)} == {
-        "act_202"
-    }
+    assert {partition.split("|")[0] for partition in spend_materializations(result)} == {"act_202"}
     with warehouse.connect() as con:
         runs = sync_runs_by_account(con)
     assert runs["act_101"][-1].outcome == "permission"
     assert runs["act_202"][-1].outcome == "ok"
+
+
+def test_live_waves_record_changed_days_once_per_three_local_hours(
+    instance, duckdb_path, fake_graph, linked_world, fake_clock, warehouse, secrets_key
+):
+    def at(instant) -> RastroResource:
+        return RastroResource(
+            duckdb_path=str(duckdb_path),
+            graph_url=fake_graph.base_url,
+            fixed_now=instant.isoformat(),
+        )
+
+    run_wave(instance, at(NOW), [live("act_101")])  # 09:00 in Sao Paulo: a block starts
+    later = NOW + timedelta(hours=1)  # 10:00: same block, figures have grown
+    fake_clock.set(later)
+    result = run_wave(instance, at(later), [live("act_101")])
+    assert result.success
+    assert spend_materializations(result) == []
+    with warehouse.connect() as con:
+        assert_equals_truth(con, linked_world, "act_101", TODAY - timedelta(days=1), TODAY)
+
+    next_block = NOW + timedelta(hours=3)  # 12:00: the next block records what changed
+    fake_clock.set(next_block)
+    assert f"act_101|{TODAY}" in spend_materializations(
+        run_wave(instance, at(next_block), [live("act_101")])
+    )
