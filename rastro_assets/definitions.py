@@ -16,4 +16,6 @@ defs = dg.Definitions(
     jobs=[sync_wave_job],
     sensors=[meta_accounts_sensor, meta_cadence_sensor, retention_sensor],
     resources={"rastro": RastroResource()},
+    # Every run is one step's worth of work; a process per step would double its cost.
+    executor=dg.in_process_executor,
 )
