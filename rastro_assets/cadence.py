@@ -64,7 +64,7 @@ RUN_TIMEOUT_ERROR = "RUN_TIMEOUT: the previous sync did not finish"
 _CODE_PREFIX = re.compile(r"^[A-Z][A-Z0-9_]*: ")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SyncRun:
     """One `meta_sync_runs` row of an account."""
 
@@ -246,6 +246,36 @@ def split_blocks(
 
 def _first_missing(covered: set[date], since: date, until: date) -> date | None:
     return next((day for day in days_between(since, until) if day not in covered), None)
+
+
+def first_unread_day(runs: Sequence[SyncRun], since: date, until: date) -> date | None:
+    """The first day of [since, until] that `covered_days` leaves out, or None.
+
+    The same as the first day missing from `covered_days(runs, since, until)`,
+    without building the day sets.
+
+    Ok runs that read every day completely cover intervals, swept in order;
+    when a run in the window left days incomplete, the counting of tries
+    needs the sets.
+    """
+    spans = []
+    for run in runs:
+        if run.outcome != OK or run.since is None or run.until is None:
+            continue
+        first, last = max(run.since, since), min(run.until, until)
+        if first > last:
+            continue
+        if run.incomplete_days:
+            return _first_missing(covered_days(runs, since, until), since, until)
+        spans.append((first, last))
+    spans.sort()
+    cursor = since
+    for first, last in spans:
+        if first > cursor:
+            break
+        if last >= cursor:
+            cursor = last + timedelta(days=1)
+    return cursor if cursor <= until else None
 
 
 def _span(delta: timedelta) -> str:
@@ -453,8 +483,7 @@ def _owed(
     # Backfill: owed until the 90 days up to the link date are read. The plan
     # asks for everything from the first hole to today so no day between the
     # link and the first good sync is left behind.
-    covered = covered_days(ok_runs, backfill_first, linked_day)
-    if _first_missing(covered, backfill_first, linked_day) is not None:
+    if first_unread_day(ok_runs, backfill_first, linked_day) is not None:
         covered = covered_days(ok_runs, backfill_first, today)
         since = _first_missing(covered, backfill_first, today)
         total = (today - backfill_first).days + 1
@@ -604,11 +633,16 @@ FRESHNESS_LIMIT = timedelta(minutes=50)
 def today_synced_at(state: AccountState) -> datetime | None:
     """When the account's local today (at that run's start) was last read successfully."""
     latest = None
-    for run in state.runs:
+    tz = zone(state.timezone)
+    # Newest first (runs usually come oldest first): older runs then skip the
+    # conversion to a local date.
+    for run in reversed(state.runs):
         if run.outcome != OK or run.since is None or run.until is None:
             continue
-        run_today = local_date(run.started_at, state.timezone)
-        if run.since <= run_today <= run.until and (latest is None or run.started_at > latest):
+        if latest is not None and run.started_at <= latest:
+            continue
+        run_today = run.started_at.astimezone(tz).date()
+        if run.since <= run_today <= run.until:
             latest = run.started_at
     return latest
 

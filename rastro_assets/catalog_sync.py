@@ -353,7 +353,7 @@ class CatalogSyncer:
         """A client with the connection's token, or `_Stop` with the outcome set."""
         if connection is None or connection.status != "active":
             reason = (connection.last_error if connection else None) or "no valid token"
-            self._fail(result, "token", f"the connection's token is invalid: {reason}")
+            self._fail(result, "token", f"{registry.RESTATED_INVALID}: {reason}")
             raise _Stop
         try:
             token = self.vault_factory().open(connection.connection_id, connection.sealed_token)

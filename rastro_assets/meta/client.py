@@ -306,9 +306,10 @@ class MetaClient:
     def _read_insights(self, act: str, since: date, until: date) -> list[InsightRow]:
         params = self._insights_params(since, until) | {"limit": str(self._page_size)}
         rows: list[InsightRow] = []
+        texts: dict[str, str] = {}
         what = f"GET {act}/insights {since}..{until}"
         for page in self._pages(f"{act}/insights", params, what=what, retry_timeouts=False):
-            rows.extend(parse_insight_rows(page, since, until))
+            rows.extend(parse_insight_rows(page, since, until, texts))
         return _by_day_and_ad(rows)
 
     def _read_async(self, act: str, day: date) -> InsightsChunk:
@@ -354,10 +355,11 @@ class MetaClient:
             waited_seconds += self._async_poll_seconds
 
         rows: list[InsightRow] = []
+        texts: dict[str, str] = {}
         try:
             for page in self._pages(f"{run_id}/insights", {"limit": str(self._page_size)},
                                     what=f"GET report {run_id}/insights"):
-                rows.extend(parse_insight_rows(page, day, day))
+                rows.extend(parse_insight_rows(page, day, day, texts))
         except MetaError as exc:
             if exc.kind is not ErrorKind.TOO_MUCH_DATA:
                 raise

@@ -26,6 +26,11 @@ TRANSIENT_CODES = frozenset({1, 2})
 UNKNOWN_ALIAS_CODE = 803
 # Counts beyond this are garbage, and huge exponents would be costly to expand.
 MAX_COUNT_DIGITS = 18
+# What the warehouse holds: BIGINT counts, DECIMAL(18,4) spend. A figure
+# beyond them is refused here, with the field named, rather than by the writer.
+MAX_COUNT = 2**63 - 1
+SPEND_QUANTUM = Decimal("0.0001")
+SPEND_DIGITS = 14  # integer digits DECIMAL(18,4) leaves
 # Strings of at most this many decimal digits are counts `_int_or_none` accepts as int().
 _FAST_COUNT_DIGITS = 18
 _ONE_DAY = timedelta(days=1)
@@ -51,7 +56,22 @@ def _int_or_none(value: Any) -> int | None:
 
 
 def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
+    return _valid_text(value) if isinstance(value, str) and value else None
+
+
+def _valid_text(text: str) -> str:
+    """`text`, with any lone surrogate (a valid JSON escape, but no character) as U+FFFD.
+
+    `json` decodes `"\\ud83d"` to a str no UTF-8 encoder accepts; stored as is,
+    one such name would fail every write of its account.
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "".join("\ufffd" if "\ud800" <= char <= "\udfff" else char for char in text)
+    return text
 
 
 def classify_error(
@@ -122,6 +142,10 @@ def _count(obj: Mapping[str, Any], key: str, what: str) -> int:
     number = _int_or_none(value)
     if number is None or number < 0:
         raise MalformedResponse(f"{what} has a {key!r} that is not a whole count: {value!r:.40}")
+    if number > MAX_COUNT:
+        raise MalformedResponse(
+            f"{what} has a {key!r} too large for a 64-bit integer: {value!r:.40}"
+        )
     return number
 
 
@@ -135,6 +159,15 @@ def parse_spend(value: Any, what: str) -> Decimal:
         except (InvalidOperation, ValueError):
             raise MalformedResponse(f"{what} has a non-numeric spend: {value!r:.40}") from None
         if spend.is_finite():
+            if spend.adjusted() >= SPEND_DIGITS:
+                raise MalformedResponse(
+                    f"{what} has a spend too large for DECIMAL(18,4): {value!r:.40}"
+                )
+            if spend != spend.quantize(SPEND_QUANTUM):
+                raise MalformedResponse(
+                    f"{what} has a spend with more than 4 decimal places, which DECIMAL(18,4)"
+                    f" cannot hold exactly: {value!r:.40}"
+                )
             return spend
     raise MalformedResponse(f"{what} has a non-numeric spend: {value!r:.40}")
 
@@ -158,6 +191,10 @@ def _conversations(row: Mapping[str, Any], what: str) -> int:
                 f"{action.get('value')!r:.40}"
             )
         total += value
+    if total > MAX_COUNT:
+        raise MalformedResponse(
+            f"{what} has more messaging conversations than a 64-bit integer holds"
+        )
     return total
 
 
@@ -179,6 +216,8 @@ def parse_insight_row(row: Any, since: date, until: date) -> InsightRow:
     if not isinstance(ad_id, str | int) or isinstance(ad_id, bool) or not str(ad_id):
         raise MalformedResponse("an insights row has no 'ad_id'")
     ad_id = str(ad_id)
+    if _valid_text(ad_id) != ad_id:
+        raise MalformedResponse("an insights row has an 'ad_id' that is not valid text")
     what = f"insights row for ad {ad_id}"
     start = _day(row, "date_start", what)
     stop = _day(row, "date_stop", what)
@@ -205,7 +244,9 @@ def parse_insight_row(row: Any, since: date, until: date) -> InsightRow:
     )
 
 
-def parse_insight_rows(raw_rows: Any, since: date, until: date) -> list[InsightRow]:
+def parse_insight_rows(
+    raw_rows: Any, since: date, until: date, texts: dict[str, str] | None = None
+) -> list[InsightRow]:
     """`parse_insight_row` over a page's `data`, with a fast path for well-formed rows.
 
     A row takes the fast path only when every field has the plain shape Meta
@@ -213,7 +254,12 @@ def parse_insight_rows(raw_rows: Any, since: date, until: date) -> list[InsightR
     string, counts as strings of decimal digits); the fast path then computes
     exactly what `parse_insight_row` computes. Any other row goes through
     `parse_insight_row` itself, so the answer and every error are the same.
+
+    `texts` remembers the names read so far (pass the same dict for every
+    page of a read): each name is checked once, and rows share one string.
     """
+    if texts is None:
+        texts = {}
     if not isinstance(raw_rows, list):
         return [parse_insight_row(raw, since, until) for raw in raw_rows]
     day_of = {}
@@ -225,7 +271,7 @@ def parse_insight_rows(raw_rows: Any, since: date, until: date) -> list[InsightR
     append = out.append
     make = InsightRow
     for raw in raw_rows:
-        row = _fast_insight_row(raw, day_of, make)
+        row = _fast_insight_row(raw, day_of, make, texts)
         append(row if row is not None else parse_insight_row(raw, since, until))
     return out
 
@@ -239,12 +285,14 @@ def _fast_count(value: Any) -> int | None:
         if value.isdecimal() and len(value) <= _FAST_COUNT_DIGITS:
             return int(value)
         return None
-    if cls is int and value >= 0:
+    if cls is int and 0 <= value <= MAX_COUNT:
         return value
     return None
 
 
-def _fast_insight_row(raw: Any, day_of: dict[str, date], make: Any) -> InsightRow | None:
+def _fast_insight_row(
+    raw: Any, day_of: dict[str, date], make: Any, texts: dict[str, str]
+) -> InsightRow | None:
     """The row, or None when it is not plainly well formed (the caller then parses it fully)."""
     if raw.__class__ is not dict:
         return None
@@ -252,6 +300,8 @@ def _fast_insight_row(raw: Any, day_of: dict[str, date], make: Any) -> InsightRo
     ad_id = get("ad_id")
     start = get("date_start")
     if ad_id.__class__ is not str or not ad_id or start.__class__ is not str:
+        return None
+    if not ad_id.isascii():
         return None
     day = day_of.get(start)
     if day is None or get("date_stop") != start:
@@ -263,7 +313,9 @@ def _fast_insight_row(raw: Any, day_of: dict[str, date], make: Any) -> InsightRo
         spend = Decimal(spend_text)
     except (InvalidOperation, ValueError):
         return None
-    if not spend.is_finite():
+    if not spend.is_finite() or spend.adjusted() >= SPEND_DIGITS:
+        return None
+    if spend != spend.quantize(SPEND_QUANTUM):
         return None
     impressions = _fast_count(get("impressions"))
     clicks = _fast_count(get("clicks"))
@@ -283,6 +335,8 @@ def _fast_insight_row(raw: Any, day_of: dict[str, date], make: Any) -> InsightRo
                 if count is None:
                     return None
                 conversations += count
+    if conversations > MAX_COUNT:
+        return None
     ad_name = get("ad_name")
     adset_id = get("adset_id")
     adset_name = get("adset_name")
@@ -295,12 +349,31 @@ def _fast_insight_row(raw: Any, day_of: dict[str, date], make: Any) -> InsightRo
         impressions,
         clicks,
         conversations,
-        ad_name if ad_name.__class__ is str and ad_name else None,
-        adset_id if adset_id.__class__ is str and adset_id else None,
-        adset_name if adset_name.__class__ is str and adset_name else None,
-        campaign_id if campaign_id.__class__ is str and campaign_id else None,
-        campaign_name if campaign_name.__class__ is str and campaign_name else None,
+        _known_text(ad_name, texts),
+        _known_text(adset_id, texts),
+        _known_text(adset_name, texts),
+        _known_text(campaign_id, texts),
+        _known_text(campaign_name, texts),
     )
+
+
+def _known_text(value: Any, texts: dict[str, str]) -> str | None:
+    """`_text`, once per distinct string: later copies answer the first one's result."""
+    if value.__class__ is not str:
+        return _text(value)
+    text = texts.get(value)
+    if text is None:
+        text = _fast_text(value)
+        if text is not None:
+            texts[value] = text
+    return text
+
+
+def _fast_text(value: Any) -> str | None:
+    """`_text`, quick for the usual non-empty ASCII string."""
+    if value.__class__ is str and value.isascii():
+        return value or None
+    return _text(value)
 
 
 def creative_type(creative: Mapping[str, Any] | None) -> CreativeType | None:

@@ -7,6 +7,7 @@ transaction, or joins the caller's when one is already open on `con`.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -14,13 +15,17 @@ from enum import StrEnum
 import duckdb
 
 from rastro_assets.timekeeping import zone
-from rastro_assets.warehouse.connection import transaction
+from rastro_assets.warehouse.connection import in_transaction, transaction
 from rastro_assets.warehouse.spend import rebuild_site_spend
 
 ACTIVE = "active"
 INVALID = "invalid"
 
 MAX_IDENTIFIER_CHARS = 128
+MARK_CONFLICT_ATTEMPTS = 5
+# How a sync or catalog read refused for an already invalid token words its error.
+RESTATED_INVALID = "the connection's token is invalid"
+MARK_CONFLICT_PAUSE_SECONDS = 0.01
 
 _ACCOUNT_ID = re.compile(r"(?:act_)?([0-9]+)")
 _CURRENCY = re.compile(r"[A-Z]{3}")
@@ -177,21 +182,42 @@ def mark_connection_invalid(
 
     A run that started with an older token must not condemn one connected
     since: only a stored `sealed_at` equal to `token_sealed_at` is marked. The
-    first `invalid_since` is kept. True when the row was marked.
+    first `invalid_since` is kept, and so is the stored error when `message`
+    only restates it: a run refused before asking Meta, because the token was
+    already marked, says "the connection's token is invalid: <stored error>",
+    and writing that back would nest the error one level deeper each run.
+
+    Syncs of several accounts of one connection run at once (a wave) and may
+    all find the token dead together: their updates of this one row conflict
+    in DuckDB, so a conflict is retried (only when this call owns its
+    transaction). True when the row was marked.
     """
     if token_sealed_at is None:
         return False
-    with transaction(con):
-        row = con.execute(
-            """
-            UPDATE meta_connections SET
-                status = ?, invalid_since = coalesce(invalid_since, ?), last_error = ?,
-                updated_at = ?
-            WHERE connection_id = ? AND sealed_at = ?
-            """,
-            [INVALID, now, message, now, connection_id, token_sealed_at],
-        ).fetchone()
-    return bool(row and row[0])
+    attempts = 1 if in_transaction(con) else MARK_CONFLICT_ATTEMPTS
+    for attempt in range(1, attempts + 1):
+        try:
+            with transaction(con):
+                row = con.execute(
+                    """
+                    UPDATE meta_connections SET
+                        status = ?, invalid_since = coalesce(invalid_since, ?),
+                        last_error = CASE
+                            WHEN status = ? AND last_error IS NOT NULL
+                                 AND (contains(?, last_error) OR contains(?, ?))
+                            THEN last_error ELSE ? END,
+                        updated_at = ?
+                    WHERE connection_id = ? AND sealed_at = ?
+                    """,
+                    [INVALID, now, INVALID, message, message, RESTATED_INVALID, message, now,
+                     connection_id, token_sealed_at],
+                ).fetchone()
+            return bool(row and row[0])
+        except duckdb.TransactionException as exc:
+            if "conflict" not in str(exc).lower() or attempt == attempts:
+                raise
+            time.sleep(MARK_CONFLICT_PAUSE_SECONDS * attempt)
+    raise AssertionError("unreachable")
 
 
 def link_account(

@@ -86,27 +86,10 @@ def write_spend(
     with transaction(con):
         register_arrow(con, _INCOMING, incoming)
         try:
-            sites, repeated, inserted, changed, doomed = con.execute(
-                """
-                SELECT
-                    (SELECT list(site_id ORDER BY site_id) FROM site_ad_accounts
-                     WHERE ad_account_id = ?),
-                    (SELECT count(*) FROM (
-                        SELECT 1 FROM incoming_spend GROUP BY ad_id, day HAVING count(*) > 1)),
-                    count(*) FILTER (WHERE i.ad_id IS NOT NULL AND d.ad_id IS NULL),
-                    count(*) FILTER (WHERE i.ad_id IS NOT NULL AND d.ad_id IS NOT NULL AND (
-                        d.spend <> i.spend OR d.impressions <> i.impressions
-                        OR d.clicks <> i.clicks OR d.conversations <> i.conversations)),
-                    count(*) FILTER (WHERE i.ad_id IS NULL AND list_contains(?::DATE[], d.day))
-                FROM incoming_spend i
-                FULL JOIN (
-                    SELECT ad_id, day, spend, impressions, clicks, conversations
-                    FROM ad_spend_daily
-                    WHERE ad_account_id = ?
-                      AND day BETWEEN ? AND ? AND list_contains(?::DATE[], day)
-                ) d ON d.ad_id = i.ad_id AND d.day = i.day
-                """,
-                [ad_account_id, complete_list, ad_account_id, *_window(day_list)],
+            days_sql, days_params = _among(day_list, "day")
+            sites, repeated, stored = con.execute(
+                _CHECKS.format(days=days_sql),
+                [ad_account_id, ad_account_id, day_list[0], day_list[-1], *days_params],
             ).fetchall()[0]
             if repeated:
                 raise SpendInputError(f"the read repeats an ad-day: {_first_duplicate(rows)}")
@@ -114,45 +97,132 @@ def write_spend(
                 raise AccountNotLinked(
                     f"{ad_account_id} is not linked to any site (any more): nothing written"
                 )
-            if doomed:
-                con.execute(
-                    """
-                    DELETE FROM ad_spend_daily d
-                    WHERE d.ad_account_id = ?
-                      AND d.day BETWEEN ? AND ? AND list_contains(?::DATE[], d.day)
-                      AND NOT EXISTS (
-                          SELECT 1 FROM incoming_spend i WHERE i.ad_id = d.ad_id AND i.day = d.day)
-                    """,
-                    [ad_account_id, *_window(complete_list)],
+            if stored:
+                inserted, changed, unchanged, doomed = _apply(
+                    con, ad_account_id, day_list, complete_list, synced_at
                 )
-            if incoming.num_rows:
-                con.execute(
-                    # MERGE measured several times faster than INSERT ... ON CONFLICT here.
-                    """
-                    MERGE INTO ad_spend_daily d
-                    USING (
-                        SELECT ?::VARCHAR AS ad_account_id, ad_id, day, spend, impressions,
-                               clicks, conversations, ?::TIMESTAMPTZ AS synced_at
-                        FROM incoming_spend
-                    ) i
-                    ON d.ad_account_id = i.ad_account_id AND d.ad_id = i.ad_id AND d.day = i.day
-                    WHEN MATCHED THEN UPDATE SET
-                        spend = i.spend, impressions = i.impressions, clicks = i.clicks,
-                        conversations = i.conversations, synced_at = i.synced_at
-                    WHEN NOT MATCHED THEN INSERT BY NAME
-                    """,
-                    [ad_account_id, synced_at],
-                )
+            else:
+                # Nothing stored for these days yet (a first backfill): every row is new.
+                if incoming.num_rows:
+                    con.execute(_INSERT.format(source=_INCOMING), [ad_account_id, synced_at])
+                inserted, changed, unchanged, doomed = incoming.num_rows, 0, 0, 0
         finally:
             con.unregister(_INCOMING)
         summary = _replace_site_spend(con, ad_account_id, day_list, list(sites))
 
     return SpendWriteResult(
-        rows_written=int(inserted) + int(changed),
-        rows_deleted=int(doomed),
-        rows_unchanged=incoming.num_rows - int(inserted) - int(changed),
+        rows_written=inserted + changed,
+        rows_deleted=doomed,
+        rows_unchanged=unchanged,
         days={day: summary.get(day, DaySummary(ZERO_SPEND, 0)) for day in day_list},
     )
+
+
+_CHECKS = """
+    SELECT
+        (SELECT list(site_id ORDER BY site_id) FROM site_ad_accounts WHERE ad_account_id = ?),
+        (SELECT count(*) FROM (
+            SELECT 1 FROM incoming_spend GROUP BY ad_id, day HAVING count(*) > 1)),
+        (SELECT count(*) FROM ad_spend_daily
+         WHERE ad_account_id = ? AND day BETWEEN ? AND ? {days})
+"""
+
+_INSERT = """
+    INSERT INTO ad_spend_daily
+        (ad_account_id, ad_id, day, spend, impressions, clicks, conversations, synced_at)
+    SELECT ?, ad_id, day, spend, impressions, clicks, conversations, ?
+    FROM {source}
+"""
+
+# Every incoming row and every stored row of the days written, matched once:
+# `change` says what the write does with it. Stored rows are addressed by
+# rowid afterwards, so the key join runs once.
+_CHANGES = """
+    CREATE OR REPLACE TEMP TABLE spend_changes AS
+    SELECT i.ad_id, i.day, i.spend, i.impressions, i.clicks, i.conversations, d.rid,
+           CASE
+               WHEN i.ad_id IS NULL THEN 'gone'
+               WHEN d.rid IS NULL THEN 'new'
+               WHEN d.spend <> i.spend OR d.impressions <> i.impressions
+                    OR d.clicks <> i.clicks OR d.conversations <> i.conversations
+               THEN 'changed'
+               ELSE 'same'
+           END AS change
+    FROM incoming_spend i
+    FULL JOIN (
+        SELECT rowid AS rid, ad_id, day, spend, impressions, clicks, conversations
+        FROM ad_spend_daily
+        WHERE ad_account_id = ? AND day BETWEEN ? AND ? {days}
+    ) d ON d.ad_id = i.ad_id AND d.day = i.day
+    WHERE i.ad_id IS NOT NULL OR ({complete})
+"""
+
+
+def _apply(
+    con: duckdb.DuckDBPyConnection,
+    ad_account_id: str,
+    day_list: list[date],
+    complete_list: list[date],
+    synced_at: datetime,
+) -> tuple[int, int, int, int]:
+    """Insert, update and delete in the open transaction; (inserted, changed, same, deleted)."""
+    days_sql, days_params = _among(day_list, "day")
+    if complete_list == day_list:
+        complete_sql, complete_params = "TRUE", []
+    elif not complete_list:
+        complete_sql, complete_params = "FALSE", []
+    else:
+        complete_sql, complete_params = "list_contains(?::DATE[], d.day)", [complete_list]
+    con.execute(
+        _CHANGES.format(days=days_sql, complete=complete_sql),
+        [ad_account_id, day_list[0], day_list[-1], *days_params, *complete_params],
+    )
+    try:
+        counts = dict(
+            con.execute("SELECT change, count(*) FROM spend_changes GROUP BY change").fetchall()
+        )
+        inserted, changed = counts.get("new", 0), counts.get("changed", 0)
+        unchanged, doomed = counts.get("same", 0), counts.get("gone", 0)
+        if doomed:
+            con.execute(
+                "DELETE FROM ad_spend_daily"
+                " WHERE rowid IN (SELECT rid FROM spend_changes WHERE change = 'gone')"
+            )
+        if changed:
+            con.execute(
+                """
+                UPDATE ad_spend_daily SET
+                    spend = c.spend, impressions = c.impressions, clicks = c.clicks,
+                    conversations = c.conversations, synced_at = ?
+                FROM spend_changes c
+                WHERE ad_spend_daily.rowid = c.rid AND c.change = 'changed'
+                """,
+                [synced_at],
+            )
+        if unchanged:
+            con.execute(
+                """
+                UPDATE ad_spend_daily SET synced_at = ?
+                FROM spend_changes c
+                WHERE ad_spend_daily.rowid = c.rid AND c.change = 'same'
+                """,
+                [synced_at],
+            )
+        if inserted:
+            con.execute(
+                _INSERT.format(source="spend_changes WHERE change = 'new'"),
+                [ad_account_id, synced_at],
+            )
+    finally:
+        con.execute("DROP TABLE IF EXISTS spend_changes")
+    return int(inserted), int(changed), int(unchanged), int(doomed)
+
+
+def _among(days: list[date], column: str) -> tuple[str, list[object]]:
+    """SQL narrowing a `BETWEEN first AND last` to `days` (nothing when they are every day)."""
+    if (days[-1] - days[0]).days + 1 == len(days):
+        return "", []
+    return f"AND list_contains(?::DATE[], {column})", [days]
 
 
 def rebuild_site_spend(
@@ -200,16 +270,17 @@ def _replace_site_spend(
     RETURNING (`ad_rows` counts the ad rows summed), which spares the writer
     a separate query for its per-day summary.
     """
+    days_sql, days_params = _among(days, "day")
     con.execute(
-        """
+        f"""
         DELETE FROM site_spend_daily
-        WHERE ad_account_id = ? AND day BETWEEN ? AND ? AND list_contains(?::DATE[], day)
+        WHERE ad_account_id = ? AND day BETWEEN ? AND ? {days_sql}
           AND list_contains(?::VARCHAR[], site_id)
         """,
-        [ad_account_id, *_window(days), sites],
+        [ad_account_id, days[0], days[-1], *days_params, sites],
     )
     inserted = con.execute(
-        """
+        f"""
         INSERT INTO site_spend_daily
             (site_id, ad_account_id, day, spend, impressions, clicks, conversations, ad_rows)
         SELECT unnest(?::VARCHAR[]), *
@@ -217,12 +288,12 @@ def _replace_site_spend(
             SELECT ad_account_id, day, sum(spend), sum(impressions), sum(clicks),
                    sum(conversations), count(*)
             FROM ad_spend_daily
-            WHERE ad_account_id = ? AND day BETWEEN ? AND ? AND list_contains(?::DATE[], day)
+            WHERE ad_account_id = ? AND day BETWEEN ? AND ? {days_sql}
             GROUP BY ad_account_id, day
         )
         RETURNING site_id, day, spend, ad_rows
         """,
-        [sites, ad_account_id, *_window(days)],
+        [sites, ad_account_id, days[0], days[-1], *days_params],
     ).fetchall()
     first = sites[0]
     return {
@@ -230,11 +301,6 @@ def _replace_site_spend(
         for site_id, day, spend, ad_rows in inserted
         if site_id == first
     }
-
-
-def _window(days: list[date]) -> list[object]:
-    """BETWEEN bounds (zone-map pruning) and the exact list, for sorted `days`."""
-    return [days[0], days[-1], days] if days else [None, None, days]
 
 
 def spend_by_day(

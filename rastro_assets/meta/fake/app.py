@@ -167,7 +167,7 @@ def _graph(request: _Request) -> FakeResponse:
     segments = [s for s in rest.split("/") if s]
     method = request.method
     _route(request, segments)
-    world.record_call(request.endpoint, request.account)
+    world.record_call(request.endpoint, request.account, token=request.token)
     point = request.endpoint
     if point == "insights" and "after" in request.params:
         point = "insights_page"
@@ -839,7 +839,7 @@ def _text(status: int, text: str) -> FakeResponse:
 
 def _cdn(request: _Request, path: str) -> FakeResponse:
     world = request.world
-    world.record_call("thumbnail", None)
+    world.record_call("thumbnail", None, token=request.token)
     failure = world.take_failure("thumbnail", None)
     spec = FAILURES[failure.error] if failure else None
     if spec and not spec.fault:

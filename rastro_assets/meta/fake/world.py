@@ -274,6 +274,16 @@ class Failure:
     remaining: int | None  # None: until cleared
     account: str | None
     regain_minutes: int
+    skip: int = 0  # matching requests still let through before the first failure
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    """One request the fake answered, as `FakeWorld.record_requests()` keeps them."""
+
+    endpoint: str
+    account: str | None
+    token: str | None  # the credential it carried (Authorization or access_token), if any
 
 
 @dataclass(slots=True)
@@ -363,6 +373,7 @@ class FakeWorld:
         self._app_calls: deque[datetime] = deque()
         self._jobs: dict[str, ReportJob] = {}
         self._trace_counter = 0
+        self.requests: list[RecordedRequest] | None = None
 
     # -- building -----------------------------------------------------------
 
@@ -572,6 +583,7 @@ class FakeWorld:
         account: str | None = None,
         *,
         regain_minutes: int = DEFAULT_REGAIN_MINUTES,
+        skip: int = 0,
     ) -> None:
         """Make the next `times` requests at `point` fail with `error`.
 
@@ -580,6 +592,8 @@ class FakeWorld:
         `job_skipped`, `job_stuck` decide how the job ends instead), report,
         report_insights, ads, ads_by_id, account, me, thumbnail. Errors: the
         keys of `FAILURES`. `times=None` fails until `clear_failures()`.
+        `skip` lets that many matching requests through first, so a failure
+        can land in the middle of a sync.
         """
         if point not in FAILURE_POINTS:
             raise ValueError(f"unknown failure point {point!r}")
@@ -587,10 +601,12 @@ class FakeWorld:
             raise ValueError(f"unknown failure {error!r}")
         if FAILURES[error].job_outcome and point != "async":
             raise ValueError(f"{error} only applies to point 'async'")
+        if skip < 0:
+            raise ValueError("skip must be >= 0")
         with self.lock:
             self._failures.append(Failure(
                 point, error, times, normalize_account(account) if account else None,
-                regain_minutes,
+                regain_minutes, skip,
             ))
 
     def clear_failures(self) -> None:
@@ -601,6 +617,9 @@ class FakeWorld:
         """The switch a request at `point` trips, consuming one use."""
         for failure in self._failures:
             if failure.point != point or (failure.account and failure.account != account):
+                continue
+            if failure.skip > 0:
+                failure.skip -= 1
                 continue
             if failure.remaining is not None:
                 failure.remaining -= 1
@@ -741,9 +760,19 @@ class FakeWorld:
 
     # -- usage and bookkeeping --------------------------------------------------
 
-    def record_call(self, endpoint: str, account: str | None) -> None:
+    def record_requests(self) -> list[RecordedRequest]:
+        """Start keeping every request (endpoint, account, credential); the list kept."""
+        with self.lock:
+            if self.requests is None:
+                self.requests = []
+            return self.requests
+
+    def record_call(self, endpoint: str, account: str | None, *,
+                    token: str | None = None) -> None:
         now = self.clock()
         self.calls[endpoint] += 1
+        if self.requests is not None:
+            self.requests.append(RecordedRequest(endpoint, account, token))
         self._app_calls.append(now)
         if account:
             self._account_calls.setdefault(account, deque()).append(now)

@@ -1,0 +1,243 @@
+"""Shared setup of the benchmarks: a big fake Meta account served over loopback, a linked
+warehouse and a Syncer, as the tests build them (rastro_assets_tests/conftest.py).
+
+The fake Graph runs in its own process (`serve_world`), so its CPU time does not share the
+benchmark's GIL, and it answers from pre-rendered pages:
+
+- every ad of the account delivers every day (the bench process sets the fake's
+  `DELIVERY_SHARE` to 1 and `VANISH_SHARE` to 0 and makes every ad ACTIVE, in its own
+  memory: nothing under rastro_assets/meta/fake is edited);
+- `world.rows` is memoised per day, and the JSON items of an insights query are rendered once
+  per query instead of once per page (the fake re-renders the whole range for every page,
+  which costs O(rows of the range) per page: it would dominate a 180,000-row backfill);
+- GET insights answers are cached byte for byte, keyed by method, URL and Authorization, so a
+  second pass over the same requests costs the server only HTTP handling. Benchmarks warm the
+  cache with one pass and measure the sync and the floor on the same warm server.
+
+Run as a script (`python bench/_world.py serve ...`) it is that server: it prints
+`PORT <n>` and serves until its stdin closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+ACCOUNT = "act_4242"
+TIMEZONE = "America/Sao_Paulo"
+CURRENCY = "BRL"
+TOKEN = "EAAbenchTOKENx7Qv93LmZpR2sKd81"
+SEED = 11
+SITES = ("s1", "s2")
+
+
+def account_today() -> date:
+    from rastro_assets.timekeeping import local_date
+
+    return local_date(NOW, TIMEZONE)
+
+
+def backfill_blocks(days: int = 90, block: int = 30) -> list[tuple[date, date]]:
+    """The 90 days up to the account's today as the Dagster backfill runs them (30-day runs)."""
+    from rastro_assets.cadence import split_blocks
+
+    today = account_today()
+    return split_blocks(today - timedelta(days=days - 1), today, block)
+
+
+# -- the server process --------------------------------------------------------------------
+
+
+def build_world(n_ads: int, row_cap: int):
+    """A FakeWorld with one account whose `n_ads` ads all deliver every day."""
+    from rastro_assets.meta.fake import world as world_module
+    from rastro_assets.meta.fake.world import FakeWorld, MutableClock
+
+    world_module.DELIVERY_SHARE = 1.0
+    world_module.VANISH_SHARE = 0.0
+    world = FakeWorld(clock=MutableClock(NOW), seed=SEED, row_cap=row_cap)
+    account = world.add_account(
+        ACCOUNT, timezone=TIMEZONE, currency=CURRENCY, n_ads=n_ads, token=TOKEN
+    )
+    for ad in account.ads.values():
+        ad.effective_status = "ACTIVE"
+        ad.delivers_until = None
+    return world
+
+
+def prerender(world) -> None:
+    """Memoise the fake's per-day rows, per-query JSON items and GET insights answers."""
+    from rastro_assets.meta.fake import app, server
+    from rastro_assets.meta.fake.world import FAILURES
+
+    original_rows = world.rows
+    day_rows: dict = {}
+
+    def rows(account, since, until, statuses):
+        out = []
+        day = since
+        while day <= until:
+            key = (account.ad_account_id, day, statuses)
+            if key not in day_rows:
+                day_rows[key] = original_rows(account, day, day, statuses)
+            out.extend(day_rows[key])
+            day += timedelta(days=1)
+        return out
+
+    world.rows = rows
+    items_cache: dict = {}
+
+    def insights(request, account):  # app._insights, rendering each query's items once
+        since, until, fields, statuses = app._insights_query(request, account)
+        key = (account.ad_account_id, since, until, fields, statuses)
+        items = items_cache.get(key)
+        if items is None:
+            found = request.world.rows(account, since, until, statuses)
+            if len(found) > request.world.row_cap:
+                items = FAILURES["too_much_data"]
+            else:
+                items = [
+                    app._insight_json(account, ad, day, figures, fields)
+                    for ad, day, figures in found
+                ]
+            items_cache[key] = items
+        if not isinstance(items, list):
+            raise app._Answer(
+                app._error(request, items.status, items.code or 1, items.message)
+            )
+        return app._page(request, items)
+
+    app._insights = insights
+    original_handle = server.handle
+    answers: dict = {}
+
+    def handle(world, method, url, headers, body=b"", **kwargs):
+        auth = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
+        key = (method, url, auth)
+        cached = answers.get(key)
+        if cached is not None:
+            return cached
+        answer = original_handle(world, method, url, headers, body, **kwargs)
+        if method == "GET" and "/insights" in url and answer.fault is None:
+            answers[key] = answer
+        return answer
+
+    server.handle = handle
+
+
+def _serve_main(args: argparse.Namespace) -> None:
+    from rastro_assets.meta.fake.server import serve
+
+    world = build_world(args.ads, args.row_cap)
+    prerender(world)
+    with serve(world) as server:
+        print(f"PORT {server.port}", flush=True)
+        sys.stdin.read()  # until the parent closes our stdin (or exits)
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen
+    base_url: str
+
+
+@contextlib.contextmanager
+def serve_world(n_ads: int, row_cap: int) -> Iterator[Server]:
+    """The fake Graph for `n_ads` ads in a child process on loopback."""
+    process = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "serve", "--ads", str(n_ads),
+         "--row-cap", str(row_cap)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        line = process.stdout.readline()
+        if not line.startswith("PORT "):
+            raise RuntimeError(f"the fake Graph did not start: {line!r}")
+        from rastro_assets.meta.fake.world import GRAPH_VERSION
+
+        yield Server(process, f"http://127.0.0.1:{int(line.split()[1])}/{GRAPH_VERSION}")
+    finally:
+        with contextlib.suppress(OSError):
+            process.stdin.close()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+# -- the syncing side ------------------------------------------------------------------------
+
+
+def linked_warehouse(directory: str | os.PathLike, sites: tuple[str, ...] = SITES[:1]):
+    """A migrated warehouse in `directory` linking ACCOUNT to `sites`; (warehouse, vault)."""
+    from rastro_assets.vault import ENV_VAR, Vault, generate_key
+    from rastro_assets.warehouse import registry
+    from rastro_assets.warehouse.connection import Warehouse
+
+    os.environ.setdefault(ENV_VAR, generate_key())
+    vault = Vault.from_env()
+    warehouse = Warehouse(Path(directory) / "rastro.duckdb")
+    warehouse.migrate()
+    with warehouse.connect() as con:
+        registry.save_connection(con, "c1", vault.seal("c1", TOKEN), NOW)
+        for site in sites:
+            registry.add_site(con, site, f"Site {site}", NOW)
+            registry.link_account(con, site, ACCOUNT, "c1", TIMEZONE, CURRENCY, NOW)
+    return warehouse, vault
+
+
+def make_syncer(warehouse, base_url: str, transport_factory=None, page_size: int = 500):
+    """A Syncer reaching `base_url` with a fixed clock at NOW (one new transport a client)."""
+    from rastro_assets.meta.client import MetaClient
+    from rastro_assets.sync import Syncer
+    from rastro_assets.timekeeping import fixed_clock
+
+    def client(token: str) -> MetaClient:
+        transport = transport_factory() if transport_factory else None
+        return MetaClient(token, base_url=base_url, transport=transport, page_size=page_size,
+                          sleep=lambda seconds: None, async_poll_seconds=0)
+
+    return Syncer(warehouse, client, clock=fixed_clock(NOW))
+
+
+def run_backfill(syncer, blocks: list[tuple[date, date]], tag: str = "bench"):
+    """Each block through `Syncer.sync`, as the backfill's runs do; the outcomes."""
+    from rastro_assets.sync import SyncRequest
+
+    outcomes = []
+    for index, (since, until) in enumerate(blocks):
+        outcome = syncer.sync(
+            SyncRequest(ACCOUNT, since, until, kind="backfill", run_id=f"{tag}-{index}"),
+            synced_at=NOW,
+        )
+        if not outcome.ok:
+            raise RuntimeError(f"the sync of {since}..{until} failed: {outcome.error}")
+        outcomes.append(outcome)
+    return outcomes
+
+
+def tempdir() -> tempfile.TemporaryDirectory:
+    return tempfile.TemporaryDirectory(prefix="rastro-bench-")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_parser = sub.add_parser("serve", help="serve the bench world on loopback")
+    serve_parser.add_argument("--ads", type=int, default=2000)
+    serve_parser.add_argument("--row-cap", type=int, default=5000)
+    _serve_main(parser.parse_args())
