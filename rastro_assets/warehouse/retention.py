@@ -20,7 +20,7 @@ def prune_sync_runs(con: duckdb.DuckDBPyConnection, older_than: datetime) -> int
         DELETE FROM meta_sync_runs r
         WHERE r.started_at < $older_than
           AND r.finished_at IS NOT NULL
-          AND NOT (r.outcome = 'ok' AND r.kind IN ('backfill', 'gap'))
+          AND NOT (r.outcome = 'ok' AND r.kind <> 'live')
           AND NOT EXISTS (
               SELECT 1 FROM (
                   SELECT ad_account_id, max(started_at) AS started_at

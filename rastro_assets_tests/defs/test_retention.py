@@ -99,3 +99,19 @@ def test_sync_run_pruning_keeps_what_the_planner_needs(con, linked_account):
     assert prune_sync_runs(con, NOW - timedelta(days=35)) == 2
     kept = {row[0] for row in con.execute("SELECT run_id FROM meta_sync_runs").fetchall()}
     assert kept == {"backfill", "last-ok", "recent-failure"}
+
+
+def test_pruning_a_steady_history_does_not_make_a_gap(con, linked_account):
+    from rastro_assets import cadence
+    from rastro_assets.warehouse.runs import planned_accounts
+
+    con.execute("UPDATE meta_ad_accounts SET created_at = ?", [NOW - timedelta(days=100)])
+    record(con, "backfill", "backfill", NOW - timedelta(days=100))
+    for day in range(99, 0, -1):
+        started = NOW - timedelta(days=day)
+        record(con, f"daily-{day}", "daily", started)
+        record(con, f"live-{day}", "live", started + timedelta(hours=1))
+    [before] = planned_accounts(con)
+    prune_sync_runs(con, NOW - timedelta(days=35))
+    [after] = planned_accounts(con)
+    assert cadence.plan(after.state, NOW).kind == cadence.plan(before.state, NOW).kind != "gap"
