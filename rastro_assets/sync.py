@@ -23,7 +23,12 @@ from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.catalog import upsert_names_from_spend
 from rastro_assets.warehouse.connection import Warehouse, transaction
 from rastro_assets.warehouse.runs import SyncRunEnd, finish_sync_run, start_sync_run
-from rastro_assets.warehouse.spend import AccountNotLinked, DaySummary, write_spend
+from rastro_assets.warehouse.spend import (
+    AccountNotLinked,
+    DaySummary,
+    SpendInputError,
+    write_spend,
+)
 
 if TYPE_CHECKING:
     from rastro_assets.catalog_sync import CatalogOutcome, ThumbnailOutcome
@@ -87,6 +92,8 @@ class SyncOutcome:
     catalog: CatalogOutcome | None = None
     thumbnails: ThumbnailOutcome | None = None
     catalog_error: str | None = None
+    token_rejected_by_meta: bool = False
+    """Meta refused the token during this sync (not a run refused before reading)."""
 
     @property
     def ok(self) -> bool:
@@ -247,9 +254,12 @@ class Syncer:
                 )
         except MetaError as exc:
             outcome = _OUTCOME_OF_KIND.get(exc.kind, "other")
+            result.token_rejected_by_meta = outcome == "token"
             self._fail(result, outcome, str(exc), regain_seconds=exc.regain_seconds)
         except AccountNotLinked:
             self._fail(result, "other", "the account was unlinked during the sync; nothing kept")
+        except SpendInputError as exc:
+            self._fail(result, "other", f"Meta sent figures the warehouse cannot hold: {exc}")
         finally:
             result.api_calls = client.stats.api_calls
             result.usage = client.stats.usage
@@ -279,7 +289,7 @@ class Syncer:
             incomplete_days=tuple(result.incomplete_days),
         )
         with self.warehouse.connect() as con:
-            if result.outcome == "token":
+            if result.token_rejected_by_meta:
                 account = registry.get_account(con, request.ad_account_id)
                 if account is not None:
                     registry.mark_connection_invalid(

@@ -112,6 +112,14 @@ def test_a_dead_token_invalidates_its_connection(syncer, warehouse, linked_world
     again = syncer.sync(SyncRequest("act_202", *week(TOKYO_TODAY), run_id="r2"))
     assert again.outcome == "token"
     assert again.api_calls == 0
+    with warehouse.connect() as con:
+        after_refusal = registry.get_connection(con, "c1")
+    # A run refused before reading Meta learns nothing new about the token:
+    # the first error and its time stay as Meta gave them.
+    assert (after_refusal.last_error, after_refusal.invalid_since) == (
+        connection.last_error,
+        connection.invalid_since,
+    )
 
 
 def test_without_the_key_nothing_syncs(syncer, warehouse, monkeypatch):

@@ -279,28 +279,55 @@ def _replace_site_spend(
         """,
         [ad_account_id, days[0], days[-1], *days_params, sites],
     )
-    inserted = con.execute(
-        f"""
+    try:
+        inserted = con.execute(
+            f"""
         INSERT INTO site_spend_daily
             (site_id, ad_account_id, day, spend, impressions, clicks, conversations, ad_rows)
         SELECT unnest(?::VARCHAR[]), *
         FROM (
-            SELECT ad_account_id, day, sum(spend), sum(impressions), sum(clicks),
-                   sum(conversations), count(*)
+            SELECT ad_account_id, day, {_checked_sum("spend", _SPEND_SUM_RANGE)},
+                   {_checked_sum("impressions", _COUNT_SUM_RANGE)},
+                   {_checked_sum("clicks", _COUNT_SUM_RANGE)},
+                   {_checked_sum("conversations", _COUNT_SUM_RANGE)}, count(*)
             FROM ad_spend_daily
             WHERE ad_account_id = ? AND day BETWEEN ? AND ? {days_sql}
             GROUP BY ad_account_id, day
         )
         RETURNING site_id, day, spend, ad_rows
         """,
-        [sites, ad_account_id, days[0], days[-1], *days_params],
-    ).fetchall()
+            [sites, ad_account_id, days[0], days[-1], *days_params],
+        ).fetchall()
+    except duckdb.InvalidInputException as exc:
+        message = str(exc)
+        if _OVERFLOW_MARK not in message:
+            raise
+        raise SpendInputError(message.split(_OVERFLOW_MARK, 1)[1]) from None
     first = sites[0]
     return {
         day: DaySummary(spend, int(ad_rows))
         for site_id, day, spend, ad_rows in inserted
         if site_id == first
     }
+
+
+# DuckDB sums DECIMAL(18,4) as DECIMAL(38,4) and BIGINT as HUGEINT, so a day of
+# rows that each fit can still sum past `site_spend_daily`'s types. The check
+# rides in the insert itself: `error()` names the day and the figure, where
+# the cast would only say "out of range".
+_OVERFLOW_MARK = "site sum overflow: "
+_SPEND_SUM_RANGE = "-99999999999999.9999::DECIMAL(38,4) AND 99999999999999.9999::DECIMAL(38,4)"
+_COUNT_SUM_RANGE = "-9223372036854775808::HUGEINT AND 9223372036854775807::HUGEINT"
+
+
+def _checked_sum(column: str, allowed: str) -> str:
+    return (
+        f"CASE WHEN sum({column}) NOT BETWEEN {allowed}"
+        f" THEN error('{_OVERFLOW_MARK}' || ad_account_id || ' on ' || day::VARCHAR"
+        f" || ': the {column} of its ads sums to ' || sum({column})::VARCHAR"
+        f" || ', more than site_spend_daily.{column} holds')"
+        f" ELSE sum({column}) END"
+    )
 
 
 def spend_by_day(
