@@ -79,7 +79,7 @@ class CatalogOutcome:
     skipped: int = 0  # filed under another account: left alone
     asked_by_id: int = 0  # unnamed ads asked for by id (not full)
     named_ids: list[str] = field(default_factory=list)  # the ads the by-id answer covered
-    total_ads: int = 0  # the account's catalog after the read
+    total_ads: int = 0  # the account's catalog after a read that wrote (else not counted)
     api_calls: int = 0
     usage: Usage = field(default_factory=Usage)
 
@@ -137,12 +137,22 @@ class CatalogSyncer:
 
     # -- catalog ------------------------------------------------------------------
 
-    def sync_catalog(self, ad_account_id: str, *, full: bool, run_id: str) -> CatalogOutcome:
+    def sync_catalog(
+        self,
+        ad_account_id: str,
+        *,
+        full: bool,
+        run_id: str,
+        known: tuple[registry.LinkedAccount, registry.Connection | None] | None = None,
+    ) -> CatalogOutcome:
         """Bring the account's catalog up to date with Meta.
 
         `full`: page through every ad of every status. Otherwise ask by id for
         the ads that brought leads in the last 7 account-local days but have
         no name yet (at most 50), and touch Meta only if there are any.
+
+        `known`: the account and connection as the caller just read them (a
+        spend sync), which spares reading them again.
 
         Raises:
             CatalogRefused: no site links the account.
@@ -150,7 +160,7 @@ class CatalogSyncer:
         now = self.clock()
         result = CatalogOutcome(ad_account_id=ad_account_id, full=full)
         with self.warehouse.connect() as con:
-            account, connection = self._account(con, ad_account_id)
+            account, connection = known or self._account(con, ad_account_id)
             missing: list[str] = []
             if not full:
                 since = local_date(now, account.timezone) - timedelta(
@@ -158,7 +168,6 @@ class CatalogSyncer:
                 )
                 missing = store.missing_ad_names(con, ad_account_id, since, limit=MAX_MISSING_NAMES)
                 if not missing:
-                    result.total_ads = store.catalog_size(con, ad_account_id)
                     return result
         try:
             client = self._client(connection, result)

@@ -8,7 +8,9 @@ vault inside the sync and dropped with it; it never leaves this function.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from decimal import Decimal
@@ -16,13 +18,18 @@ from typing import TYPE_CHECKING
 
 from rastro_assets.meta.client import MetaClient
 from rastro_assets.meta.errors import ErrorKind, MetaError
-from rastro_assets.meta.models import Usage
+from rastro_assets.meta.models import InsightsChunk, Usage
 from rastro_assets.timekeeping import Clock, days_between, local_date
 from rastro_assets.vault import SecretsKeyError, Vault
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.catalog import upsert_names_from_spend
 from rastro_assets.warehouse.connection import Warehouse, transaction
-from rastro_assets.warehouse.runs import SyncRunEnd, finish_sync_run, start_sync_run
+from rastro_assets.warehouse.runs import (
+    SyncRunEnd,
+    SyncRunStart,
+    finish_sync_runs,
+    start_sync_runs,
+)
 from rastro_assets.warehouse.spend import (
     AccountNotLinked,
     DaySummary,
@@ -111,6 +118,162 @@ class SyncOutcome:
         return sum((summary.spend for summary in self.days.values()), Decimal(0))
 
 
+@dataclass(frozen=True)
+class WaveOutcome:
+    outcomes: list[SyncOutcome]
+    refused: list[tuple[SyncRequest, str]]  # never started: why
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A checked request with its account and connection as the sync started."""
+
+    request: SyncRequest
+    account: registry.LinkedAccount
+    connection: registry.Connection | None
+
+    @property
+    def token_sealed_at(self) -> datetime | None:
+        return self.connection.sealed_at if self.connection else None
+
+
+class _DeadTokens:
+    """Connections whose token Meta refused during this wave, with the first error."""
+
+    def __init__(self) -> None:
+        self._errors: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def add(self, connection_id: str, error: str) -> None:
+        with self._lock:
+            self._errors.setdefault(connection_id, error)
+
+    def error(self, connection_id: str) -> str | None:
+        with self._lock:
+            return self._errors.get(connection_id)
+
+
+class _FinishedRuns:
+    """Closes finished runs' rows in batches; a refused token is marked at once."""
+
+    BATCH = 200
+
+    def __init__(self, syncer: Syncer) -> None:
+        self._syncer = syncer
+        self._ends: list[tuple[str, str, SyncRunEnd]] = []
+        self._lock = threading.Lock()
+
+    def add(self, target: _Target, result: SyncOutcome) -> None:
+        if result.token_rejected_by_meta:
+            with self._syncer.warehouse.connect() as con:
+                self._syncer._mark_token(con, target, result)
+        with self._lock:
+            self._ends.append(self._syncer._end(target, result))
+            full = len(self._ends) >= self.BATCH
+        if full:
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            ends, self._ends = self._ends, []
+            if ends:
+                with self._syncer.warehouse.connect() as con:
+                    finish_sync_runs(con, ends)
+
+
+class _SpendWriter:
+    """Writes a read's chunks as they arrive, batched, while the read goes on.
+
+    A backfill reads dozens of chunks: writing each on its own opened the
+    file and checkpointed dozens of times. Chunks are gathered up to
+    `FLUSH_ROWS` rows and each batch is written in one transaction on a
+    writer thread, so DuckDB (which releases the GIL) works while the next
+    pages download and parse; one batch waits at most, which bounds memory.
+    A read of one chunk (every live sync) is written inline, without a thread.
+    The file is opened only for a batch's write, never across a Meta call.
+    """
+
+    FLUSH_ROWS = 60_000
+
+    def __init__(
+        self, warehouse: Warehouse, ad_account_id: str, synced_at: datetime, result: SyncOutcome
+    ) -> None:
+        self._warehouse = warehouse
+        self._ad_account_id = ad_account_id
+        self._synced_at = synced_at
+        self._result = result
+        self._pending: list[InsightsChunk] = []
+        self._pending_rows = 0
+        self._executor: ThreadPoolExecutor | None = None
+        self._in_flight: Future[None] | None = None
+
+    def add(self, chunk: InsightsChunk) -> None:
+        self._pending.append(chunk)
+        self._pending_rows += len(chunk.rows)
+        if self._pending_rows >= self.FLUSH_ROWS:
+            self._wait()
+            batch, self._pending, self._pending_rows = self._pending, [], 0
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="rastro-spend-writer")
+            self._in_flight = self._executor.submit(self._write, batch)
+
+    def flush(self) -> None:
+        """Write what is left and wait for every write; a write's error is raised here."""
+        self._wait()
+        batch, self._pending, self._pending_rows = self._pending, [], 0
+        if batch:
+            self._write(batch)
+
+    def flush_after_failed_read(self) -> None:
+        """Keep the chunks read completely before the read failed; the read's error wins."""
+        try:
+            self.flush()
+        except Exception as exc:  # noqa: BLE001 - the run already fails with the read's error
+            log.warning("%s: the chunks read before the failure were not written either (%s)",
+                        self._ad_account_id, type(exc).__name__)
+
+    def shutdown(self) -> None:
+        """Stop the writer thread, after any write still running (its error was reported)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+    def _wait(self) -> None:
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            in_flight.result()
+
+    def _write(self, batch: list[InsightsChunk]) -> None:
+        days = [day for chunk in batch for day in days_between(chunk.since, chunk.until)]
+        complete = [
+            day
+            for chunk in batch
+            if chunk.complete
+            for day in days_between(chunk.since, chunk.until)
+        ]
+        rows = [row for chunk in batch for row in chunk.rows]
+        with self._warehouse.connect() as con, transaction(con):
+            written = write_spend(
+                con,
+                self._ad_account_id,
+                days=days,
+                rows=rows,
+                complete_days=complete,
+                synced_at=self._synced_at,
+            )
+            # Names as they arrive: an ad is named long before the daily
+            # catalog read, and even if that read fails.
+            upsert_names_from_spend(con, self._ad_account_id, rows, self._synced_at)
+        result = self._result
+        result.rows_written += written.rows_written
+        result.rows_deleted += written.rows_deleted
+        if written.rows_written or written.rows_deleted:
+            result.changed_days.extend(days)
+        result.days.update(written.days)
+        result.complete_days.extend(complete)
+        complete_set = set(complete)
+        result.incomplete_days.extend(day for day in days if day not in complete_set)
+
+
 class Syncer:
     """Runs syncs against one warehouse with one way of reaching Meta."""
 
@@ -132,52 +295,138 @@ class Syncer:
 
         `synced_at` is the run's start: every row this sync writes carries it,
         so one run's rows are one version whatever the retries.
+
+        Raises:
+            SyncRefused: the account is not linked, or the range is wrong.
         """
         started_at = synced_at or self.clock()
+        targets, refused = self._start([request], started_at)
+        if refused:
+            raise refused[0][1]
+        [target] = targets
+        result = self._read(target, started_at, _DeadTokens())
         with self.warehouse.connect() as con:
-            account = registry.get_account(con, request.ad_account_id)
-            if account is None:
-                raise SyncRefused(f"{request.ad_account_id} is not linked to any site")
-            connection = registry.get_connection(con, account.connection_id)
-            today = local_date(self.clock(), account.timezone)
-            if request.until > today:
-                raise SyncRefused(
-                    f"{request.ad_account_id}: {request.until} is after the account's local "
-                    f"today ({today} in {account.timezone}); Meta has no figures for it yet"
-                )
-            if request.since > request.until:
-                raise SyncRefused(f"since {request.since} is after until {request.until}")
-            token_sealed_at = connection.sealed_at if connection else None
-            start_sync_run(
-                con,
-                run_id=request.run_id,
-                ad_account_id=request.ad_account_id,
-                kind=request.kind,
-                since=request.since,
-                until=request.until,
-                started_at=started_at,
-                catalog=request.catalog,
-                token_sealed_at=token_sealed_at,
-            )
-
-        result = SyncOutcome(request=request, timezone=account.timezone, started_at=started_at)
-        if connection is None or connection.status != "active":
-            reason = (connection.last_error if connection else None) or "no valid token"
-            self._fail(result, "token", f"the connection's token is invalid: {reason}")
-        else:
-            try:
-                self._read_and_write(request, connection, started_at, result)
-            except Exception as exc:  # noqa: BLE001 - recorded as this account's failure
-                # An unexpected error must still end the run's row, or the
-                # account would wait out the lease; its type says where to look.
-                log.exception("%s: unexpected failure", request.ad_account_id)
-                self._fail(result, "other", f"unexpected {type(exc).__name__} in the sync")
-        self._finish(request, result, token_sealed_at)
+            self._mark_token(con, target, result)
+            finish_sync_runs(con, [self._end(target, result)])
         if result.ok:
-            self._catalog_after_spend(request, result)
+            self._catalog_after_spend(target, result)
         return result
 
-    def _catalog_after_spend(self, request: SyncRequest, result: SyncOutcome) -> None:
+    def sync_wave(
+        self, requests: Sequence[SyncRequest], *, synced_at: datetime, concurrency: int
+    ) -> WaveOutcome:
+        """Sync many accounts at once, as cheaply per account as the work allows.
+
+        One query finds every account and connection, one statement opens
+        every run's lease, and finished runs are closed in batches: a wave of
+        a thousand live syncs would otherwise spend most of its time on
+        single-row statements. The file is held for the wave (see
+        `Warehouse.held`). A token Meta refuses is marked dead at once, and
+        the wave's later syncs on that connection do not call Meta with it.
+        A sync that dies with the process leaves its run open until the
+        lease runs out, as any killed run does.
+        """
+        with self.warehouse.held():
+            targets, refused = self._start(requests, synced_at)
+            dead = _DeadTokens()
+            finished = _FinishedRuns(self)
+
+            def run_one(target: _Target) -> SyncOutcome:
+                result = self._read(target, synced_at, dead)
+                finished.add(target, result)
+                if result.ok:
+                    self._catalog_after_spend(target, result)
+                return result
+
+            try:
+                with ThreadPoolExecutor(max_workers=concurrency) as pool:
+                    outcomes = list(pool.map(run_one, targets))
+            finally:
+                finished.flush()
+        return WaveOutcome(outcomes=outcomes, refused=[(r, str(exc)) for r, exc in refused])
+
+    def _start(
+        self, requests: Sequence[SyncRequest], started_at: datetime
+    ) -> tuple[list[_Target], list[tuple[SyncRequest, SyncRefused]]]:
+        """Check each request and open the lease of every one that can run."""
+        targets: list[_Target] = []
+        refused: list[tuple[SyncRequest, SyncRefused]] = []
+        now = self.clock()
+        with self.warehouse.connect() as con, transaction(con):
+            if len(requests) == 1:
+                found = registry.get_account(con, requests[0].ad_account_id)
+                accounts = {found.ad_account_id: found} if found else {}
+            else:
+                accounts = {a.ad_account_id: a for a in registry.linked_accounts(con)}
+            connections = registry.get_connections(
+                con, {account.connection_id for account in accounts.values()}
+            )
+            for request in requests:
+                try:
+                    account = self._linked(request, accounts, now)
+                except SyncRefused as exc:
+                    refused.append((request, exc))
+                    continue
+                targets.append(_Target(request, account, connections.get(account.connection_id)))
+            start_sync_runs(
+                con,
+                [
+                    SyncRunStart(
+                        run_id=target.request.run_id,
+                        ad_account_id=target.request.ad_account_id,
+                        kind=target.request.kind,
+                        since=target.request.since,
+                        until=target.request.until,
+                        started_at=started_at,
+                        catalog=target.request.catalog,
+                        token_sealed_at=target.token_sealed_at,
+                    )
+                    for target in targets
+                ],
+            )
+        return targets, refused
+
+    @staticmethod
+    def _linked(
+        request: SyncRequest, accounts: Mapping[str, registry.LinkedAccount], now: datetime
+    ) -> registry.LinkedAccount:
+        account = accounts.get(request.ad_account_id)
+        if account is None:
+            raise SyncRefused(f"{request.ad_account_id} is not linked to any site")
+        today = local_date(now, account.timezone)
+        if request.until > today:
+            raise SyncRefused(
+                f"{request.ad_account_id}: {request.until} is after the account's local "
+                f"today ({today} in {account.timezone}); Meta has no figures for it yet"
+            )
+        if request.since > request.until:
+            raise SyncRefused(f"since {request.since} is after until {request.until}")
+        return account
+
+    def _read(self, target: _Target, started_at: datetime, dead: _DeadTokens) -> SyncOutcome:
+        """Read Meta and write the warehouse for one started sync; never raises."""
+        request, connection = target.request, target.connection
+        result = SyncOutcome(
+            request=request, timezone=target.account.timezone, started_at=started_at
+        )
+        dead_error = dead.error(connection.connection_id) if connection else None
+        if connection is None or connection.status != "active" or dead_error:
+            reason = dead_error or (connection.last_error if connection else None)
+            reason = reason or "no valid token"
+            self._fail(result, "token", f"the connection's token is invalid: {reason}")
+            return result
+        try:
+            self._read_and_write(request, connection, started_at, result)
+        except Exception as exc:  # noqa: BLE001 - recorded as this account's failure
+            # An unexpected error must still end the run's row, or the
+            # account would wait out the lease; its type says where to look.
+            log.exception("%s: unexpected failure", request.ad_account_id)
+            self._fail(result, "other", f"unexpected {type(exc).__name__} in the sync")
+        if result.token_rejected_by_meta:
+            dead.add(connection.connection_id, result.error or "")
+        return result
+
+    def _catalog_after_spend(self, target: _Target, result: SyncOutcome) -> None:
         """The full catalog and thumbnails when asked, else the unnamed ads with leads.
 
         Runs after the spend run is recorded, so nothing here can change what
@@ -193,9 +442,15 @@ class Syncer:
             vault_factory=self.vault_factory,
             clock=self.clock,
         )
+        request = target.request
         account, run_id = request.ad_account_id, request.run_id
         try:
-            result.catalog = syncer.sync_catalog(account, full=request.catalog, run_id=run_id)
+            result.catalog = syncer.sync_catalog(
+                account,
+                full=request.catalog,
+                run_id=run_id,
+                known=(target.account, target.connection),
+            )
             # Between full reads, only the ads just named by id can have a new
             # picture with a fresh URL; older failures wait for the daily read.
             only = None if request.catalog else result.catalog.named_ids
@@ -223,29 +478,15 @@ class Syncer:
             return
         client = self.client_factory(token)
         del token
+        writer = _SpendWriter(self.warehouse, request.ad_account_id, started_at, result)
         try:
-            for chunk in client.insights(request.ad_account_id, request.since, request.until):
-                chunk_days = list(days_between(chunk.since, chunk.until))
-                with self.warehouse.connect() as con, transaction(con):
-                    written = write_spend(
-                        con,
-                        request.ad_account_id,
-                        days=chunk_days,
-                        rows=chunk.rows,
-                        complete_days=chunk_days if chunk.complete else (),
-                        synced_at=started_at,
-                    )
-                    # Names as they arrive: an ad is named long before the
-                    # daily catalog read, and even if that read fails.
-                    upsert_names_from_spend(con, request.ad_account_id, chunk.rows, started_at)
-                result.rows_written += written.rows_written
-                result.rows_deleted += written.rows_deleted
-                if written.rows_written or written.rows_deleted:
-                    result.changed_days.extend(chunk_days)
-                result.days.update(written.days)
-                (result.complete_days if chunk.complete else result.incomplete_days).extend(
-                    chunk_days
-                )
+            try:
+                for chunk in client.insights(request.ad_account_id, request.since, request.until):
+                    writer.add(chunk)
+            except MetaError:
+                writer.flush_after_failed_read()
+                raise
+            writer.flush()
             if result.incomplete_days:
                 days = ", ".join(day.isoformat() for day in result.incomplete_days)
                 result.error = (
@@ -261,6 +502,7 @@ class Syncer:
         except SpendInputError as exc:
             self._fail(result, "other", f"Meta sent figures the warehouse cannot hold: {exc}")
         finally:
+            writer.shutdown()
             result.api_calls = client.stats.api_calls
             result.usage = client.stats.usage
             client.close()
@@ -276,7 +518,7 @@ class Syncer:
             result.regain_at = self.clock() + timedelta(seconds=regain_seconds)
         log.warning("%s %s", result.request.ad_account_id, result.error)
 
-    def _finish(self, request: SyncRequest, result: SyncOutcome, token_sealed_at) -> None:
+    def _end(self, target: _Target, result: SyncOutcome) -> tuple[str, str, SyncRunEnd]:
         end = SyncRunEnd(
             finished_at=self.clock(),
             outcome=result.outcome,
@@ -288,17 +530,15 @@ class Syncer:
             regain_at=result.regain_at,
             incomplete_days=tuple(result.incomplete_days),
         )
-        with self.warehouse.connect() as con:
-            if result.token_rejected_by_meta:
-                account = registry.get_account(con, request.ad_account_id)
-                if account is not None:
-                    registry.mark_connection_invalid(
-                        con,
-                        account.connection_id,
-                        result.error or "",
-                        end.finished_at,
-                        token_sealed_at=token_sealed_at,
-                    )
-            finish_sync_run(
-                con, run_id=request.run_id, ad_account_id=request.ad_account_id, end=end
+        return target.request.run_id, target.request.ad_account_id, end
+
+    def _mark_token(self, con, target: _Target, result: SyncOutcome) -> None:
+        """Mark the connection dead when Meta refused its token during this sync."""
+        if result.token_rejected_by_meta:
+            registry.mark_connection_invalid(
+                con,
+                target.account.connection_id,
+                result.error or "",
+                self.clock(),
+                token_sealed_at=target.token_sealed_at,
             )

@@ -8,7 +8,8 @@ from decimal import Decimal
 import pytest
 
 from rastro_assets.meta.fake.world import Figures
-from rastro_assets.sync import SyncRefused, SyncRequest
+from rastro_assets.sync import SyncRefused, SyncRequest, _SpendWriter
+from rastro_assets.timekeeping import days_between
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.runs import sync_runs_by_account
 from rastro_assets_tests.conftest import TOKEN
@@ -186,3 +187,39 @@ def test_an_unexpected_error_ends_the_run_as_a_failure(syncer, warehouse):
     with warehouse.connect() as con:
         [run] = sync_runs_by_account(con)["act_101"]
     assert (run.outcome, run.finished_at is not None) == ("other", True)
+
+
+@pytest.fixture
+def small_batches(monkeypatch):
+    """Every chunk its own batch, so writes go through the writer thread."""
+    monkeypatch.setattr(_SpendWriter, "FLUSH_ROWS", 1)
+
+
+def test_batches_written_beside_the_read_equal_meta(
+    syncer, warehouse, linked_world, small_batches
+):
+    linked_world.row_cap = 12  # a month of six ads reads in chunks of two days
+    since, until = SAO_PAULO_TODAY - timedelta(days=29), SAO_PAULO_TODAY
+    outcome = syncer.sync(SyncRequest("act_101", since, until, run_id="r1"))
+    assert outcome.ok, outcome.error
+    assert sorted(outcome.complete_days) == [since + timedelta(days=n) for n in range(30)]
+    with warehouse.connect() as con:
+        assert_equals_truth(con, linked_world, "act_101", since, until)
+        assert_site_spend_exact(con)
+
+
+def test_a_read_failing_after_batches_keeps_the_days_read_before(
+    syncer, warehouse, linked_world, small_batches
+):
+    linked_world.row_cap = 12
+    linked_world.fail("insights", "http5xx_html", times=None, account="act_101", skip=12)
+    since, until = SAO_PAULO_TODAY - timedelta(days=29), SAO_PAULO_TODAY
+    outcome = syncer.sync(SyncRequest("act_101", since, until, run_id="r1"))
+    assert outcome.outcome == "other"
+    read = sorted(outcome.complete_days)
+    assert read and read == [since + timedelta(days=n) for n in range(len(read))]
+    assert outcome.unread_days == [day for day in days_between(since, until) if day not in read]
+    with warehouse.connect() as con:
+        assert_equals_truth(con, linked_world, "act_101", read[0], read[-1])
+        assert stored_rows(con, "act_101", read[-1] + timedelta(days=1), until) == set()
+        assert_site_spend_exact(con)

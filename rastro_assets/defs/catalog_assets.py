@@ -50,15 +50,24 @@ def _account(context: dg.AssetExecutionContext) -> str:
         raise dg.Failure(description=str(exc)) from None
 
 
-@dg.asset(
-    key=AD_CATALOG,
-    partitions_def=account_partitions,
-    deps=[AD_SPEND_DAILY],
-    kinds={"duckdb"},
-    group_name=GROUP,
-    owners=OWNERS,
-    tags={"domain": "marketing"},
-    pool="meta_api",
+def _catalog_asset(key: dg.AssetKey, *, dep: dg.AssetKey, description: str):
+    """`dg.asset` with what both catalog assets share (partitions, kinds, group, owners, pool)."""
+    return dg.asset(
+        key=key,
+        partitions_def=account_partitions,
+        deps=[dep],
+        kinds={"duckdb"},
+        group_name=GROUP,
+        owners=OWNERS,
+        tags={"domain": "marketing"},
+        pool="meta_api",
+        description=description,
+    )
+
+
+@_catalog_asset(
+    AD_CATALOG,
+    dep=AD_SPEND_DAILY,
     description=(
         "Every ad of the account, any status (deleted and archived included), with the names "
         "analysts read spend by: ad, ad set and campaign, Meta's effective_status as ad_status, "
@@ -83,15 +92,9 @@ def ad_catalog(context: dg.AssetExecutionContext, rastro: RastroResource) -> dg.
     return dg.MaterializeResult(metadata=catalog_metadata(outcome))
 
 
-@dg.asset(
-    key=AD_THUMBNAILS,
-    partitions_def=account_partitions,
-    deps=[AD_CATALOG],
-    kinds={"duckdb"},
-    group_name=GROUP,
-    owners=OWNERS,
-    tags={"domain": "marketing"},
-    pool="meta_api",
+@_catalog_asset(
+    AD_THUMBNAILS,
+    dep=AD_CATALOG,
     description=(
         "The picture of each catalogued ad that has one at Meta, copied as served (bytes, "
         "content type, sha256), because Meta's thumbnail URLs expire within days. Re-copied "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -150,16 +151,18 @@ def save_connection(
         )
 
 
+_CONNECTION_QUERY = """
+    SELECT connection_id, status, sealed_token, sealed_at, invalid_since, last_error
+    FROM meta_connections
+"""
+
+
 def get_connection(con: duckdb.DuckDBPyConnection, connection_id: str) -> Connection | None:
-    row = con.execute(
-        """
-        SELECT connection_id, status, sealed_token, sealed_at, invalid_since, last_error
-        FROM meta_connections WHERE connection_id = ?
-        """,
-        [connection_id],
-    ).fetchone()
-    if row is None:
-        return None
+    row = con.execute(f"{_CONNECTION_QUERY} WHERE connection_id = ?", [connection_id]).fetchone()
+    return _connection(row) if row else None
+
+
+def _connection(row: tuple) -> Connection:
     return Connection(
         connection_id=row[0],
         status=row[1],
@@ -168,6 +171,19 @@ def get_connection(con: duckdb.DuckDBPyConnection, connection_id: str) -> Connec
         invalid_since=row[4],
         last_error=row[5],
     )
+
+
+def get_connections(
+    con: duckdb.DuckDBPyConnection, connection_ids: Iterable[str]
+) -> dict[str, Connection]:
+    """The connections among `connection_ids` that exist, by id."""
+    wanted = sorted(set(connection_ids))
+    if not wanted:
+        return {}
+    rows = con.execute(
+        f"{_CONNECTION_QUERY} WHERE list_contains(?::VARCHAR[], connection_id)", [wanted]
+    ).fetchall()
+    return {row[0]: _connection(row) for row in rows}
 
 
 def mark_connection_invalid(

@@ -15,8 +15,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from rastro_assets.cadence import (
     BACKFILL_DAYS,
@@ -29,6 +31,7 @@ from rastro_assets.cadence import (
     first_unread_day,
 )
 from rastro_assets.timekeeping import zone
+from rastro_assets.warehouse.connection import register_arrow
 
 
 @dataclass(frozen=True)
@@ -44,57 +47,111 @@ class SyncRunEnd:
     incomplete_days: tuple[date, ...] = ()
 
 
-def start_sync_run(
-    con: duckdb.DuckDBPyConnection,
-    *,
-    run_id: str,
-    ad_account_id: str,
-    kind: str,
-    since: date,
-    until: date,
-    started_at: datetime,
-    catalog: bool,
-    token_sealed_at: datetime | None,
-) -> None:
-    con.execute(
-        """
-        INSERT INTO meta_sync_runs
-            (run_id, ad_account_id, kind, since, until, started_at, catalog, token_sealed_at)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-        ON CONFLICT (run_id, ad_account_id) DO UPDATE SET
-            kind = excluded.kind, since = excluded.since, until = excluded.until,
-            started_at = excluded.started_at, catalog = excluded.catalog,
-            token_sealed_at = excluded.token_sealed_at,
-            finished_at = NULL, outcome = NULL, error = NULL
-        """,
-        [run_id, ad_account_id, kind, since, until, started_at, catalog, token_sealed_at],
+@dataclass(frozen=True)
+class SyncRunStart:
+    run_id: str
+    ad_account_id: str
+    kind: str
+    since: date
+    until: date
+    started_at: datetime
+    catalog: bool
+    token_sealed_at: datetime | None
+
+
+def start_sync_run(con: duckdb.DuckDBPyConnection, **fields: Any) -> None:
+    """`start_sync_runs` for one sync, given the fields of `SyncRunStart`."""
+    start_sync_runs(con, [SyncRunStart(**fields)])
+
+
+def start_sync_runs(con: duckdb.DuckDBPyConnection, starts: Sequence[SyncRunStart]) -> None:
+    """Open the lease of every sync in `starts`, in one statement.
+
+    A wave starts hundreds of syncs at once; a row each cost a statement
+    each. Starting a run id again (a retried Dagster run) reopens its row.
+    """
+    if not starts:
+        return
+    table = pa.table(
+        {
+            "run_id": pa.array([s.run_id for s in starts], pa.string()),
+            "ad_account_id": pa.array([s.ad_account_id for s in starts], pa.string()),
+            "kind": pa.array([s.kind for s in starts], pa.string()),
+            "since": pa.array([s.since for s in starts], pa.date32()),
+            "until": pa.array([s.until for s in starts], pa.date32()),
+            "started_at": pa.array([s.started_at for s in starts], _INSTANT),
+            "catalog": pa.array([s.catalog for s in starts], pa.bool_()),
+            "token_sealed_at": pa.array([s.token_sealed_at for s in starts], _INSTANT),
+        }
     )
+    register_arrow(con, "starting_runs", table)
+    try:
+        con.execute(
+            """
+            INSERT INTO meta_sync_runs
+                (run_id, ad_account_id, kind, since, until, started_at, catalog, token_sealed_at)
+            SELECT * FROM starting_runs
+            ON CONFLICT (run_id, ad_account_id) DO UPDATE SET
+                kind = excluded.kind, since = excluded.since, until = excluded.until,
+                started_at = excluded.started_at, catalog = excluded.catalog,
+                token_sealed_at = excluded.token_sealed_at,
+                finished_at = NULL, outcome = NULL, error = NULL
+            """
+        )
+    finally:
+        con.unregister("starting_runs")
 
 
 def finish_sync_run(
     con: duckdb.DuckDBPyConnection, *, run_id: str, ad_account_id: str, end: SyncRunEnd
 ) -> None:
-    con.execute(
-        """
-        UPDATE meta_sync_runs SET
-            finished_at = ?, outcome = ?, rows_written = ?, rows_deleted = ?, api_calls = ?,
-            error = ?, usage_pct = ?, regain_at = ?, incomplete_days = ?
-        WHERE run_id = ? AND ad_account_id = ?
-        """,
-        [
-            end.finished_at,
-            end.outcome,
-            end.rows_written,
-            end.rows_deleted,
-            end.api_calls,
-            end.error,
-            end.usage_pct,
-            end.regain_at,
-            ",".join(day.isoformat() for day in end.incomplete_days) or None,
-            run_id,
-            ad_account_id,
-        ],
+    finish_sync_runs(con, [(run_id, ad_account_id, end)])
+
+
+def finish_sync_runs(
+    con: duckdb.DuckDBPyConnection, ends: Sequence[tuple[str, str, SyncRunEnd]]
+) -> None:
+    """Close the rows of (run_id, ad_account_id, end), in one statement."""
+    if not ends:
+        return
+    table = pa.table(
+        {
+            "run_id": pa.array([run_id for run_id, _, _ in ends], pa.string()),
+            "ad_account_id": pa.array([account for _, account, _ in ends], pa.string()),
+            "finished_at": pa.array([end.finished_at for _, _, end in ends], _INSTANT),
+            "outcome": pa.array([end.outcome for _, _, end in ends], pa.string()),
+            "rows_written": pa.array([end.rows_written for _, _, end in ends], pa.int64()),
+            "rows_deleted": pa.array([end.rows_deleted for _, _, end in ends], pa.int64()),
+            "api_calls": pa.array([end.api_calls for _, _, end in ends], pa.int64()),
+            "error": pa.array([end.error for _, _, end in ends], pa.string()),
+            "usage_pct": pa.array([end.usage_pct for _, _, end in ends], pa.float64()),
+            "regain_at": pa.array([end.regain_at for _, _, end in ends], _INSTANT),
+            "incomplete_days": pa.array(
+                [",".join(day.isoformat() for day in end.incomplete_days) or None
+                 for _, _, end in ends],
+                pa.string(),
+            ),
+        }
     )
+    register_arrow(con, "finished_runs", table)
+    try:
+        con.execute(
+            """
+            UPDATE meta_sync_runs SET
+                finished_at = f.finished_at, outcome = f.outcome,
+                rows_written = f.rows_written, rows_deleted = f.rows_deleted,
+                api_calls = f.api_calls, error = f.error, usage_pct = f.usage_pct,
+                regain_at = f.regain_at, incomplete_days = f.incomplete_days
+            FROM finished_runs f
+            WHERE meta_sync_runs.run_id = f.run_id
+              AND meta_sync_runs.ad_account_id = f.ad_account_id
+            """
+        )
+    finally:
+        con.unregister("finished_runs")
+
+
+_INSTANT = pa.timestamp("us", tz="UTC")
 
 
 # Instants come back as microseconds since the epoch: DuckDB's conversion to

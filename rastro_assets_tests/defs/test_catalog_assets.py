@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from datetime import date
 
 import dagster as dg
 import pytest
@@ -17,31 +16,14 @@ from rastro_assets.defs.catalog_assets import (
     catalog_materializations,
     preview_markdown,
 )
-from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
-from rastro_assets.defs.resources import RastroResource
 from rastro_assets.sync import SyncRequest
-from rastro_assets_tests.conftest import NOW, TOKEN
-
-TODAY = date(2026, 11, 30)
-
-
-@pytest.fixture
-def instance(tmp_path):
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    with dg.instance_for_test(temp_dir=str(home)) as instance:
-        instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202", "act_9"])
-        yield instance
+from rastro_assets_tests.conftest import TOKEN
+from rastro_assets_tests.defs.conftest import TODAY
 
 
 @pytest.fixture
-def rastro(duckdb_path, fake_graph, linked_world, secrets_key) -> RastroResource:
-    return RastroResource(
-        duckdb_path=str(duckdb_path),
-        graph_url=fake_graph.base_url,
-        use_fake_graph=False,
-        fixed_now=NOW.isoformat(),
-    )
+def account_partitions() -> list[str]:
+    return ["act_101", "act_202", "act_9"]  # act_9 is not linked
 
 
 def materialize(instance, rastro, assets, account: str, **kwargs):

@@ -1,30 +1,25 @@
-"""Retention deletes superseded runs and never a partition's latest materialization."""
+"""Retention deletes superseded runs and never a partition's latest materialization, and
+prunes `meta_sync_runs` without changing what the planner owes."""
 
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, timedelta
 
 import dagster as dg
+import pyarrow as pa
 import pytest
 
-from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, spend_partition_key
-from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.retention import delete_superseded_runs
+from rastro_assets import cadence
+from rastro_assets.defs.partitions import spend_partition_key
+from rastro_assets.defs.retention import SYNC_RUN_RETENTION, delete_superseded_runs
 from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, meta_spend
+from rastro_assets.timekeeping import local_date, local_midnight
+from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.retention import prune_sync_runs
-from rastro_assets.warehouse.runs import SyncRunEnd, finish_sync_run, start_sync_run
+from rastro_assets.warehouse.runs import planned_accounts
 from rastro_assets_tests.conftest import NOW
-
-TODAY = date(2026, 11, 30)
-
-
-@pytest.fixture
-def instance(tmp_path):
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    with dg.instance_for_test(temp_dir=str(home)) as instance:
-        instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101"])
-        yield instance
+from rastro_assets_tests.defs.conftest import TODAY, record_sync_run
+from rastro_assets_tests.warehouse.test_planner_history import COLUMNS, History
 
 
 def materialize(instance, rastro, day: date) -> str:
@@ -37,12 +32,7 @@ def materialize(instance, rastro, day: date) -> str:
     return result.run_id
 
 
-def test_only_superseded_runs_are_deleted(
-    instance, duckdb_path, fake_graph, linked_world, secrets_key
-):
-    rastro = RastroResource(
-        duckdb_path=str(duckdb_path), graph_url=fake_graph.base_url, fixed_now=NOW.isoformat()
-    )
+def test_only_superseded_runs_are_deleted(instance, rastro):
     first_today = materialize(instance, rastro, TODAY)
     only_yesterday = materialize(instance, rastro, TODAY - timedelta(days=1))
     latest_today = materialize(instance, rastro, TODAY)
@@ -59,33 +49,15 @@ def test_only_superseded_runs_are_deleted(
     }
 
 
-def test_recent_runs_are_kept(instance, duckdb_path, fake_graph, linked_world, secrets_key):
-    rastro = RastroResource(
-        duckdb_path=str(duckdb_path), graph_url=fake_graph.base_url, fixed_now=NOW.isoformat()
-    )
+def test_recent_runs_are_kept(instance, rastro):
     materialize(instance, rastro, TODAY)
     materialize(instance, rastro, TODAY)
     assert delete_superseded_runs(instance, datetime.now(UTC) - timedelta(hours=1), 100) == 0
 
 
 def record(con, run_id, kind, started_at, outcome="ok"):
-    start_sync_run(
-        con,
-        run_id=run_id,
-        ad_account_id="act_1",
-        kind=kind,
-        since=TODAY,
-        until=TODAY,
-        started_at=started_at,
-        catalog=False,
-        token_sealed_at=None,
-    )
-    finish_sync_run(
-        con,
-        run_id=run_id,
-        ad_account_id="act_1",
-        end=SyncRunEnd(finished_at=started_at + timedelta(seconds=3), outcome=outcome),
-    )
+    record_sync_run(con, run_id, "act_1", kind, TODAY, TODAY, started_at, outcome=outcome,
+                    took=timedelta(seconds=3))
 
 
 def test_sync_run_pruning_keeps_what_the_planner_needs(con, linked_account):
@@ -101,17 +73,75 @@ def test_sync_run_pruning_keeps_what_the_planner_needs(con, linked_account):
     assert kept == {"backfill", "last-ok", "recent-failure"}
 
 
-def test_pruning_a_steady_history_does_not_make_a_gap(con, linked_account):
-    from rastro_assets import cadence
-    from rastro_assets.warehouse.runs import planned_accounts
+TIMEZONE = "America/Sao_Paulo"
+LINKED_AT = NOW - timedelta(days=90)
+# A live sync is due now; the next 04:00 local re-sync, 20 hours later.
+INSTANTS = [NOW, NOW + timedelta(hours=20)]
 
-    con.execute("UPDATE meta_ad_accounts SET created_at = ?", [NOW - timedelta(days=100)])
-    record(con, "backfill", "backfill", NOW - timedelta(days=100))
-    for day in range(99, 0, -1):
-        started = NOW - timedelta(days=day)
-        record(con, f"daily-{day}", "daily", started)
-        record(con, f"live-{day}", "live", started + timedelta(hours=1))
-    [before] = planned_accounts(con)
-    prune_sync_runs(con, NOW - timedelta(days=35))
-    [after] = planned_accounts(con)
-    assert cadence.plan(after.state, NOW).kind == cadence.plan(before.state, NOW).kind != "gap"
+
+def insert_runs(con, rows) -> None:
+    """Append `rows` (dicts of `COLUMNS`) to `meta_sync_runs` in start order, as syncs do."""
+    rows = sorted(rows, key=lambda row: row["started_at"])
+    table = pa.table({name: pa.array([row[name] for row in rows], kind) for name, kind in COLUMNS})
+    con.register("incoming_runs", table)
+    names = ", ".join(name for name, _ in COLUMNS)
+    con.execute(f"INSERT INTO meta_sync_runs ({names}) SELECT * FROM incoming_runs")
+    con.unregister("incoming_runs")
+
+
+@pytest.fixture
+def linked(con) -> History:
+    """`act_1` linked 90 days ago, its 90-day backfill read at linking; no other run yet."""
+    registry.add_site(con, "s1", "Site one", LINKED_AT)
+    registry.save_connection(con, "c1", b"\0" * 40, LINKED_AT)
+    registry.link_account(con, "s1", "act_1", "c1", TIMEZONE, "BRL", LINKED_AT)
+    history = History("act_1", TIMEZONE, LINKED_AT)
+    history.backfill(LINKED_AT + timedelta(minutes=1))
+    return history
+
+
+def assert_default_pruning_changes_no_plan(con) -> None:
+    """Prune as the retention sensor does; the sensors' loader and every row still give the
+    plans of the unpruned history, a live sync now and the daily re-sync at 04:00."""
+    [unpruned] = planned_accounts(con, full_history=True)
+    owed = [cadence.plan(unpruned.state, at) for at in INSTANTS]
+    assert [plan.kind for plan in owed] == ["live", "daily"]
+
+    pruned = prune_sync_runs(con, NOW - SYNC_RUN_RETENTION)
+
+    assert pruned > 500  # the live syncs older than the retention age, or most of them
+    for account in (*planned_accounts(con), *planned_accounts(con, full_history=True)):
+        for at, expected in zip(INSTANTS, owed, strict=True):
+            plan = cadence.plan(account.state, at)
+            assert plan.kind not in ("gap", "backfill"), plan.reason
+            assert plan == expected
+
+
+def test_pruning_a_steady_history_does_not_make_a_gap(con, linked):
+    # A live sync every 45 minutes and the 04:00 re-sync (7 days and the catalog; 28 days
+    # every seventh day) from the link to now. Pruning only ok backfills and gaps made the
+    # 55 days between the backfill and the retention age a pause, and a gap owed.
+    linked.cadence(LINKED_AT + timedelta(minutes=10), NOW - timedelta(minutes=5))
+    insert_runs(con, linked.rows)
+    assert_default_pruning_changes_no_plan(con)
+
+
+def test_pruning_keeps_the_last_good_run_before_a_filled_pause(con, linked):
+    # Syncs stop at 02:30 local, before that day's 04:00 re-sync, for 30 days: the last good
+    # run before the pause is a live read, and the gap the planner then owes starts the day
+    # before it. Were it pruned, the pause would start at the re-sync the day before, and the
+    # filled gap would be owed again from one day earlier.
+    paused_on = local_date(NOW - timedelta(days=60), TIMEZONE)
+    paused_at = local_midnight(paused_on, TIMEZONE) + timedelta(hours=2, minutes=30)
+    linked.cadence(LINKED_AT + timedelta(minutes=10), paused_at)
+    insert_runs(con, linked.rows)
+    resumed = paused_at + timedelta(days=30)
+    [account] = planned_accounts(con)
+    gap = cadence.plan(account.state, resumed)
+    assert (gap.kind, gap.since) == ("gap", paused_on - timedelta(days=1))
+    before = len(linked.rows)
+    for block, (since, until) in enumerate(cadence.split_blocks(gap.since, gap.until)):
+        linked.run("gap", since, until, resumed + timedelta(minutes=block))
+    linked.cadence(resumed + timedelta(minutes=10), NOW - timedelta(minutes=5))
+    insert_runs(con, linked.rows[before:])
+    assert_default_pruning_changes_no_plan(con)

@@ -8,28 +8,17 @@ import dagster as dg
 import pytest
 
 from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
-from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.sensors import meta_accounts_sensor, meta_cadence_sensor
 from rastro_assets.defs.spend_assets import ACCOUNT_TAG, SYNC_KIND_TAG
 from rastro_assets.defs.wave import WAVE_TAG
 from rastro_assets.warehouse import registry
-from rastro_assets.warehouse.runs import SyncRunEnd, finish_sync_run, start_sync_run
 from rastro_assets_tests.conftest import NOW
-
-TODAY = date(2026, 11, 30)  # local today of both fake accounts at NOW
-
-
-@pytest.fixture
-def instance(tmp_path):
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    with dg.instance_for_test(temp_dir=str(home)) as instance:
-        yield instance
+from rastro_assets_tests.defs.conftest import TODAY, record_sync_run
 
 
 @pytest.fixture
-def rastro(duckdb_path, linked_world, secrets_key) -> RastroResource:
-    return RastroResource(duckdb_path=str(duckdb_path), fixed_now=NOW.isoformat())
+def account_partitions() -> list[str]:
+    return []  # the sensor makes the partitions
 
 
 def evaluate(sensor, instance, rastro):
@@ -43,23 +32,8 @@ def evaluate(sensor, instance, rastro):
 
 def record_ok(warehouse, account: str, since: date, until: date, at, kind="backfill", run="r"):
     with warehouse.connect() as con:
-        start_sync_run(
-            con,
-            run_id=f"{run}-{account}-{since}",
-            ad_account_id=account,
-            kind=kind,
-            since=since,
-            until=until,
-            started_at=at,
-            catalog=True,
-            token_sealed_at=None,
-        )
-        finish_sync_run(
-            con,
-            run_id=f"{run}-{account}-{since}",
-            ad_account_id=account,
-            end=SyncRunEnd(finished_at=at + timedelta(seconds=5), outcome="ok"),
-        )
+        record_sync_run(con, f"{run}-{account}-{since}", account, kind, since, until, at,
+                        catalog=True)
 
 
 def backfilled(warehouse, account: str, at=NOW - timedelta(hours=1)) -> None:

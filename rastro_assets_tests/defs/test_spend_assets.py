@@ -13,33 +13,13 @@ import pytest
 
 from rastro_assets.defs.checks import site_spend_equals_ad_sums
 from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, spend_partition_key
-from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, SITE_SPEND_DAILY, meta_spend
-from rastro_assets_tests.conftest import NOW, TOKEN
+from rastro_assets_tests.conftest import TOKEN
+from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.truth import assert_equals_truth, stored_rows
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
 
-TODAY = date(2026, 11, 30)
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def instance(tmp_path):
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    with dg.instance_for_test(temp_dir=str(home)) as instance:
-        instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202"])
-        yield instance
-
-
-@pytest.fixture
-def rastro(duckdb_path, fake_graph, linked_world, secrets_key) -> RastroResource:
-    return RastroResource(
-        duckdb_path=str(duckdb_path),
-        graph_url=fake_graph.base_url,
-        use_fake_graph=False,
-        fixed_now=NOW.isoformat(),
-    )
 
 
 def materialize_range(instance, rastro, account: str, since: date, until: date, **kwargs):

@@ -2,30 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import date, timedelta
+from datetime import timedelta
 
-import dagster as dg
-import pytest
-
-from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
-from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
 from rastro_assets.defs.wave import sync_wave_job
 from rastro_assets.warehouse.runs import sync_runs_by_account
 from rastro_assets_tests.conftest import NOW
+from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.truth import assert_equals_truth
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
-
-TODAY = date(2026, 11, 30)
-
-
-@pytest.fixture
-def instance(tmp_path):
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    with dg.instance_for_test(temp_dir=str(home)) as instance:
-        instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202"])
-        yield instance
 
 
 def run_wave(instance, rastro, syncs):
@@ -45,13 +30,6 @@ def live(account: str) -> dict:
         "until": str(TODAY),
         "catalog": False,
     }
-
-
-@pytest.fixture
-def rastro(duckdb_path, fake_graph, linked_world, secrets_key) -> RastroResource:
-    return RastroResource(
-        duckdb_path=str(duckdb_path), graph_url=fake_graph.base_url, fixed_now=NOW.isoformat()
-    )
 
 
 def spend_materializations(result) -> list[str]:
@@ -99,19 +77,12 @@ def test_one_failing_account_does_not_stop_the_wave(instance, rastro, warehouse,
 
 
 def test_live_waves_record_changed_days_once_per_three_local_hours(
-    instance, duckdb_path, fake_graph, linked_world, fake_clock, warehouse, secrets_key
+    instance, rastro_at, linked_world, fake_clock, warehouse
 ):
-    def at(instant) -> RastroResource:
-        return RastroResource(
-            duckdb_path=str(duckdb_path),
-            graph_url=fake_graph.base_url,
-            fixed_now=instant.isoformat(),
-        )
-
-    run_wave(instance, at(NOW), [live("act_101")])  # 09:00 in Sao Paulo: a block starts
+    run_wave(instance, rastro_at(NOW), [live("act_101")])  # 09:00 in Sao Paulo: a block starts
     later = NOW + timedelta(hours=1)  # 10:00: same block, figures have grown
     fake_clock.set(later)
-    result = run_wave(instance, at(later), [live("act_101")])
+    result = run_wave(instance, rastro_at(later), [live("act_101")])
     assert result.success
     assert spend_materializations(result) == []
     with warehouse.connect() as con:
@@ -120,5 +91,5 @@ def test_live_waves_record_changed_days_once_per_three_local_hours(
     next_block = NOW + timedelta(hours=3)  # 12:00: the next block records what changed
     fake_clock.set(next_block)
     assert f"act_101|{TODAY}" in spend_materializations(
-        run_wave(instance, at(next_block), [live("act_101")])
+        run_wave(instance, rastro_at(next_block), [live("act_101")])
     )
