@@ -14,11 +14,13 @@ from rastro_assets.defs.metadata import spend_metadata
 from rastro_assets.defs.partitions import account_date_ranges, spend_partition_key, spend_partitions
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.sync import SyncOutcome, SyncRefused, SyncRequest
+from rastro_assets.timekeeping import days_between
 
 GROUP = "meta_spend"
 OWNERS = ["team:data-engineering"]
 SYNC_KIND_TAG = "rastro/sync_kind"
 ACCOUNT_TAG = "meta_account"
+BACKFILL_ID_TAG = "dagster/backfill"
 MAX_DAYS_PER_RUN = 30
 
 AD_SPEND_DAILY = dg.AssetKey("ad_spend_daily")
@@ -77,7 +79,10 @@ def meta_spend(context: dg.AssetExecutionContext, rastro: RastroResource):
     for account, ranges in account_date_ranges(context.partition_keys).items():
         for since, until in ranges:
             request = SyncRequest(account, since, until, kind=kind, run_id=context.run_id)
-            context.log.info(f"{account}: reading {since} .. {until} ({_days(since, until)} days)")
+            context.log.info(
+                f"{account}: reading {since} .. {until} ({_days(since, until)} days)"
+                f"{_backfill_position(context, account, since)}"
+            )
             try:
                 outcome = syncer.sync(request, synced_at=rastro.run_started_at(context))
             except SyncRefused as exc:
@@ -99,6 +104,28 @@ def meta_spend(context: dg.AssetExecutionContext, rastro: RastroResource):
     metadata = spend_metadata(outcomes[-1]) if len(outcomes) == 1 else {}
     yield dg.MaterializeResult(asset_key=AD_SPEND_DAILY, metadata=metadata)
     yield dg.MaterializeResult(asset_key=SITE_SPEND_DAILY, metadata=metadata)
+
+
+def _backfill_position(context: dg.AssetExecutionContext, account: str, since: date) -> str:
+    """", block 2 of 3 of backfill <id>" when this run is one range of a partition backfill.
+
+    A backfill's runs each see only their own range; an engineer watching a
+    new account's 90 days wants to know how far along it is.
+    """
+    backfill_id = context.run.tags.get(BACKFILL_ID_TAG)
+    backfill = context.instance.get_backfill(backfill_id) if backfill_id else None
+    data = backfill.asset_backfill_data if backfill else None
+    target = data.target_subset if data else None
+    if target is None or AD_SPEND_DAILY not in target.asset_keys:
+        return ""
+    keys = target.get_partitions_subset(AD_SPEND_DAILY).get_partition_keys()
+    ranges = account_date_ranges(spend_partitions.get_partition_key_from_str(key) for key in keys)
+    days = [day for first, last in ranges.get(account, []) for day in days_between(first, last)]
+    if since not in days:
+        return ""
+    block = days.index(since) // MAX_DAYS_PER_RUN + 1
+    blocks = -(-len(days) // MAX_DAYS_PER_RUN)
+    return f", block {block} of {blocks} of backfill {backfill_id}"
 
 
 def _days(since: date, until: date) -> int:

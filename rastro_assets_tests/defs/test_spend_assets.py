@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from datetime import date, timedelta
 from pathlib import Path
 
 import dagster as dg
 import pytest
+from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
+from dagster._core.execution.backfill import PartitionBackfill
 
 from rastro_assets.defs.checks import site_spend_equals_ad_sums
 from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, spend_partition_key
@@ -22,7 +25,9 @@ from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
 REPO = Path(__file__).resolve().parents[2]
 
 
-def materialize_range(instance, rastro, account: str, since: date, until: date, **kwargs):
+def materialize_range(
+    instance, rastro, account: str, since: date, until: date, tags=None, **kwargs
+):
     return dg.materialize(
         [meta_spend, site_spend_equals_ad_sums],
         instance=instance,
@@ -30,6 +35,7 @@ def materialize_range(instance, rastro, account: str, since: date, until: date, 
         tags={
             "dagster/asset_partition_range_start": str(spend_partition_key(account, since)),
             "dagster/asset_partition_range_end": str(spend_partition_key(account, until)),
+            **(tags or {}),
         },
         **kwargs,
     )
@@ -159,3 +165,36 @@ def test_dagster_asset_materialize_from_the_command_line(
     with warehouse.connect() as con:
         assert_equals_truth(con, linked_world, "act_202", yesterday, yesterday)
     assert TOKEN not in completed.stdout + completed.stderr
+
+
+def test_a_backfill_run_says_which_block_it_reads(instance, rastro, linked_world):
+    since = TODAY - timedelta(days=89)
+    keys = [str(spend_partition_key("act_101", since + timedelta(days=n))) for n in range(90)]
+    subset = meta_spend.partitions_def.empty_subset().with_partition_keys(keys)
+    backfill = PartitionBackfill.from_asset_graph_subset(
+        backfill_id="bf90",
+        backfill_timestamp=time.time(),
+        tags={},
+        dynamic_partitions_store=instance,
+        asset_graph_subset=AssetGraphSubset(
+            partitions_subsets_by_asset_key={AD_SPEND_DAILY: subset, SITE_SPEND_DAILY: subset}
+        ),
+        title=None,
+        description=None,
+        run_config=None,
+    )
+    instance.add_backfill(backfill)
+    second = since + timedelta(days=30)
+    result = materialize_range(
+        instance, rastro, "act_101", second, second + timedelta(days=29),
+        tags={"dagster/backfill": "bf90"},
+    )
+    assert result.success
+    messages = [
+        record.user_message for record in instance.all_logs(result.run_id)
+        if "reading" in (record.user_message or "")
+    ]
+    assert messages == [
+        f"act_101: reading {second} .. {second + timedelta(days=29)} (30 days),"
+        " block 2 of 3 of backfill bf90"
+    ]
