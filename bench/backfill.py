@@ -98,7 +98,7 @@ def breakdown(base_url: str, blocks) -> None:
 
     patches = [
         (client.MetaClient, "_once", "HTTP request + json.loads + usage headers"),
-        (client, "parse_insight_rows", "parse rows (InsightRow objects)"),
+        (client, "parse_insight_table", "parse pages (Arrow tables)"),
         (sync, "write_spend", "write_spend"),
         (sync, "upsert_names_from_spend", "upsert_names_from_spend (catalog.py)"),
         (sync.Syncer, "_catalog_after_spend", "catalog after spend (catalog_sync)"),

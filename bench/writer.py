@@ -3,14 +3,19 @@
 `write_spend` replaces 180,000 account-day rows (2,000 ads x 90 days, one account linked to two
 sites) in one call, with reconciliation (deletions from complete days) and the site aggregate,
 over a warehouse already holding those days: 3% of the rows changed, 2% gone from the new read
-(deleted), 2% new (inserted). Timed from the `InsightRow` list the client hands it to the
-commit, so the Python-to-Arrow conversion is included.
+(deleted), 2% new (inserted). Timed from the Arrow table the client hands it (the
+`InsightsChunk.table` that `parse_insight_table` builds from Meta's pages, 500 rows a page;
+bench/backfill.py times that parsing) to the commit, so its checks of the table are included.
 
-The floor: a bare `INSERT INTO t SELECT * FROM incoming` of the same Arrow table (the one
-`write_spend` builds from the rows) into an empty table with the same columns, in the same
-DuckDB file.
+The floor: a bare `INSERT INTO t SELECT <the six spend columns> FROM incoming` of the same Arrow
+table into an empty table with those columns, in the same DuckDB file. DuckDB scans a table of
+one chunk faster than one of a chunk per page, so the bare insert of the table combined into one
+chunk is printed too (a stricter floor).
 
-Each round starts from a fresh copy of the pre-filled file. Best of N rounds for each.
+Also printed: `write_spend` from the same read as `InsightRow`s (the way tests call it), which
+adds their conversion to Arrow columns.
+
+Each round starts from fresh copies of the pre-filled file. Best of N rounds for each.
 
 Run: .venv/bin/python bench/writer.py [--rounds 5]
 """
@@ -76,11 +81,46 @@ def reread(rows, seed: int):
     return out
 
 
+def as_pages(rows, page_size: int = 500):
+    """The rows as the `data` of Meta's insights pages (what `json.loads` gives the client)."""
+    messaging = "onsite_conversion.messaging_conversation_started_7d"
+    items = [
+        {
+            "ad_id": row.ad_id, "ad_name": row.ad_name, "adset_id": row.adset_id,
+            "adset_name": row.adset_name, "campaign_id": row.campaign_id,
+            "campaign_name": row.campaign_name, "spend": str(row.spend),
+            "impressions": str(row.impressions), "clicks": str(row.clicks),
+            "actions": [{"action_type": "link_click", "value": str(row.clicks)},
+                        {"action_type": messaging, "value": str(row.conversations)}],
+            "date_start": row.day.isoformat(), "date_stop": row.day.isoformat(),
+            "account_currency": "BRL",
+        }
+        for row in rows
+    ]
+    return [items[start:start + page_size] for start in range(0, len(items), page_size)]
+
+
+def parsed_table(rows, days):
+    """The chunk table the client builds from the rows' pages."""
+    import pyarrow as pa
+
+    from rastro_assets.meta.models import insight_table
+    from rastro_assets.meta.parse import parse_insight_table
+
+    table = pa.concat_tables(
+        [parse_insight_table(page, days[0], days[-1]) for page in as_pages(rows)]
+    )
+    if not table.equals(insight_table(rows)):
+        raise SystemExit("the parsed pages differ from the rows")
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
 
+    from rastro_assets.warehouse.connection import Warehouse
     from rastro_assets.warehouse.spend import _incoming_table, write_spend
 
     today = _world.account_today()
@@ -88,6 +128,7 @@ def main() -> None:
     old = make_rows(1, days, ADS)
     new = reread(old, 2)
     new.sort(key=lambda row: (row.day, row.ad_id))
+    incoming = parsed_table(new, days)
     with _world.tempdir() as directory:
         seed_dir = Path(directory) / "seed"
         warehouse, _ = _world.linked_warehouse(seed_dir, sites=_world.SITES)
@@ -95,53 +136,69 @@ def main() -> None:
             write_spend(con, _world.ACCOUNT, days=days, rows=old, complete_days=days,
                         synced_at=_world.NOW - timedelta(days=1))
             con.execute("CHECKPOINT")
-        arrow_times = []
+        check_times, convert_times = [], []
         for _ in range(args.rounds):
             started = time.perf_counter()
-            incoming = _incoming_table(days, days, new)
-            arrow_times.append(time.perf_counter() - started)
+            _incoming_table(days, days, incoming)
+            check_times.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            _incoming_table(days, days, new)
+            convert_times.append(time.perf_counter() - started)
         print(f"pre-filled {len(old)} rows; the new read has {len(new)} rows over {len(days)} "
-              f"days, account linked to {len(_world.SITES)} sites")
+              f"days ({incoming.column('ad_id').num_chunks} pages), account linked to "
+              f"{len(_world.SITES)} sites")
 
-        writes, floors = [], []
+        writes, floors, one_chunk_floors, row_writes = [], [], [], []
+        combined = incoming.combine_chunks()
         result = None
         for round_ in range(args.rounds):
-            work = Path(directory) / f"round{round_}"
-            shutil.copytree(seed_dir, work)
-            from rastro_assets.warehouse.connection import Warehouse
-
-            with Warehouse(work / "rastro.duckdb").connect() as con:
-                con.execute(
-                    "CREATE TABLE bare (ad_id VARCHAR, day DATE, spend DECIMAL(18, 4), "
-                    "impressions BIGINT, clicks BIGINT, conversations BIGINT)"
-                )
-                con.execute("CHECKPOINT")
-                started = time.perf_counter()
-                con.register("incoming", incoming)
-                con.execute("INSERT INTO bare SELECT * FROM incoming")
-                con.unregister("incoming")
-                floors.append(time.perf_counter() - started)
-                started = time.perf_counter()
-                result = write_spend(con, _world.ACCOUNT, days=days, rows=new,
-                                     complete_days=days, synced_at=_world.NOW)
-                writes.append(time.perf_counter() - started)
-                stored = con.execute(
-                    "SELECT count(*) FROM ad_spend_daily WHERE ad_account_id = ?",
-                    [_world.ACCOUNT]).fetchone()[0]
-                sites = con.execute("SELECT count(*) FROM site_spend_daily").fetchone()[0]
-            shutil.rmtree(work)
+            for source, rows in (("table", incoming), ("rows", new)):
+                work = Path(directory) / f"round{round_}-{source}"
+                shutil.copytree(seed_dir, work)
+                with Warehouse(work / "rastro.duckdb").connect() as con:
+                    if source == "table":
+                        con.execute(
+                            "CREATE TABLE bare (ad_id VARCHAR, day DATE, spend DECIMAL(18, 4), "
+                            "impressions BIGINT, clicks BIGINT, conversations BIGINT)"
+                        )
+                        con.execute("CHECKPOINT")
+                        for table, times in ((combined, one_chunk_floors), (incoming, floors)):
+                            started = time.perf_counter()
+                            con.register("incoming", table)
+                            con.execute("INSERT INTO bare SELECT ad_id, day, spend, impressions, "
+                                        "clicks, conversations FROM incoming")
+                            con.unregister("incoming")
+                            times.append(time.perf_counter() - started)
+                            con.execute("DELETE FROM bare")
+                            con.execute("CHECKPOINT")
+                    started = time.perf_counter()
+                    result = write_spend(con, _world.ACCOUNT, days=days, rows=rows,
+                                         complete_days=days, synced_at=_world.NOW)
+                    (writes if source == "table" else row_writes).append(
+                        time.perf_counter() - started)
+                    stored = con.execute(
+                        "SELECT count(*) FROM ad_spend_daily WHERE ad_account_id = ?",
+                        [_world.ACCOUNT]).fetchone()[0]
+                    sites = con.execute("SELECT count(*) FROM site_spend_daily").fetchone()[0]
+                shutil.rmtree(work)
+                if stored != len(new) or sites != len(_world.SITES) * len(days):
+                    raise SystemExit(f"unexpected result: {stored} rows, {sites} site-days")
             print(f"round {round_ + 1}: bare insert {floors[-1] * 1000:.0f} ms, "
-                  f"write_spend {writes[-1] * 1000:.0f} ms")
-            if stored != len(new) or sites != len(_world.SITES) * len(days):
-                raise SystemExit(f"unexpected result: {stored} rows, {sites} site-days")
+                  f"write_spend {writes[-1] * 1000:.0f} ms (from InsightRows "
+                  f"{row_writes[-1] * 1000:.0f} ms)")
     assert result is not None
     print(f"write_spend: {result.rows_written} written, {result.rows_deleted} deleted, "
           f"{result.rows_unchanged} unchanged")
     best_write, best_floor = min(writes), min(floors)
     print(f"bare insert: {len(new) / best_floor:,.0f} rows/s; write_spend: "
           f"{len(new) / best_write:,.0f} rows/s (best of {args.rounds})")
-    print(f"of which the rows into Arrow columns (`_incoming_table`): {min(arrow_times) * 1000:.0f}"
-          f" ms; load average {os.getloadavg()[0]:.1f} on 2 cores")
+    print(f"bare insert of the table in one chunk: {min(one_chunk_floors) * 1000:.0f} ms "
+          f"(write_spend against it: {best_write / min(one_chunk_floors):.2f}x)")
+    print(f"of which checking the table (`_incoming_table`): {min(check_times) * 1000:.0f} ms; "
+          f"load average {os.getloadavg()[0]:.1f} on 2 cores")
+    print(f"from InsightRows: write_spend {min(row_writes) * 1000:.0f} ms "
+          f"({min(row_writes) / best_floor:.2f}x), of which their conversion and checks "
+          f"{min(convert_times) * 1000:.0f} ms")
     print(f"writer: {best_write / best_floor:.2f}x (goal <= 3x)")
 
 

@@ -16,6 +16,8 @@ from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from rastro_assets.meta.client import MetaClient
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.meta.models import InsightsChunk, Usage
@@ -209,7 +211,7 @@ class _SpendWriter:
 
     def add(self, chunk: InsightsChunk) -> None:
         self._pending.append(chunk)
-        self._pending_rows += len(chunk.rows)
+        self._pending_rows += chunk.table.num_rows
         if self._pending_rows >= self.FLUSH_ROWS:
             self._wait()
             batch, self._pending, self._pending_rows = self._pending, [], 0
@@ -250,7 +252,7 @@ class _SpendWriter:
             if chunk.complete
             for day in days_between(chunk.since, chunk.until)
         ]
-        rows = [row for chunk in batch for row in chunk.rows]
+        rows = pa.concat_tables([chunk.table for chunk in batch])
         with self._warehouse.connect() as con, transaction(con):
             written = write_spend(
                 con,

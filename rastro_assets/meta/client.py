@@ -21,13 +21,15 @@ from decimal import Decimal
 from typing import Any, TypeVar
 
 import httpx
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from rastro_assets.meta.errors import ErrorKind, MalformedResponse, MetaError
 from rastro_assets.meta.models import (
+    INSIGHT_SCHEMA,
     Ad,
     AdAccount,
     CallStats,
-    InsightRow,
     InsightsChunk,
     Thumbnail,
     Usage,
@@ -37,7 +39,7 @@ from rastro_assets.meta.parse import (
     classify_error,
     parse_account,
     parse_ad,
-    parse_insight_rows,
+    parse_insight_table,
 )
 from rastro_assets.meta.usage import parse_usage
 
@@ -118,13 +120,34 @@ def normalize_account_id(ad_account_id: str) -> str:
     return f"act_{match.group(1)}"
 
 
-def _by_day_and_ad(rows: list[InsightRow]) -> list[InsightRow]:
-    """One row per ad-day (a later copy wins: pages may repeat a row), by day then ad id."""
-    keys = [(row.day, row.ad_id) for row in rows]
-    if all(map(tuple.__lt__, keys, keys[1:])):
-        return rows  # already in order, so no repeats either
-    latest = dict(zip(keys, rows, strict=True))
-    return [latest[key] for key in sorted(latest)]
+def _by_day_and_ad(pages: list[pa.Table]) -> pa.Table:
+    """One row per ad-day (a later copy wins: pages may repeat a row), by day then ad id.
+
+    Arrow orders strings by their UTF-8 bytes, which is code point order, as
+    Python's `sorted` does.
+    """
+    table = pa.concat_tables(pages) if pages else INSIGHT_SCHEMA.empty_table()
+    count = table.num_rows
+    if count < 2:
+        return table
+    day, ad_id = table["day"], table["ad_id"]
+    earlier_day, later_day = day.slice(0, count - 1), day.slice(1)
+    in_order = pc.or_(
+        pc.less(earlier_day, later_day),
+        pc.and_(pc.equal(earlier_day, later_day),
+                pc.less(ad_id.slice(0, count - 1), ad_id.slice(1))),
+    )
+    if pc.all(in_order).as_py():
+        return table  # already in order, so no repeats either
+    position = pa.array(range(count), pa.int64())
+    latest = (
+        table.select(["day", "ad_id"])
+        .append_column("position", position)
+        .group_by(["day", "ad_id"], use_threads=False)
+        .aggregate([("position", "max")])
+    )
+    return table.take(latest["position_max"]).sort_by([("day", "ascending"),
+                                                       ("ad_id", "ascending")])
 
 
 def _without_query(url: httpx.URL) -> str:
@@ -269,13 +292,13 @@ class MetaClient:
 
     def _insights_range(self, act: str, since: date, until: date) -> Iterator[InsightsChunk]:
         try:
-            rows = self._read_insights(act, since, until)
+            table = self._read_insights(act, since, until)
         except MetaError as exc:
             if not (exc.kind is ErrorKind.TOO_MUCH_DATA or isinstance(exc, _TimedOut)):
                 raise
             reason = str(exc)
         else:
-            yield InsightsChunk(since=since, until=until, rows=rows, complete=True)
+            yield InsightsChunk(since=since, until=until, table=table, complete=True)
             return
         if since == until:
             log.info("%s %s is too much for one request (%s); running an async report",
@@ -303,18 +326,20 @@ class MetaClient:
             ),
         }
 
-    def _read_insights(self, act: str, since: date, until: date) -> list[InsightRow]:
+    def _read_insights(self, act: str, since: date, until: date) -> pa.Table:
         params = self._insights_params(since, until) | {"limit": str(self._page_size)}
-        rows: list[InsightRow] = []
+        pages: list[pa.Table] = []
         texts: dict[str, str] = {}
         what = f"GET {act}/insights {since}..{until}"
         for page in self._pages(f"{act}/insights", params, what=what, retry_timeouts=False):
-            rows.extend(parse_insight_rows(page, since, until, texts))
-        return _by_day_and_ad(rows)
+            pages.append(parse_insight_table(page, since, until, texts))
+        return _by_day_and_ad(pages)
 
     def _read_async(self, act: str, day: date) -> InsightsChunk:
-        def incomplete(rows: Sequence[InsightRow] = ()) -> InsightsChunk:
-            return InsightsChunk(since=day, until=day, rows=list(rows), complete=False)
+        def incomplete(pages: Sequence[pa.Table] = ()) -> InsightsChunk:
+            return InsightsChunk(
+                since=day, until=day, table=_by_day_and_ad(list(pages)), complete=False
+            )
 
         what = f"async report for {act} on {day}"
         try:
@@ -354,18 +379,18 @@ class MetaClient:
             self._sleep(self._async_poll_seconds)
             waited_seconds += self._async_poll_seconds
 
-        rows: list[InsightRow] = []
+        pages: list[pa.Table] = []
         texts: dict[str, str] = {}
         try:
             for page in self._pages(f"{run_id}/insights", {"limit": str(self._page_size)},
                                     what=f"GET report {run_id}/insights"):
-                rows.extend(parse_insight_rows(page, day, day, texts))
+                pages.append(parse_insight_table(page, day, day, texts))
         except MetaError as exc:
             if exc.kind is not ErrorKind.TOO_MUCH_DATA:
                 raise
             log.warning("%s could not be read in full: %s", what, exc)
-            return incomplete(_by_day_and_ad(rows))
-        return InsightsChunk(since=day, until=day, rows=_by_day_and_ad(rows), complete=True)
+            return incomplete(pages)
+        return InsightsChunk(since=day, until=day, table=_by_day_and_ad(pages), complete=True)
 
     # -- catalog ---------------------------------------------------------------
 

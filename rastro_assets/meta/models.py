@@ -1,12 +1,22 @@
-"""Typed values the Meta client returns. Money is `Decimal`, never float."""
+"""Typed values the Meta client returns. Money is `Decimal` or `decimal128`, never float."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
+from functools import cached_property
+from operator import attrgetter
+
+import pyarrow as pa
 
 CreativeType = str  # 'video' | 'image' | 'carousel' | 'other'
+
+# What the warehouse holds: DECIMAL(18,4) spend, BIGINT counts.
+SPEND_TYPE = pa.decimal128(18, 4)
+SPEND_QUANTUM = Decimal("0.0001")
+SPEND_LIMIT = Decimal(10) ** 14  # DECIMAL(18,4) leaves 14 integer digits
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,10 +52,76 @@ class Usage:
         return Usage(pct=max(self.pct, other.pct), regain_seconds=regain or None)
 
 
-@dataclass(frozen=True, slots=True)
-class InsightsChunk:
-    """Rows for a run of days read together.
+# `InsightRow`'s fields as Arrow columns, in its order. The client leaves no
+# null in the first six; a table built elsewhere is checked by its writer.
+INSIGHT_SCHEMA = pa.schema(
+    [
+        ("ad_id", pa.string()),
+        ("day", pa.date32()),
+        ("spend", SPEND_TYPE),
+        ("impressions", pa.int64()),
+        ("clicks", pa.int64()),
+        ("conversations", pa.int64()),
+        ("ad_name", pa.string()),
+        ("adset_id", pa.string()),
+        ("adset_name", pa.string()),
+        ("campaign_id", pa.string()),
+        ("campaign_name", pa.string()),
+    ]
+)
 
+
+class UnrepresentableRow(ValueError):
+    """An `InsightRow` holds a value its Arrow column cannot (a spend with 5 decimals, ...)."""
+
+
+def insight_table(rows: Sequence[InsightRow]) -> pa.Table:
+    """`rows` as an `INSIGHT_SCHEMA` table, exactly; UnrepresentableRow names the first misfit.
+
+    None becomes null (the writers refuse a null figure with the row named).
+    """
+    try:
+        return pa.table(
+            [
+                pa.array(list(map(attrgetter(column.name), rows)), column.type)
+                for column in INSIGHT_SCHEMA
+            ],
+            schema=INSIGHT_SCHEMA,
+        )
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        problem = first_unrepresentable(rows) or f"the rows are malformed: {exc}"
+        raise UnrepresentableRow(problem) from None
+
+
+def first_unrepresentable(rows: Sequence[InsightRow]) -> str | None:
+    """What is wrong with the first row whose ad id or figures do not fit the warehouse."""
+    for row in rows:
+        where = f"ad {row.ad_id} on {row.day}"
+        if not isinstance(row.ad_id, str) or not row.ad_id:
+            return f"an ad id on {row.day} is not a non-empty string: {row.ad_id!r}"
+        spend = row.spend
+        if isinstance(spend, bool) or not isinstance(spend, Decimal | int):
+            return f"{where}: spend {spend!r} is not a Decimal"
+        try:
+            exact = Decimal(spend).quantize(SPEND_QUANTUM) == spend
+        except InvalidOperation:
+            exact = False
+        if not exact:
+            return f"{where}: spend {spend} has more than 4 decimal places or is not a number"
+        if abs(spend) >= SPEND_LIMIT:
+            return f"{where}: spend {spend} is too large for DECIMAL(18,4)"
+        for figure in ("impressions", "clicks", "conversations"):
+            value = getattr(row, figure)
+            if isinstance(value, bool) or not isinstance(value, int) or value.bit_length() > 63:
+                return f"{where}: {figure} {value!r} is not a 64-bit integer"
+    return None
+
+
+@dataclass(frozen=True)
+class InsightsChunk:
+    """The ad-days of a run of days read together, as an `INSIGHT_SCHEMA` table.
+
+    The client's tables hold one row per (day, ad_id), in that order.
     `complete` is True when Meta's whole answer for every day in
     [since, until] was read (all pages, no truncation): a complete day's
     missing ad-days may be deleted. When False, the rows are what could be
@@ -54,8 +130,36 @@ class InsightsChunk:
 
     since: date
     until: date
-    rows: list[InsightRow]
+    table: pa.Table
     complete: bool
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.table, pa.Table):
+            raise TypeError(
+                "an insights chunk holds an Arrow table; build one from InsightRows with"
+                " InsightsChunk.from_rows"
+            )
+        if not self.table.schema.equals(INSIGHT_SCHEMA):
+            raise ValueError(
+                f"an insights chunk needs INSIGHT_SCHEMA columns, not {self.table.schema}"
+            )
+
+    @classmethod
+    def from_rows(
+        cls, since: date, until: date, rows: Sequence[InsightRow], complete: bool
+    ) -> InsightsChunk:
+        """A chunk of `rows` as given (how tests and stand-in clients build one).
+
+        Raises:
+            UnrepresentableRow: a row holds a value its column cannot.
+        """
+        return cls(since, until, insight_table(rows), complete)
+
+    @cached_property
+    def rows(self) -> list[InsightRow]:
+        """The table as `InsightRow`s (spend with 4 decimal places), built on first use."""
+        columns = [column.to_pylist() for column in self.table.columns]
+        return list(map(InsightRow, *columns))
 
 
 @dataclass(slots=True)

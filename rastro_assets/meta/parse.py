@@ -7,13 +7,26 @@ anything).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from datetime import date, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from rastro_assets.meta.errors import ErrorKind, MalformedResponse, MetaError
-from rastro_assets.meta.models import Ad, AdAccount, CreativeType, InsightRow
+from rastro_assets.meta.models import (
+    INSIGHT_SCHEMA,
+    SPEND_QUANTUM,
+    SPEND_TYPE,
+    Ad,
+    AdAccount,
+    CreativeType,
+    InsightRow,
+    insight_table,
+)
 
 MESSAGING_CONVERSATION_ACTION = "onsite_conversion.messaging_conversation_started_7d"
 
@@ -29,7 +42,6 @@ MAX_COUNT_DIGITS = 18
 # What the warehouse holds: BIGINT counts, DECIMAL(18,4) spend. A figure
 # beyond them is refused here, with the field named, rather than by the writer.
 MAX_COUNT = 2**63 - 1
-SPEND_QUANTUM = Decimal("0.0001")
 SPEND_DIGITS = 14  # integer digits DECIMAL(18,4) leaves
 # Strings of at most this many decimal digits are counts `_int_or_none` accepts as int().
 _FAST_COUNT_DIGITS = 18
@@ -374,6 +386,148 @@ def _fast_text(value: Any) -> str | None:
     if value.__class__ is str and value.isascii():
         return value or None
     return _text(value)
+
+
+# A page as `json.loads` decodes it, with every value the columnar parser reads
+# as a string. Keys not named here are ignored; any other type of value makes
+# `pa.array` refuse the page, which then takes the per-row path.
+_RAW_ACTION = pa.struct([("action_type", pa.string()), ("value", pa.string())])
+_RAW_ROW = pa.struct(
+    [
+        (name, pa.string())
+        for name in (
+            "ad_id", "date_start", "date_stop", "spend", "impressions", "clicks",
+            "ad_name", "adset_id", "adset_name", "campaign_id", "campaign_name",
+        )
+    ]
+    + [("actions", pa.list_(_RAW_ACTION))]
+)
+# The spend strings `parse_spend` accepts that a cast reads to the same value.
+# Its other spellings (" 1.5", "1e3", "+2", leading zeros past 14 digits) are
+# rare enough to leave to the per-row path. RE2: `$` is the end of the text.
+_PLAIN_SPEND = r"^-?[0-9]{1,14}(\.[0-9]{1,4})?$"
+_NULL_TEXT = pa.scalar(None, pa.string())
+_ZERO = pa.array([0], pa.int64())
+
+
+def parse_insight_table(
+    raw_rows: Any, since: date, until: date, texts: dict[str, str] | None = None
+) -> pa.Table:
+    """A page's `data`, as `json.loads` decodes it, as an `INSIGHT_SCHEMA` table in page order.
+
+    A plain page (what Meta sends: objects whose fields are strings, counts of
+    decimal digits, a spend with at most 4 decimals, ISO days inside the range)
+    is converted by Arrow in bulk and checked with compute kernels: no Python
+    runs per row. Any other page, even with one odd row, goes whole through
+    `parse_insight_rows` (which gets `texts`), so the values and every error
+    are the ones `parse_insight_row` gives.
+    """
+    table = _plain_page(raw_rows, since, until)
+    if table is None:
+        table = insight_table(parse_insight_rows(raw_rows, since, until, texts))
+    return table
+
+
+def _plain_page(raw_rows: Any, since: date, until: date) -> pa.Table | None:
+    """The page's table when every row is plain, else None."""
+    if raw_rows.__class__ is not list:
+        return None
+    if not raw_rows:
+        return INSIGHT_SCHEMA.empty_table()
+    try:
+        raw = pa.array(raw_rows, _RAW_ROW)
+    except (pa.ArrowException, ValueError, TypeError, OverflowError):
+        return None
+    if raw.null_count:
+        return None
+    ad_id, start, stop, spend, impressions, clicks, *names, actions = raw.flatten()
+    day_texts, day_values = _days_of(since, until)
+    day_index = pc.index_in(start, value_set=day_texts)
+    if (
+        day_index.null_count
+        or ad_id.null_count
+        or pc.equal(ad_id, "").true_count
+        or not _all_true(pc.equal(stop, start))
+        or not _all_true(pc.match_substring_regex(spend, _PLAIN_SPEND))
+    ):
+        return None
+    try:
+        impressions, clicks = _plain_count(impressions), _plain_count(clicks)
+        conversations = _plain_conversations(actions)
+    except pa.ArrowInvalid:
+        return None  # a count past 64 bits: the per-row path words the refusal, if any
+    if impressions is None or clicks is None or conversations is None:
+        return None
+    return pa.Table.from_arrays(
+        [
+            ad_id,
+            day_values.take(day_index),
+            spend.cast(SPEND_TYPE),
+            impressions,
+            clicks,
+            conversations,
+            *map(_empty_as_null, names),
+        ],
+        schema=INSIGHT_SCHEMA,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _days_of(since: date, until: date) -> tuple[pa.Array, pa.Array]:
+    """The ISO spellings of [since, until] and the days themselves, index for index."""
+    days = [since + timedelta(days=offset) for offset in range((until - since).days + 1)]
+    return pa.array([day.isoformat() for day in days], pa.string()), pa.array(days, pa.date32())
+
+
+def _all_true(mask: pa.BooleanArray) -> bool:
+    return not (mask.null_count or mask.false_count)
+
+
+def _plain_count(texts: pa.StringArray) -> pa.Array | None:
+    """Counts as `_count` reads them (absent: 0); None when one is not ASCII digits.
+
+    Raises ArrowInvalid past 2**63 - 1, which `_count` refuses too.
+    """
+    if texts.null_count:
+        texts = texts.fill_null("0")
+    if not _all_true(pc.ascii_is_decimal(texts)):
+        return None
+    return texts.cast(pa.int64())
+
+
+def _plain_conversations(actions: pa.ListArray) -> pa.Array | None:
+    """Each row's messaging conversations as `_conversations` sums them; None when unsure.
+
+    Unsure: an action that is null or has no `action_type` (Arrow reads a JSON
+    `[]` as an empty object, and `_conversations` refuses an array), or a
+    messaging count that is not ASCII digits. Raises ArrowInvalid when the
+    page's counts sum past 2**63 - 1, where a row might too.
+    """
+    entries = actions.values
+    if entries.null_count:
+        return None
+    action_type, value = entries.flatten()
+    if action_type.null_count:
+        return None
+    messaging = pc.equal(action_type, MESSAGING_CONVERSATION_ACTION)
+    counted = value.filter(messaging)
+    if not _all_true(pc.ascii_is_decimal(counted)):
+        return None
+    per_entry = pc.replace_with_mask(
+        pa.repeat(_ZERO[0], len(entries)), messaging, counted.cast(pa.int64())
+    )
+    # A row's total is the difference of the running sums at its list's bounds.
+    running = pa.concat_arrays([_ZERO, pc.cumulative_sum_checked(per_entry)])
+    offsets = actions.offsets
+    return pc.subtract(running.take(offsets[1:]), running.take(offsets[:-1]))
+
+
+def _empty_as_null(names: pa.StringArray) -> pa.Array:
+    """`_text`'s rule for a name column: an empty name is no name."""
+    empty = pc.equal(names, "")
+    if not empty.true_count:
+        return names
+    return pc.if_else(empty, _NULL_TEXT, names)
 
 
 def creative_type(creative: Mapping[str, Any] | None) -> CreativeType | None:

@@ -17,13 +17,14 @@ import hashlib
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
+from operator import attrgetter
 
 import duckdb
 import pyarrow as pa
 
-from rastro_assets.meta.models import Ad, InsightRow
+from rastro_assets.meta.models import INSIGHT_SCHEMA, Ad, InsightRow
 from rastro_assets.warehouse.connection import register_arrow, transaction
-from rastro_assets.warehouse.spend import AccountNotLinked
+from rastro_assets.warehouse.spend import AccountNotLinked, read_columns
 
 # Names the batches are registered under, spelled out in the SQL below.
 _INCOMING_ADS = "incoming_ads"
@@ -43,6 +44,12 @@ _AD_COLUMNS = (
     "thumbnail_url",
 )
 _AD_SCHEMA = pa.schema([(name, pa.string()) for name in _AD_COLUMNS])
+# What `upsert_names_from_spend` reads of a spend read.
+_NAMES_SCHEMA = pa.schema(
+    INSIGHT_SCHEMA.field(name)
+    for name in ("ad_id", "day", "ad_name", "adset_id", "adset_name", "campaign_id",
+                 "campaign_name")
+)
 
 # The source of a merge yields `_AD_COLUMNS`; a NULL column means "Meta left it
 # out" and keeps the stored value. The thumbnail URL belongs to its creative:
@@ -217,28 +224,30 @@ def upsert_catalog(
 def upsert_names_from_spend(
     con: duckdb.DuckDBPyConnection,
     ad_account_id: str,
-    rows: Sequence[InsightRow],
+    rows: pa.Table | Sequence[InsightRow],
     now: datetime,
 ) -> CatalogWriteResult:
     """Keep the ad, ad set and campaign names a spend read brought, in one transaction.
 
+    `rows` is an Arrow table with the columns and types of `INSIGHT_SCHEMA`'s
+    ad_id, day and names (an `InsightsChunk.table`, say), or `InsightRow`s.
     Each ad takes the latest non-empty value of each name among `rows` (by
     day); a name absent from every row keeps its stored value. An ad the
     catalog files under another account is left alone.
+
+    Raises:
+        SpendInputError: the table lacks one of those columns, or has another type.
     """
-    if not rows:
+    if isinstance(rows, pa.Table):
+        table = read_columns(rows, _NAMES_SCHEMA)
+    elif rows:
+        table = pa.Table.from_arrays(
+            [pa.array(list(map(attrgetter(name), rows)), type_)
+             for name, type_ in zip(_NAMES_SCHEMA.names, _NAMES_SCHEMA.types, strict=True)],
+            schema=_NAMES_SCHEMA,
+        )
+    else:
         return CatalogWriteResult()
-    table = pa.table(
-        {
-            "ad_id": pa.array([row.ad_id for row in rows], pa.string()),
-            "day": pa.array([row.day for row in rows], pa.date32()),
-            "ad_name": pa.array([row.ad_name for row in rows], pa.string()),
-            "adset_id": pa.array([row.adset_id for row in rows], pa.string()),
-            "adset_name": pa.array([row.adset_name for row in rows], pa.string()),
-            "campaign_id": pa.array([row.campaign_id for row in rows], pa.string()),
-            "campaign_name": pa.array([row.campaign_name for row in rows], pa.string()),
-        }
-    )
     return _merge(
         con, ad_account_id, _INCOMING_NAMES, table, _NAMES_SOURCE, now, refile=False,
         names_only=True,

@@ -5,7 +5,8 @@ table with set-based SQL, rows missing from a day read completely are
 deleted (a partial day is only upserted: nothing can be inferred from what
 a truncated read left out), and `site_spend_daily` for every site linking the
 account is rebuilt for the touched days from the exact sums. Money is
-`Decimal` into `decimal128(18, 4)` into `DECIMAL(18, 4)`: no float anywhere.
+`decimal128(18, 4)` (or `Decimal` in `InsightRow`s) into `DECIMAL(18, 4)`:
+no float anywhere.
 """
 
 from __future__ import annotations
@@ -13,18 +14,26 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
+from operator import attrgetter
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from rastro_assets.meta.models import InsightRow
+from rastro_assets.meta.models import (
+    INSIGHT_SCHEMA,
+    SPEND_LIMIT,
+    InsightRow,
+    first_unrepresentable,
+)
 from rastro_assets.warehouse.connection import register_arrow, transaction
 
-SPEND_TYPE = pa.decimal128(18, 4)
-SPEND_QUANTUM = Decimal("0.0001")
-SPEND_LIMIT = Decimal(10) ** 14  # DECIMAL(18,4) leaves 14 integer digits
 ZERO_SPEND = Decimal("0.0000")
+# The columns the writer reads, with the types it takes them in.
+SPEND_COLUMNS = pa.schema(INSIGHT_SCHEMA.field(name) for name in (
+    "ad_id", "day", "spend", "impressions", "clicks", "conversations"
+))
 
 # The name the read's Arrow table is registered under, spelled out in the SQL below.
 _INCOMING = "incoming_spend"
@@ -57,7 +66,7 @@ def write_spend(
     ad_account_id: str,
     *,
     days: Collection[date],
-    rows: Sequence[InsightRow],
+    rows: pa.Table | Sequence[InsightRow],
     complete_days: Collection[date],
     synced_at: datetime,
 ) -> SpendWriteResult:
@@ -65,7 +74,9 @@ def write_spend(
 
     Args:
         days: every account-local day this read covered; each row's day is one.
-        rows: the ad-days read, at most one per (ad_id, day).
+        rows: the ad-days read, at most one per (ad_id, day): an Arrow table
+            with `SPEND_COLUMNS` (an `InsightsChunk.table`, say; other
+            columns are ignored), or `InsightRow`s.
         complete_days: the days read completely (a subset of `days`): their
             stored rows absent from `rows` are deleted.
         synced_at: stamped on every row written, changed or not.
@@ -92,7 +103,9 @@ def write_spend(
                 [ad_account_id, ad_account_id, day_list[0], day_list[-1], *days_params],
             ).fetchall()[0]
             if repeated:
-                raise SpendInputError(f"the read repeats an ad-day: {_first_duplicate(rows)}")
+                raise SpendInputError(
+                    f"the read repeats an ad-day: {_first_duplicate(incoming)}"
+                )
             if not sites:
                 raise AccountNotLinked(
                     f"{ad_account_id} is not linked to any site (any more): nothing written"
@@ -350,71 +363,96 @@ def spend_by_day(
 
 
 def _incoming_table(
-    days: list[date], complete_days: list[date], rows: Sequence[InsightRow]
+    days: list[date], complete_days: list[date], rows: pa.Table | Sequence[InsightRow]
 ) -> pa.Table:
-    """Validate the read and lay it out as Arrow columns; SpendInputError when it is wrong."""
+    """The read as `SPEND_COLUMNS`, checked; SpendInputError when it is wrong.
+
+    Repeated ad-days are counted by DuckDB in the writer's first query.
+    """
     day_set = set(days)
     stray = [day for day in complete_days if day not in day_set]
     if stray:
         raise SpendInputError(f"complete day {stray[0].isoformat()} is not one of the days written")
-    ad_ids = [row.ad_id for row in rows]
-    row_days = [row.day for row in rows]
-    # Repeated ad-days are counted by DuckDB in the writer's first query: cheaper
-    # there than a Python set of 10^5 tuples.
-    if not set(row_days) <= day_set:
-        outside = next(row for row in rows if row.day not in day_set)
+    if isinstance(rows, pa.Table):
+        table = read_columns(rows, SPEND_COLUMNS)
+        given = None
+    else:
+        table = _table_of(rows, day_set)
+        given = rows
+    if not table.num_rows:
+        return table
+    ad_id, day = table["ad_id"], table["day"]
+    written = pc.is_in(day, value_set=pa.array(days, pa.date32()))
+    if not pc.all(written).as_py():
+        outside = pc.index(written, False).as_py()
         raise SpendInputError(
-            f"ad {outside.ad_id} has a row for {outside.day}, which is not one of the days written"
+            f"ad {ad_id[outside].as_py()} has a row for {day[outside].as_py()}, which is not"
+            " one of the days written"
         )
-    if not all(ad_ids):
+    if ad_id.null_count or pc.any(pc.equal(ad_id, "")).as_py():
         raise SpendInputError("the read has a row without an ad id")
-    try:
-        table = pa.table(
-            {
-                "ad_id": pa.array(ad_ids, pa.string()),
-                "day": pa.array(row_days, pa.date32()),
-                "spend": pa.array([row.spend for row in rows], SPEND_TYPE),
-                "impressions": pa.array([row.impressions for row in rows], pa.int64()),
-                "clicks": pa.array([row.clicks for row in rows], pa.int64()),
-                "conversations": pa.array([row.conversations for row in rows], pa.int64()),
-            }
-        )
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
-        problem = _first_unrepresentable(rows) or f"the read is malformed: {exc}"
-        raise SpendInputError(problem) from None
     if any(column.null_count for column in table.columns):
-        raise SpendInputError(_first_unrepresentable(rows) or "the read has an empty figure")
+        problem = _first_unrepresentable(table, given)
+        raise SpendInputError(problem or "the read has an empty figure")
+    # decimal128(18, 4) promises 18 digits, but an array built unchecked may hold more.
+    extremes = pc.min_max(table["spend"])
+    if extremes["min"].as_py() <= -SPEND_LIMIT or extremes["max"].as_py() >= SPEND_LIMIT:
+        raise SpendInputError(_first_unrepresentable(table, given) or "a spend is out of range")
     return table
 
 
-def _first_duplicate(rows: Sequence[InsightRow]) -> str:
+def read_columns(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` narrowed to `schema`'s columns, which it must have with their types."""
+    columns = []
+    for name, type_ in zip(schema.names, schema.types, strict=True):
+        if name not in table.column_names:
+            raise SpendInputError(f"the read has no {name!r} column")
+        column = table[name]
+        if column.type != type_:
+            raise SpendInputError(f"the read's {name!r} column is {column.type}, not {type_}")
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _table_of(rows: Sequence[InsightRow], day_set: set[date]) -> pa.Table:
+    """`rows` as `SPEND_COLUMNS`; SpendInputError naming the first row that does not fit.
+
+    The checks on the table follow; when the conversion itself fails, the
+    refusal is the one they would have given first.
+    """
+    try:
+        return pa.Table.from_arrays(
+            [pa.array(list(map(attrgetter(field.name), rows)), field.type)
+             for field in SPEND_COLUMNS],
+            schema=SPEND_COLUMNS,
+        )
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        failure = exc
+    outside = next((row for row in rows if row.day not in day_set), None)
+    if outside is not None:
+        raise SpendInputError(
+            f"ad {outside.ad_id} has a row for {outside.day}, which is not one of the days written"
+        )
+    if not all(row.ad_id for row in rows):
+        raise SpendInputError("the read has a row without an ad id")
+    raise SpendInputError(first_unrepresentable(rows) or f"the read is malformed: {failure}")
+
+
+def _rows_of(table: pa.Table) -> list[InsightRow]:
+    """The spend columns as `InsightRow`s, to word a refusal."""
+    columns = [table[field.name].to_pylist() for field in SPEND_COLUMNS]
+    return list(map(InsightRow, *columns))
+
+
+def _first_unrepresentable(table: pa.Table, given: Sequence[InsightRow] | None) -> str | None:
+    """The refusal naming the first row that does not fit, from the rows as given if any."""
+    return first_unrepresentable(_rows_of(table) if given is None else given)
+
+
+def _first_duplicate(table: pa.Table) -> str:
     seen: set[tuple[str, date]] = set()
-    for row in rows:
-        key = (row.ad_id, row.day)
-        if key in seen:
-            return f"ad {row.ad_id} on {row.day.isoformat()}"
-        seen.add(key)
+    for ad_id, day in zip(table["ad_id"].to_pylist(), table["day"].to_pylist(), strict=True):
+        if (ad_id, day) in seen:
+            return f"ad {ad_id} on {day.isoformat()}"
+        seen.add((ad_id, day))
     return "unknown"
-
-
-def _first_unrepresentable(rows: Sequence[InsightRow]) -> str | None:
-    for row in rows:
-        where = f"ad {row.ad_id} on {row.day}"
-        if not isinstance(row.ad_id, str) or not row.ad_id:
-            return f"an ad id on {row.day} is not a non-empty string: {row.ad_id!r}"
-        spend = row.spend
-        if isinstance(spend, bool) or not isinstance(spend, Decimal | int):
-            return f"{where}: spend {spend!r} is not a Decimal"
-        try:
-            exact = Decimal(spend).quantize(SPEND_QUANTUM) == spend
-        except InvalidOperation:
-            exact = False
-        if not exact:
-            return f"{where}: spend {spend} has more than 4 decimal places or is not a number"
-        if abs(spend) >= SPEND_LIMIT:
-            return f"{where}: spend {spend} is too large for DECIMAL(18,4)"
-        for figure in ("impressions", "clicks", "conversations"):
-            value = getattr(row, figure)
-            if isinstance(value, bool) or not isinstance(value, int) or value.bit_length() > 63:
-                return f"{where}: {figure} {value!r} is not a 64-bit integer"
-    return None

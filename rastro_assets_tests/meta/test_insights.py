@@ -6,11 +6,21 @@ from datetime import date, timedelta
 from decimal import Decimal
 
 import httpx
+import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from rastro_assets.meta.client import _by_day_and_ad
 from rastro_assets.meta.errors import ErrorKind, MalformedResponse, MetaError
 from rastro_assets.meta.fake import FakeWorld
-from rastro_assets.meta.models import InsightsChunk
+from rastro_assets.meta.models import (
+    INSIGHT_SCHEMA,
+    InsightRow,
+    InsightsChunk,
+    UnrepresentableRow,
+    insight_table,
+)
 from rastro_assets_tests.meta.conftest import BRL, JPY, ClientFactory, truth_rows
 
 
@@ -188,11 +198,13 @@ def test_persistent_transient_error_raises_after_retries(
 
 def test_jpy_spend_is_exact_whole_yen(world: FakeWorld, client) -> None:
     since, until = date(2026, 2, 1), date(2026, 2, 10)
-    rows = [r for c in client.insights(JPY, since, until) for r in c.rows]
+    chunks = list(client.insights(JPY, since, until))
+    rows = [r for c in chunks for r in c.rows]
     assert rows
+    assert {c.table.schema.field("spend").type for c in chunks} == {pa.decimal128(18, 4)}
     for row in rows:
         assert row.spend == row.spend.to_integral_value()
-        assert "." not in str(row.spend)
+        assert str(row.spend).endswith(".0000")
     assert set(rows) == truth_rows(world, JPY, since, until)
 
 
@@ -206,7 +218,7 @@ def test_brl_spend_keeps_cents_exactly(world: FakeWorld, client) -> None:
     row = rows[0]
     assert (row.spend, row.impressions, row.clicks, row.conversations) == (
         Decimal("14.35"), 185, 9, 3)
-    assert str(row.spend) == "14.35"
+    assert str(row.spend) == "14.3500"  # decimal128(18, 4): exact, at the warehouse's scale
 
 
 def test_deleted_and_archived_ads_are_read(world: FakeWorld, client) -> None:
@@ -306,3 +318,46 @@ def test_row_outside_the_asked_range_is_malformed(client_for: ClientFactory) -> 
     with pytest.raises(MalformedResponse) as caught:
         list(client.insights(BRL, date(2026, 3, 1), date(2026, 3, 2)))
     assert "outside the asked" in str(caught.value)
+
+
+def test_a_chunk_is_its_table_and_its_rows_come_from_it() -> None:
+    day = date(2026, 3, 1)
+    rows = [InsightRow("b", day, Decimal("1.5"), 2, 1, 0, ad_name="Ação"),
+            InsightRow("a", day, Decimal(3), 4, 0, 1)]
+    chunk = InsightsChunk.from_rows(day, day, rows, complete=True)
+    assert chunk.table.schema.equals(INSIGHT_SCHEMA)
+    assert chunk.rows == rows  # as given: from_rows neither sorts nor drops
+    assert str(chunk.rows[0].spend) == "1.5000"
+    assert chunk == InsightsChunk(day, day, insight_table(rows), True)
+    with pytest.raises(UnrepresentableRow, match="ad a on 2026-03-01: spend 1.23456 has more"):
+        InsightsChunk.from_rows(day, day, [rows[0], InsightRow("a", day, Decimal("1.23456"),
+                                                                1, 1, 0)], complete=True)
+    with pytest.raises(TypeError, match="from_rows"):
+        InsightsChunk(day, day, rows, True)
+    with pytest.raises(ValueError, match="INSIGHT_SCHEMA"):
+        InsightsChunk(day, day, insight_table(rows).drop_columns(["ad_name"]), True)
+
+
+def _old_by_day_and_ad(rows: list[InsightRow]) -> list[InsightRow]:
+    """What the client did before it read tables."""
+    latest = {(row.day, row.ad_id): row for row in rows}
+    return [latest[key] for key in sorted(latest)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(
+    st.lists(
+        st.tuples(st.sampled_from(["1", "10", "2", "é", "ad☀", "Z", "z"]),
+                  st.integers(0, 2), st.integers(0, 99)),
+        max_size=6,
+    ),
+    max_size=4,
+))
+def test_pages_out_of_order_or_repeated_end_as_one_row_per_ad_day(pages) -> None:
+    day = date(2026, 3, 1)
+    page_rows = [[InsightRow(ad, day + timedelta(days=offset), Decimal(cents) / 100, cents, 0, 0)
+                  for ad, offset, cents in page] for page in pages]
+    got = _by_day_and_ad([insight_table(rows) for rows in page_rows])
+    expected = _old_by_day_and_ad([row for rows in page_rows for row in rows])
+    assert got.schema.equals(INSIGHT_SCHEMA)
+    assert got.to_pylist() == insight_table(expected).to_pylist()

@@ -1,4 +1,5 @@
-"""The page parser's fast path answers exactly as `parse_insight_row` does, errors included."""
+"""The page parsers (the per-row fast path and the columnar one) answer exactly as
+`parse_insight_row` does, errors included."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from decimal import Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rastro_assets.meta import parse
 from rastro_assets.meta.errors import MalformedResponse
-from rastro_assets.meta.parse import parse_insight_row, parse_insight_rows
+from rastro_assets.meta.models import INSIGHT_SCHEMA, insight_table
+from rastro_assets.meta.parse import parse_insight_row, parse_insight_rows, parse_insight_table
 
 SINCE, UNTIL = date(2026, 3, 1), date(2026, 3, 3)
 MESSAGING = "onsite_conversion.messaging_conversation_started_7d"
@@ -129,3 +132,155 @@ def test_a_read_keeps_one_copy_of_each_name() -> None:
     rows_ = parse_insight_rows(json.loads(body), SINCE, UNTIL, texts)
     rows_ += parse_insight_rows(json.loads(body), SINCE, UNTIL, texts)
     assert len({id(row.ad_name) for row in rows_}) == 1
+
+
+# Rows as Meta sends them, with values at the edges the columnar parser must
+# read exactly as `parse_insight_row` does; `odd_rows` then spoils one field
+# in a way it must leave to the per-row path.
+plain_spends = st.one_of(
+    st.decimals(min_value=-10**14 + 1, max_value=10**14 - 1, places=4).map(str),
+    st.decimals(min_value=0, max_value=10**4, places=2).map(str),
+    st.sampled_from(["0", "-0", "-0.00", "0.0000", "99999999999999.9999",
+                     "-99999999999999.9999", "007.50"]),
+)
+plain_counts = st.one_of(
+    st.integers(min_value=0, max_value=10**6).map(str),
+    st.sampled_from(["0", "007", "9223372036854775807", "0000000000000000000001"]),
+)
+odd_counts = st.sampled_from(["", "1\n", "١٢", "9223372036854775808", "9" * 19, "9" * 25, "-1",
+                              "1.0", " 1", 5, None])
+plain_texts = st.sampled_from(["Ad 1", "Promoção ☀️", "", None, "x"])
+plain_actions = st.lists(
+    st.fixed_dictionaries(
+        {"action_type": st.sampled_from([MESSAGING, "link_click", "post_engagement"]),
+         "value": plain_counts},
+        optional={"1d_click": st.just("1")},
+    ),
+    max_size=4,
+)
+ODD = {
+    "spend": st.sampled_from(["1.23456", "100000000000000", "1.", ".5", "+1", "1e3", " 1", "1\n",
+                              "", "١", "0000000000000001.5", "NaN", 15, Decimal("1.5"), None]),
+    "impressions": odd_counts,
+    "clicks": odd_counts,
+    "actions": st.one_of(
+        st.sampled_from([{}, [], None, {"action_type": MESSAGING}, {"value": "3"},
+                         {"action_type": "link_click", "value": 7},
+                         {"action_type": "link_click", "value": "x"}]).map(lambda a: [a]),
+        odd_counts.map(lambda v: [{"action_type": MESSAGING, "value": v}]),
+        st.just("lots"),
+    ),
+    "ad_name": st.sampled_from(["\ud83d", 5, Decimal(1)]),
+    "date_start": st.sampled_from(["2026-02-28", "2026-03-04", "20260301", None]),
+    "date_stop": st.sampled_from(["2026-03-01", "20260302", None]),
+    "ad_id": st.sampled_from(["", 5, None, "\ud83d", True]),
+}
+
+
+@st.composite
+def plain_rows(draw):
+    day = draw(st.sampled_from(["2026-03-01", "2026-03-02", "2026-03-03"]))
+    row = {
+        "ad_id": draw(st.sampled_from(["120", "121", "१२", "ad☀"])),
+        "date_start": day,
+        "date_stop": day,
+        "spend": draw(plain_spends),
+        "impressions": draw(plain_counts),
+        "clicks": draw(plain_counts),
+        "actions": draw(plain_actions),
+        "account_currency": "BRL",
+    }
+    for name in ("ad_name", "adset_id", "adset_name", "campaign_id", "campaign_name"):
+        row[name] = draw(plain_texts)
+    for key in ("impressions", "clicks", "actions", "ad_name", "campaign_id"):
+        if draw(st.integers(0, 5)) == 0:
+            del row[key]
+    return row
+
+
+@st.composite
+def odd_rows(draw):
+    if draw(st.integers(0, 9)) == 0:
+        return draw(st.sampled_from([["x"], [], None, "row"]))
+    row = draw(plain_rows())
+    key = draw(st.sampled_from(sorted(ODD)))
+    row[key] = draw(ODD[key])
+    return row
+
+
+def columnar(page, texts=None):
+    try:
+        return parse_insight_table(page, SINCE, UNTIL, texts)
+    except MalformedResponse as exc:
+        return f"MalformedResponse: {exc}"
+
+
+def assert_same_table(got, expected_rows) -> None:
+    if isinstance(expected_rows, str):
+        assert got == expected_rows
+        return
+    assert not isinstance(got, str), got
+    assert got.schema.equals(INSIGHT_SCHEMA)
+    assert got.equals(insight_table(expected_rows))
+    assert got.to_pylist() == insight_table(expected_rows).to_pylist()
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(plain_rows(), rows()), max_size=5))
+def test_pages_parse_into_tables_as_rows_do(page) -> None:
+    assert_same_table(columnar(page), one_by_one(page))
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(st.one_of(plain_rows(), plain_rows(), odd_rows()), min_size=1, max_size=6))
+def test_near_plain_pages_parse_into_tables_as_rows_do(page) -> None:
+    assert_same_table(columnar(page), one_by_one(page))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(plain_rows(), max_size=4), st.lists(rows(), max_size=4))
+def test_table_pages_of_one_read_share_what_they_learned(first, second) -> None:
+    texts: dict[str, str] = {}
+    got = columnar(first, texts)
+    if not isinstance(got, str):
+        got = columnar(second, texts)
+    expected = one_by_one(first)
+    if not isinstance(expected, str):
+        expected = one_by_one(second)
+    assert_same_table(got, expected)
+
+
+PLAIN_PAGE = [
+    {"ad_id": "120", "spend": "14.30", "impressions": "185", "clicks": "9",
+     "date_start": "2026-03-02", "date_stop": "2026-03-02", "ad_name": "Ação ☀️",
+     "adset_name": "", "account_currency": "BRL",
+     "actions": [{"action_type": MESSAGING, "value": "3"},
+                 {"action_type": "link_click", "value": "x"},
+                 {"action_type": MESSAGING, "value": "2", "1d_click": "1"}]},
+    {"ad_id": "121", "spend": "-0.5", "date_start": "2026-03-03", "date_stop": "2026-03-03"},
+]
+
+
+def test_a_plain_page_is_read_in_bulk(monkeypatch) -> None:
+    def per_row(*args, **kwargs):
+        raise AssertionError("a plain page took the per-row path")
+
+    monkeypatch.setattr(parse, "parse_insight_rows", per_row)
+    table = parse_insight_table(PLAIN_PAGE, SINCE, UNTIL)
+    assert table.to_pylist() == [
+        {"ad_id": "120", "day": date(2026, 3, 2), "spend": Decimal("14.3000"),
+         "impressions": 185, "clicks": 9, "conversations": 5, "ad_name": "Ação ☀️",
+         "adset_id": None, "adset_name": None, "campaign_id": None, "campaign_name": None},
+        {"ad_id": "121", "day": date(2026, 3, 3), "spend": Decimal("-0.5000"),
+         "impressions": 0, "clicks": 0, "conversations": 0, "ad_name": None,
+         "adset_id": None, "adset_name": None, "campaign_id": None, "campaign_name": None},
+    ]
+    assert parse_insight_table([], SINCE, UNTIL).equals(INSIGHT_SCHEMA.empty_table())
+
+
+def test_an_odd_page_is_read_row_by_row_with_the_same_refusal() -> None:
+    page = [*PLAIN_PAGE, {**PLAIN_PAGE[1], "spend": "1.23456"}]
+    assert columnar(page) == one_by_one(page)
+    assert "more than 4 decimal places" in columnar(page)
+    fine = [*PLAIN_PAGE, {**PLAIN_PAGE[1], "ad_id": 122, "spend": " 2"}]
+    assert_same_table(columnar(fine), one_by_one(fine))

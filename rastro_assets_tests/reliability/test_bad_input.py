@@ -21,13 +21,14 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rastro_assets import cli
 from rastro_assets.meta.client import MetaClient
-from rastro_assets.meta.models import InsightRow, InsightsChunk
+from rastro_assets.meta.models import SPEND_TYPE, InsightRow, InsightsChunk
 from rastro_assets.sync import Syncer, SyncRequest
 from rastro_assets.timekeeping import days_between
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
@@ -449,15 +450,20 @@ def test_every_fault_is_a_generated_one():
 
 def test_a_writer_refusal_finishes_the_run_with_a_classified_outcome(bench):
     """A client that hands the writer a spend DECIMAL(18,4) cannot hold. parse.py refuses
-    such pages now, so this is defense in depth: the writer's reason must reach the run."""
+    such pages, and `InsightsChunk.from_rows` such rows, so this is defense in depth: an
+    Arrow array built without checks may hold more digits than its type says, and the
+    writer's reason must reach the run."""
     reset(bench.warehouse)
 
     class Client:
         stats = MetaClient("x", base_url=GRAPH).stats
 
         def insights(self, ad_account_id, since, until):
-            row = InsightRow("1001", SINCE, Decimal("1.23456"), 1, 1, 0)
-            yield InsightsChunk(since, until, [row], complete=True)
+            row = InsightRow("1001", SINCE, Decimal(1), 1, 1, 0)
+            table = InsightsChunk.from_rows(since, until, [row], complete=True).table
+            spend = pa.array([Decimal("100000000000000")], pa.decimal128(38, 4))
+            unchecked = spend.cast(SPEND_TYPE, safe=False)
+            yield InsightsChunk(since, until, table.set_column(2, "spend", unchecked), True)
 
         def close(self):
             pass

@@ -8,9 +8,10 @@ from decimal import Decimal
 
 import pytest
 
-from rastro_assets.meta.models import Ad, InsightRow
+from rastro_assets.meta.models import Ad, InsightRow, insight_table
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.catalog import (
+    CatalogWriteResult,
     FetchedThumbnail,
     catalog_size,
     drop_orphaned_thumbnails,
@@ -21,7 +22,7 @@ from rastro_assets.warehouse.catalog import (
     upsert_names_from_spend,
     wanted_thumbnails,
 )
-from rastro_assets.warehouse.spend import AccountNotLinked
+from rastro_assets.warehouse.spend import AccountNotLinked, SpendInputError
 
 DAY = date(2026, 11, 30)
 PNG = b"\x89PNG\r\n\x1a\n" + b"pixels"
@@ -178,6 +179,21 @@ def test_names_from_spend_never_refile_an_ad(con, now, two_accounts):
     result = upsert_names_from_spend(con, "act_1", [row("1", ad_name="elsewhere")], now)
     assert result.skipped == 1
     assert (catalog(con, "1")["ad_account_id"], catalog(con, "1")["ad_name"]) == ("act_2", "ad 1")
+
+
+def test_names_from_spend_read_a_table_as_its_rows(con, now, linked_account):
+    rows = [row("1", DAY, ad_name="new", campaign_name="camp"),
+            row("1", DAY - timedelta(days=1), ad_name="old", adset_name="set"),
+            row("2", DAY, ad_name=None)]
+    result = upsert_names_from_spend(con, "act_1", insight_table(rows), now)
+    assert (result.ads, result.added) == (2, 2)
+    one = catalog(con, "1")
+    assert (one["ad_name"], one["adset_name"], one["campaign_name"]) == ("new", "set", "camp")
+    assert upsert_names_from_spend(con, "act_1", insight_table([]), now) == CatalogWriteResult()
+    with pytest.raises(SpendInputError, match="the read has no 'campaign_name' column"):
+        upsert_names_from_spend(
+            con, "act_1", insight_table(rows).drop_columns(["campaign_name"]), now
+        )
 
 
 # -- ads with leads and no name --------------------------------------------------------------

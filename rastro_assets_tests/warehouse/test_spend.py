@@ -5,11 +5,13 @@ from __future__ import annotations
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rastro_assets.meta.models import InsightRow
+from rastro_assets.meta.models import SPEND_TYPE, InsightRow, insight_table
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse, transaction
 from rastro_assets.warehouse.spend import (
@@ -212,6 +214,62 @@ def test_refused_reads_write_nothing(con, now, linked_account, rows, message):
     assert set(synced_at(con).values()) == {now}
 
 
+def _spoiled(table: pa.Table, column: str, values: pa.Array) -> pa.Table:
+    return table.set_column(table.schema.get_field_index(column), column, values)
+
+
+def _unchecked_spend(value: str) -> pa.Array:
+    """A decimal128(18, 4) array holding more digits than the type allows."""
+    return pa.array([Decimal("1"), Decimal(value)], pa.decimal128(38, 4)).cast(
+        SPEND_TYPE, safe=False
+    )
+
+
+TABLE = insight_table([row("a7", D1, "1"), row("a1", D1, "2")])
+TABLE_REFUSED = [
+    (TABLE.drop_columns(["clicks"]), "the read has no 'clicks' column"),
+    (_spoiled(TABLE, "spend", TABLE["spend"].cast(pa.decimal128(38, 6))),
+     r"the read's 'spend' column is decimal128\(38, 6\), not decimal128\(18, 4\)"),
+    (_spoiled(TABLE, "spend", pa.array([1.0, 2.0])), "'spend' column is double"),
+    (_spoiled(TABLE, "impressions", pa.array([1, None], pa.int64())),
+     "ad a1 on 2026-11-27: impressions None is not a 64-bit integer"),
+    (_spoiled(TABLE, "spend", pa.array([Decimal(1), None], SPEND_TYPE)),
+     "ad a1 on 2026-11-27: spend None is not a Decimal"),
+    (_spoiled(TABLE, "spend", _unchecked_spend("100000000000000")),
+     r"ad a1 on 2026-11-27: spend 100000000000000.0000 is too large for DECIMAL\(18,4\)"),
+    (_spoiled(TABLE, "spend", _unchecked_spend("-100000000000000")), "too large for DECIMAL"),
+    (_spoiled(TABLE, "ad_id", pa.array(["a7", ""])), "without an ad id"),
+    (_spoiled(TABLE, "ad_id", pa.array(["a7", None], pa.string())), "without an ad id"),
+    (_spoiled(TABLE, "ad_id", pa.array(["a1", "a1"])), "repeats an ad-day: ad a1 on 2026-11-27"),
+    (_spoiled(TABLE, "day", pa.array([D1, D3])),
+     "ad a1 has a row for 2026-11-29, which is not one of the days written"),
+    (_spoiled(TABLE, "day", pa.array([D1, None], pa.date32())),
+     "ad a1 has a row for None, which is not one of the days written"),
+]
+
+
+@pytest.mark.parametrize(("table", "message"), TABLE_REFUSED)
+def test_refused_tables_write_nothing(con, now, linked_account, table, message):
+    write(con, READ, at=now)
+    before, sites = spend_rows(con), site_rows(con)
+    with pytest.raises(SpendInputError, match=message):
+        write_spend(con, "act_1", days=[D1, D2], rows=table, complete_days=[D1, D2],
+                    synced_at=now)
+    assert spend_rows(con) == before
+    assert site_rows(con) == sites
+
+
+def test_a_table_writes_as_its_rows_do(con, now, linked_account):
+    chunked = pa.concat_tables([insight_table(READ[:1]), insight_table(READ[1:])])
+    extra = chunked.append_column("note", pa.array(["x"] * len(READ)))
+    result = write_spend(con, "act_1", days=[D1, D2], rows=extra, complete_days=[D1, D2],
+                         synced_at=now)
+    assert (result.rows_written, result.rows_deleted, result.rows_unchanged) == (4, 0, 0)
+    assert result.days == write(con, READ, at=now).days
+    assert pc.sum(insight_table(READ)["spend"]).as_py() == sum(r.spend for r in READ)
+    assert_site_spend_exact(con)
+
+
 def test_complete_days_must_be_days_written(con, now, linked_account):
     with pytest.raises(SpendInputError, match="complete day 2026-11-29"):
         write(con, READ, days=[D1, D2], complete=[D3], at=now)
@@ -302,8 +360,9 @@ reads = st.tuples(
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(sequence=st.lists(reads, min_size=1, max_size=4), second_site=st.booleans())
-def test_writer_matches_a_model(tmp_path_factory, sequence, second_site):
+@given(sequence=st.lists(reads, min_size=1, max_size=4), second_site=st.booleans(),
+       as_table=st.booleans())
+def test_writer_matches_a_model(tmp_path_factory, sequence, second_site, as_table):
     warehouse = Warehouse(tmp_path_factory.mktemp("model") / "w.duckdb")
     at = datetime(2026, 12, 1, tzinfo=UTC)
     model: dict[tuple[str, date], tuple] = {}
@@ -325,7 +384,8 @@ def test_writer_matches_a_model(tmp_path_factory, sequence, second_site):
             doomed = [key for key in model if key[1] in complete and key not in incoming]
             changed = [key for key, figures in incoming.items() if model.get(key) != figures]
             result = write_spend(
-                con, "act_1", days=days, rows=rows, complete_days=complete, synced_at=at
+                con, "act_1", days=days, rows=insight_table(rows) if as_table else rows,
+                complete_days=complete, synced_at=at,
             )
             for key in doomed:
                 del model[key]
