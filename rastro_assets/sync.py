@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from decimal import Decimal
@@ -24,7 +24,7 @@ from rastro_assets.meta.models import InsightsChunk, Usage
 from rastro_assets.timekeeping import Clock, days_between, local_date
 from rastro_assets.vault import SecretsKeyError, Vault
 from rastro_assets.warehouse import registry
-from rastro_assets.warehouse.catalog import upsert_names_from_spend
+from rastro_assets.warehouse.catalog import upsert_names_from_spend, upsert_names_many
 from rastro_assets.warehouse.connection import Warehouse, transaction
 from rastro_assets.warehouse.runs import (
     SyncRunEnd,
@@ -36,7 +36,10 @@ from rastro_assets.warehouse.spend import (
     AccountNotLinked,
     DaySummary,
     SpendInputError,
+    SpendWrite,
+    SpendWriteResult,
     write_spend,
+    write_spend_many,
 )
 
 if TYPE_CHECKING:
@@ -45,6 +48,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SYNC_KINDS = ("backfill", "gap", "live", "daily", "weekly", "manual")
+WAVE_WRITE_BATCH = 64
+"""Accounts whose reads a wave writes in one batch."""
 MAX_ERROR_CHARS = 300
 
 ERROR_CODES = {
@@ -198,9 +203,17 @@ class _SpendWriter:
     FLUSH_ROWS = 60_000
 
     def __init__(
-        self, warehouse: Warehouse, ad_account_id: str, synced_at: datetime, result: SyncOutcome
+        self,
+        warehouse: Warehouse,
+        ad_account_id: str,
+        synced_at: datetime,
+        result: SyncOutcome,
+        *,
+        defer: bool = False,
     ) -> None:
         self._warehouse = warehouse
+        self._defer = defer
+        self.deferred: _Deferred | None = None
         self._ad_account_id = ad_account_id
         self._synced_at = synced_at
         self._result = result
@@ -220,14 +233,21 @@ class _SpendWriter:
             self._in_flight = self._executor.submit(self._write, batch)
 
     def flush(self) -> None:
-        """Write what is left and wait for every write; a write's error is raised here."""
+        """Write what is left and wait for every write; a write's error is raised here.
+
+        With `defer`, a read that never needed a write of its own is kept in
+        `deferred` instead, for the wave to write with other accounts' reads.
+        """
         self._wait()
         batch, self._pending, self._pending_rows = self._pending, [], 0
-        if batch:
+        if batch and self._defer and self._executor is None:
+            self.deferred = _Deferred.of(batch)
+        elif batch:
             self._write(batch)
 
     def flush_after_failed_read(self) -> None:
         """Keep the chunks read completely before the read failed; the read's error wins."""
+        self._defer = False
         try:
             self.flush()
         except Exception as exc:  # noqa: BLE001 - the run already fails with the read's error
@@ -245,35 +265,53 @@ class _SpendWriter:
             in_flight.result()
 
     def _write(self, batch: list[InsightsChunk]) -> None:
-        days = [day for chunk in batch for day in days_between(chunk.since, chunk.until)]
-        complete = [
-            day
-            for chunk in batch
-            if chunk.complete
-            for day in days_between(chunk.since, chunk.until)
-        ]
-        rows = pa.concat_tables([chunk.table for chunk in batch])
+        read = _Deferred.of(batch)
         with self._warehouse.connect() as con, transaction(con):
             written = write_spend(
                 con,
                 self._ad_account_id,
-                days=days,
-                rows=rows,
-                complete_days=complete,
+                days=read.days,
+                rows=read.rows,
+                complete_days=read.complete_days,
                 synced_at=self._synced_at,
             )
             # Names as they arrive: an ad is named long before the daily
             # catalog read, and even if that read fails.
-            upsert_names_from_spend(con, self._ad_account_id, rows, self._synced_at)
-        result = self._result
+            upsert_names_from_spend(con, self._ad_account_id, read.rows, self._synced_at)
+        read.record(self._result, written)
+
+
+@dataclass(frozen=True)
+class _Deferred:
+    """Chunks read and not yet written, as one write."""
+
+    days: list[date]
+    complete_days: list[date]
+    rows: pa.Table
+
+    @classmethod
+    def of(cls, chunks: list[InsightsChunk]) -> _Deferred:
+        return cls(
+            days=[day for chunk in chunks for day in days_between(chunk.since, chunk.until)],
+            complete_days=[
+                day
+                for chunk in chunks
+                if chunk.complete
+                for day in days_between(chunk.since, chunk.until)
+            ],
+            rows=pa.concat_tables([chunk.table for chunk in chunks]),
+        )
+
+    def record(self, result: SyncOutcome, written: SpendWriteResult) -> None:
+        """Add what this write did to the sync's outcome."""
         result.rows_written += written.rows_written
         result.rows_deleted += written.rows_deleted
         if written.rows_written or written.rows_deleted:
-            result.changed_days.extend(days)
+            result.changed_days.extend(self.days)
         result.days.update(written.days)
-        result.complete_days.extend(complete)
-        complete_set = set(complete)
-        result.incomplete_days.extend(day for day in days if day not in complete_set)
+        result.complete_days.extend(self.complete_days)
+        complete = set(self.complete_days)
+        result.incomplete_days.extend(day for day in self.days if day not in complete)
 
 
 class Syncer:
@@ -306,7 +344,7 @@ class Syncer:
         if refused:
             raise refused[0][1]
         [target] = targets
-        result = self._read(target, started_at, _DeadTokens())
+        result, _ = self._read(target, started_at, _DeadTokens())
         with self.warehouse.connect() as con:
             self._mark_token(con, target, result)
             finish_sync_runs(con, [self._end(target, result)])
@@ -332,20 +370,70 @@ class Syncer:
             targets, refused = self._start(requests, synced_at)
             dead = _DeadTokens()
             finished = _FinishedRuns(self)
-
-            def run_one(target: _Target) -> SyncOutcome:
-                result = self._read(target, synced_at, dead)
-                finished.add(target, result)
-                if result.ok:
-                    self._catalog_after_spend(target, result)
-                return result
-
+            outcomes: list[SyncOutcome | None] = [None] * len(targets)
             try:
                 with ThreadPoolExecutor(max_workers=concurrency) as pool:
-                    outcomes = list(pool.map(run_one, targets))
+
+                    def settle(target: _Target, result: SyncOutcome) -> None:
+                        finished.add(target, result)
+                        if result.ok:
+                            pool.submit(self._catalog_after_spend, target, result)
+
+                    reads = {
+                        pool.submit(self._read, target, synced_at, dead, defer=True): index
+                        for index, target in enumerate(targets)
+                    }
+                    waiting: list[tuple[_Target, SyncOutcome, _Deferred]] = []
+                    for done, future in enumerate(as_completed(reads), start=1):
+                        index = reads[future]
+                        result, deferred = future.result()
+                        outcomes[index] = result
+                        if deferred is None:
+                            settle(targets[index], result)
+                        else:
+                            waiting.append((targets[index], result, deferred))
+                        if waiting and (len(waiting) >= WAVE_WRITE_BATCH or done == len(reads)):
+                            # Written here while the pool goes on reading Meta.
+                            self._write_together(waiting, synced_at)
+                            for target, result, _ in waiting:
+                                settle(target, result)
+                            waiting = []
             finally:
                 finished.flush()
-        return WaveOutcome(outcomes=outcomes, refused=[(r, str(exc)) for r, exc in refused])
+        return WaveOutcome(
+            outcomes=[outcome for outcome in outcomes if outcome is not None],
+            refused=[(request, str(exc)) for request, exc in refused],
+        )
+
+    def _write_together(
+        self, waiting: list[tuple[_Target, SyncOutcome, _Deferred]], synced_at: datetime
+    ) -> None:
+        """Write many accounts' reads in one batch; each outcome gets its own answer."""
+        writes = [
+            SpendWrite(target.request.ad_account_id, read.days, read.rows, read.complete_days)
+            for target, _, read in waiting
+        ]
+        try:
+            with self.warehouse.connect() as con:
+                answers = write_spend_many(con, writes, synced_at=synced_at)
+                written = [
+                    (write.ad_account_id, write.rows)
+                    for write, answer in zip(writes, answers, strict=True)
+                    if isinstance(answer, SpendWriteResult)
+                ]
+                upsert_names_many(con, written, synced_at)
+        except Exception as exc:  # noqa: BLE001 - recorded as each account's failure
+            log.exception("a batch of %d accounts' writes failed", len(waiting))
+            for _, result, _ in waiting:
+                if result.ok:
+                    self._fail(result, "other", f"unexpected {type(exc).__name__} in the sync")
+            return
+        for (_, result, read), answer in zip(waiting, answers, strict=True):
+            if isinstance(answer, SpendWriteResult):
+                read.record(result, answer)
+                self._note_incomplete(result)
+            else:
+                self._fail_write(result, answer)
 
     def _start(
         self, requests: Sequence[SyncRequest], started_at: datetime
@@ -405,8 +493,14 @@ class Syncer:
             raise SyncRefused(f"since {request.since} is after until {request.until}")
         return account
 
-    def _read(self, target: _Target, started_at: datetime, dead: _DeadTokens) -> SyncOutcome:
-        """Read Meta and write the warehouse for one started sync; never raises."""
+    def _read(
+        self, target: _Target, started_at: datetime, dead: _DeadTokens, *, defer: bool = False
+    ) -> tuple[SyncOutcome, _Deferred | None]:
+        """Read Meta and write the warehouse for one started sync; never raises.
+
+        With `defer`, a read small enough to need no write of its own comes
+        back unwritten, for the caller to write with others.
+        """
         request, connection = target.request, target.connection
         result = SyncOutcome(
             request=request, timezone=target.account.timezone, started_at=started_at
@@ -416,9 +510,10 @@ class Syncer:
             reason = dead_error or (connection.last_error if connection else None)
             reason = reason or "no valid token"
             self._fail(result, "token", f"the connection's token is invalid: {reason}")
-            return result
+            return result, None
+        deferred = None
         try:
-            self._read_and_write(request, connection, started_at, result)
+            deferred = self._read_and_write(request, connection, started_at, result, defer)
         except Exception as exc:  # noqa: BLE001 - recorded as this account's failure
             # An unexpected error must still end the run's row, or the
             # account would wait out the lease; its type says where to look.
@@ -426,7 +521,7 @@ class Syncer:
             self._fail(result, "other", f"unexpected {type(exc).__name__} in the sync")
         if result.token_rejected_by_meta:
             dead.add(connection.connection_id, result.error or "")
-        return result
+        return result, deferred if result.ok else None
 
     def _catalog_after_spend(self, target: _Target, result: SyncOutcome) -> None:
         """The full catalog and thumbnails when asked, else the unnamed ads with leads.
@@ -472,15 +567,19 @@ class Syncer:
         if result.catalog_error:
             log.warning("%s catalog: %s", account, result.catalog_error)
 
-    def _read_and_write(self, request, connection, started_at, result: SyncOutcome) -> None:
+    def _read_and_write(
+        self, request, connection, started_at, result: SyncOutcome, defer: bool = False
+    ) -> _Deferred | None:
         try:
             token = self.vault_factory().open(connection.connection_id, connection.sealed_token)
         except SecretsKeyError as exc:
             self._fail(result, "key", str(exc))
-            return
+            return None
         client = self.client_factory(token)
         del token
-        writer = _SpendWriter(self.warehouse, request.ad_account_id, started_at, result)
+        writer = _SpendWriter(
+            self.warehouse, request.ad_account_id, started_at, result, defer=defer
+        )
         try:
             try:
                 for chunk in client.insights(request.ad_account_id, request.since, request.until):
@@ -489,20 +588,13 @@ class Syncer:
                 writer.flush_after_failed_read()
                 raise
             writer.flush()
-            if result.incomplete_days:
-                days = ", ".join(day.isoformat() for day in result.incomplete_days)
-                result.error = (
-                    f"META_TRUNCATED: {days} could not be read completely, even by an async "
-                    "report; their old rows were kept"
-                )
+            self._note_incomplete(result)
         except MetaError as exc:
             outcome = _OUTCOME_OF_KIND.get(exc.kind, "other")
             result.token_rejected_by_meta = outcome == "token"
             self._fail(result, outcome, str(exc), regain_seconds=exc.regain_seconds)
-        except AccountNotLinked:
-            self._fail(result, "other", "the account was unlinked during the sync; nothing kept")
-        except SpendInputError as exc:
-            self._fail(result, "other", f"Meta sent figures the warehouse cannot hold: {exc}")
+        except (AccountNotLinked, SpendInputError) as exc:
+            self._fail_write(result, exc)
         finally:
             writer.shutdown()
             result.api_calls = client.stats.api_calls
@@ -510,6 +602,22 @@ class Syncer:
             client.close()
         if result.ok and result.usage.regain_seconds:
             result.regain_at = self.clock() + timedelta(seconds=result.usage.regain_seconds)
+        return writer.deferred
+
+    @staticmethod
+    def _note_incomplete(result: SyncOutcome) -> None:
+        if result.incomplete_days:
+            days = ", ".join(day.isoformat() for day in result.incomplete_days)
+            result.error = (
+                f"META_TRUNCATED: {days} could not be read completely, even by an async "
+                "report; their old rows were kept"
+            )
+
+    def _fail_write(self, result: SyncOutcome, exc: AccountNotLinked | SpendInputError) -> None:
+        if isinstance(exc, AccountNotLinked):
+            self._fail(result, "other", "the account was unlinked during the sync; nothing kept")
+        else:
+            self._fail(result, "other", f"Meta sent figures the warehouse cannot hold: {exc}")
 
     def _fail(
         self, result: SyncOutcome, outcome: str, message: str, regain_seconds: int | None = None

@@ -223,3 +223,34 @@ def test_a_read_failing_after_batches_keeps_the_days_read_before(
         assert_equals_truth(con, linked_world, "act_101", read[0], read[-1])
         assert stored_rows(con, "act_101", read[-1] + timedelta(days=1), until) == set()
         assert_site_spend_exact(con)
+
+
+def test_a_wave_writes_its_accounts_together_and_equals_meta(
+    syncer, warehouse, linked_world, now
+):
+    def wave(run_id: str):
+        requests = [
+            SyncRequest("act_101", *week(), kind="daily", run_id=run_id),
+            SyncRequest("act_202", *week(TOKYO_TODAY), kind="daily", run_id=run_id),
+            SyncRequest("act_999", *week(), kind="daily", run_id=run_id),
+        ]
+        return syncer.sync_wave(requests, synced_at=now, concurrency=2)
+
+    first = wave("w1")
+    assert [request.ad_account_id for request, _ in first.refused] == ["act_999"]
+    assert all(outcome.ok for outcome in first.outcomes)
+    day = SAO_PAULO_TODAY - timedelta(days=2)
+    gone = next(iter(linked_world.truth("act_101", day)))
+    linked_world.set_ad_day("act_101", gone.ad_id, day, None)
+    second = wave("w2")
+    by_account = {outcome.request.ad_account_id: outcome for outcome in second.outcomes}
+    assert by_account["act_101"].rows_deleted == 1
+    assert by_account["act_101"].days[day].rows == len(linked_world.truth("act_101", day))
+    with warehouse.connect() as con:
+        assert_equals_truth(con, linked_world, "act_101", *week())
+        assert_equals_truth(con, linked_world, "act_202", *week(TOKYO_TODAY))
+        assert_site_spend_exact(con)
+        runs = sync_runs_by_account(con)
+    for account in ("act_101", "act_202"):
+        [_, run] = runs[account]
+        assert (run.run_id, run.outcome, run.finished_at is not None) == ("w2", "ok", True)

@@ -254,6 +254,81 @@ def upsert_names_from_spend(
     )
 
 
+def upsert_names_many(
+    con: duckdb.DuckDBPyConnection, reads: Sequence[tuple[str, pa.Table]], now: datetime
+) -> None:
+    """`upsert_names_from_spend` for several accounts' reads, in one statement.
+
+    A live wave brings the same names again for hundreds of accounts; one
+    merge over all of them costs what one account's took. Only ads that are
+    new or whose names differ are touched, an ad filed under another account
+    is left alone, and an account no site links any more gets nothing.
+    """
+    if now.tzinfo is None:
+        raise ValueError("now must be an aware datetime")
+    tables = [(account, read_columns(table, _NAMES_SCHEMA)) for account, table in reads]
+    tables = [(account, table) for account, table in tables if table.num_rows]
+    ad_ids = [set(table["ad_id"].unique().to_pylist()) for _, table in tables]
+    if sum(map(len, ad_ids)) != len(set().union(*ad_ids)):
+        # One ad in two accounts' reads would meet itself twice in the merge.
+        for account, table in tables:
+            upsert_names_from_spend(con, account, table, now)
+        return
+    if not tables:
+        return
+    incoming = pa.concat_tables(
+        table.add_column(0, "ad_account_id", pa.array([account] * table.num_rows, pa.string()))
+        for account, table in tables
+    )
+    with transaction(con):
+        register_arrow(con, "incoming_names_many", incoming)
+        try:
+            con.execute(_NAMES_MANY_MERGE, [now])
+        finally:
+            con.unregister("incoming_names_many")
+
+
+_NAMES_MANY_MERGE = """
+    MERGE INTO ad_catalog c
+    USING (
+        SELECT ad_account_id, ad_id,
+               arg_max(ad_name, day) FILTER (WHERE ad_name IS NOT NULL) AS ad_name,
+               arg_max(adset_id, day) FILTER (WHERE adset_id IS NOT NULL) AS adset_id,
+               arg_max(adset_name, day) FILTER (WHERE adset_name IS NOT NULL) AS adset_name,
+               arg_max(campaign_id, day) FILTER (WHERE campaign_id IS NOT NULL) AS campaign_id,
+               arg_max(campaign_name, day) FILTER (WHERE campaign_name IS NOT NULL)
+                   AS campaign_name,
+               ?::TIMESTAMPTZ AS updated_at
+        FROM incoming_names_many
+        WHERE ad_account_id IN (SELECT ad_account_id FROM site_ad_accounts)
+        GROUP BY ad_account_id, ad_id
+    ) i
+    ON c.ad_id = i.ad_id
+    WHEN MATCHED AND (c.ad_account_id IS NULL OR c.ad_account_id = i.ad_account_id) AND (
+        (i.ad_name IS NOT NULL AND i.ad_name IS DISTINCT FROM c.ad_name)
+        OR (i.adset_id IS NOT NULL AND i.adset_id IS DISTINCT FROM c.adset_id)
+        OR (i.adset_name IS NOT NULL AND i.adset_name IS DISTINCT FROM c.adset_name)
+        OR (i.campaign_id IS NOT NULL AND i.campaign_id IS DISTINCT FROM c.campaign_id)
+        OR (i.campaign_name IS NOT NULL AND i.campaign_name IS DISTINCT FROM c.campaign_name)
+        OR c.ad_account_id IS NULL
+    )
+    THEN UPDATE SET
+        ad_account_id = i.ad_account_id,
+        ad_name = coalesce(i.ad_name, c.ad_name),
+        adset_id = coalesce(i.adset_id, c.adset_id),
+        adset_name = coalesce(i.adset_name, c.adset_name),
+        campaign_id = coalesce(i.campaign_id, c.campaign_id),
+        campaign_name = coalesce(i.campaign_name, c.campaign_name),
+        updated_at = i.updated_at
+    WHEN NOT MATCHED THEN INSERT
+        (ad_id, ad_account_id, ad_name, adset_id, adset_name, campaign_id, campaign_name,
+         updated_at)
+    VALUES
+        (i.ad_id, i.ad_account_id, i.ad_name, i.adset_id, i.adset_name, i.campaign_id,
+         i.campaign_name, i.updated_at)
+"""
+
+
 def _merge(
     con: duckdb.DuckDBPyConnection,
     ad_account_id: str,

@@ -12,6 +12,7 @@ no float anywhere.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal
@@ -227,7 +228,8 @@ def _apply(
                 [ad_account_id, synced_at],
             )
     finally:
-        con.execute("DROP TABLE IF EXISTS spend_changes")
+        with suppress(duckdb.TransactionException):  # an aborted transaction drops it
+            con.execute("DROP TABLE IF EXISTS spend_changes")
     return int(inserted), int(changed), int(unchanged), int(doomed)
 
 
@@ -456,3 +458,282 @@ def _first_duplicate(table: pa.Table) -> str:
             return f"ad {ad_id} on {day.isoformat()}"
         seen.add((ad_id, day))
     return "unknown"
+
+
+@dataclass(frozen=True)
+class SpendWrite:
+    """One account's read, for `write_spend_many`; the fields are `write_spend`'s."""
+
+    ad_account_id: str
+    days: Collection[date]
+    rows: pa.Table | Sequence[InsightRow]
+    complete_days: Collection[date]
+
+
+def write_spend_many(
+    con: duckdb.DuckDBPyConnection, writes: Sequence[SpendWrite], *, synced_at: datetime
+) -> list[SpendWriteResult | SpendInputError | AccountNotLinked]:
+    """`write_spend` for several accounts at once: one transaction, one set of statements.
+
+    A live wave writes a few dozen rows for each of hundreds of accounts; a
+    statement costs about as much for one account as for fifty, so a batch
+    costs a fraction of writing them one by one. The answer is per write, in
+    order: a refused read gets its error and nothing of it is written, while
+    the others are. Should the batch fail as a whole (a site-day whose sums
+    overflow), each write is retried on its own so the failure stays with
+    its account.
+    """
+    if synced_at.tzinfo is None:
+        raise SpendInputError("synced_at must be an aware datetime")
+    answers: list[SpendWriteResult | SpendInputError | AccountNotLinked | None] = [None] * len(
+        writes
+    )
+    accounts = [write.ad_account_id for write in writes]
+    if len(set(accounts)) < len(accounts):
+        # The same account twice would match its own rows twice: write one at a time.
+        return [_write_alone(con, write, synced_at) for write in writes]
+    batch: dict[str, tuple[int, list[date], list[date], pa.Table]] = {}
+    for index, write in enumerate(writes):
+        day_list, complete_list = sorted(set(write.days)), sorted(set(write.complete_days))
+        if not day_list:
+            answers[index] = SpendWriteResult(0, 0, 0, {})
+            continue
+        try:
+            table = _incoming_table(day_list, complete_list, write.rows)
+        except SpendInputError as exc:
+            answers[index] = exc
+            continue
+        batch[write.ad_account_id] = (index, day_list, complete_list, table)
+    if batch:
+        try:
+            with transaction(con):
+                for account, outcome in _write_batch(con, batch, synced_at).items():
+                    answers[batch[account][0]] = outcome
+        except SpendInputError:
+            for index, *_ in batch.values():
+                answers[index] = _write_alone(con, writes[index], synced_at)
+    return answers  # type: ignore[return-value]
+
+
+def _write_alone(
+    con: duckdb.DuckDBPyConnection, write: SpendWrite, synced_at: datetime
+) -> SpendWriteResult | SpendInputError | AccountNotLinked:
+    try:
+        return write_spend(
+            con,
+            write.ad_account_id,
+            days=write.days,
+            rows=write.rows,
+            complete_days=write.complete_days,
+            synced_at=synced_at,
+        )
+    except (SpendInputError, AccountNotLinked) as exc:
+        return exc
+
+
+def _write_batch(
+    con: duckdb.DuckDBPyConnection,
+    batch: dict[str, tuple[int, list[date], list[date], pa.Table]],
+    synced_at: datetime,
+) -> dict[str, SpendWriteResult | SpendInputError | AccountNotLinked]:
+    """The batch's statements, inside the caller's transaction."""
+    answers: dict[str, SpendWriteResult | SpendInputError | AccountNotLinked] = {}
+    incoming, scope = _batch_tables(batch)
+    register_arrow(con, _INCOMING, incoming)
+    register_arrow(con, "spend_scope", scope)
+    try:
+        checks = con.execute(_BATCH_CHECKS).fetchall()
+        refused = set()
+        for account, sites, repeated in checks:
+            if repeated:
+                table = batch[account][3]
+                answers[account] = SpendInputError(
+                    f"the read repeats an ad-day: {_first_duplicate(table)}"
+                )
+                refused.add(account)
+            elif not sites:
+                answers[account] = AccountNotLinked(
+                    f"{account} is not linked to any site (any more): nothing written"
+                )
+                refused.add(account)
+        if refused:
+            batch = {account: item for account, item in batch.items() if account not in refused}
+            if not batch:
+                return answers
+            incoming, scope = _batch_tables(batch)
+            con.unregister(_INCOMING)
+            con.unregister("spend_scope")
+            register_arrow(con, _INCOMING, incoming)
+            register_arrow(con, "spend_scope", scope)
+        first_day = min(item[1][0] for item in batch.values())
+        last_day = max(item[1][-1] for item in batch.values())
+        params = {"accounts": sorted(batch), "first": first_day, "last": last_day}
+        con.execute(_BATCH_CHANGES, params)
+        try:
+            counts: dict[str, dict[str, int]] = {account: {} for account in batch}
+            for account, change, count in con.execute(
+                "SELECT ad_account_id, change, count(*) FROM spend_changes GROUP BY ALL"
+            ).fetchall():
+                counts[account][change] = int(count)
+            totals = {change: sum(c.get(change, 0) for c in counts.values())
+                      for change in ("new", "changed", "same", "gone")}
+            if totals["gone"]:
+                con.execute(
+                    "DELETE FROM ad_spend_daily"
+                    " WHERE rowid IN (SELECT rid FROM spend_changes WHERE change = 'gone')"
+                )
+            if totals["changed"] or totals["same"]:
+                # Unchanged rows get their own figures back: one statement for both.
+                con.execute(
+                    """
+                    UPDATE ad_spend_daily SET
+                        spend = c.spend, impressions = c.impressions, clicks = c.clicks,
+                        conversations = c.conversations, synced_at = $synced_at
+                    FROM spend_changes c
+                    WHERE ad_spend_daily.rowid = c.rid AND c.change IN ('changed', 'same')
+                    """,
+                    {"synced_at": synced_at},
+                )
+            if totals["new"]:
+                con.execute(
+                    """
+                    INSERT INTO ad_spend_daily (ad_account_id, ad_id, day, spend, impressions,
+                                                clicks, conversations, synced_at)
+                    SELECT ad_account_id, ad_id, day, spend, impressions, clicks, conversations,
+                           $synced_at
+                    FROM spend_changes WHERE change = 'new'
+                    """,
+                    {"synced_at": synced_at},
+                )
+        finally:
+            with suppress(duckdb.TransactionException):  # an aborted transaction drops it
+                con.execute("DROP TABLE IF EXISTS spend_changes")
+        summaries = _replace_batch_site_spend(con, params)
+    finally:
+        # After a failed statement the transaction is aborted and DuckDB refuses even
+        # this; the rollback that follows drops the views with it.
+        with suppress(duckdb.TransactionException):
+            con.unregister(_INCOMING)
+            con.unregister("spend_scope")
+    for account, (_, day_list, _, _) in batch.items():
+        found = summaries.get(account, {})
+        account_counts = counts[account]
+        answers[account] = SpendWriteResult(
+            rows_written=account_counts.get("new", 0) + account_counts.get("changed", 0),
+            rows_deleted=account_counts.get("gone", 0),
+            rows_unchanged=account_counts.get("same", 0),
+            days={day: found.get(day, DaySummary(ZERO_SPEND, 0)) for day in day_list},
+        )
+    return answers
+
+
+def _batch_tables(
+    batch: dict[str, tuple[int, list[date], list[date], pa.Table]],
+) -> tuple[pa.Table, pa.Table]:
+    """The batch's rows with their account, and its (account, day, complete) scope."""
+    parts, scope_accounts, scope_days, scope_complete = [], [], [], []
+    for account, (_, day_list, complete_list, table) in batch.items():
+        parts.append(
+            table.add_column(0, "ad_account_id", pa.array([account] * table.num_rows, pa.string()))
+        )
+        complete = set(complete_list)
+        for day in day_list:
+            scope_accounts.append(account)
+            scope_days.append(day)
+            scope_complete.append(day in complete)
+    scope = pa.table(
+        {
+            "ad_account_id": pa.array(scope_accounts, pa.string()),
+            "day": pa.array(scope_days, pa.date32()),
+            "complete": pa.array(scope_complete, pa.bool_()),
+        }
+    )
+    return pa.concat_tables(parts), scope
+
+
+_BATCH_CHECKS = """
+    SELECT a.ad_account_id,
+           (SELECT list(l.site_id ORDER BY l.site_id) FROM site_ad_accounts l
+            WHERE l.ad_account_id = a.ad_account_id),
+           (SELECT count(*) FROM (
+               SELECT 1 FROM incoming_spend i WHERE i.ad_account_id = a.ad_account_id
+               GROUP BY i.ad_id, i.day HAVING count(*) > 1))
+    FROM (SELECT DISTINCT ad_account_id FROM spend_scope) a
+"""
+
+# As `_CHANGES`, for many accounts: stored rows are those of the scope's
+# account-days; the account list and day bounds let DuckDB skip row groups.
+_BATCH_CHANGES = """
+    CREATE OR REPLACE TEMP TABLE spend_changes AS
+    SELECT coalesce(i.ad_account_id, d.ad_account_id) AS ad_account_id,
+           i.ad_id, i.day, i.spend, i.impressions, i.clicks, i.conversations, d.rid,
+           CASE
+               WHEN i.ad_id IS NULL THEN 'gone'
+               WHEN d.rid IS NULL THEN 'new'
+               WHEN d.spend <> i.spend OR d.impressions <> i.impressions
+                    OR d.clicks <> i.clicks OR d.conversations <> i.conversations
+               THEN 'changed'
+               ELSE 'same'
+           END AS change
+    FROM incoming_spend i
+    FULL JOIN (
+        SELECT s.rowid AS rid, s.ad_account_id, s.ad_id, s.day, s.spend, s.impressions,
+               s.clicks, s.conversations, scope.complete
+        FROM ad_spend_daily s
+        JOIN spend_scope scope USING (ad_account_id, day)
+        WHERE list_contains($accounts::VARCHAR[], s.ad_account_id)
+          AND s.day BETWEEN $first AND $last
+    ) d ON d.ad_account_id = i.ad_account_id AND d.ad_id = i.ad_id AND d.day = i.day
+    WHERE i.ad_id IS NOT NULL OR d.complete
+"""
+
+
+def _replace_batch_site_spend(
+    con: duckdb.DuckDBPyConnection, params: dict[str, object]
+) -> dict[str, dict[date, DaySummary]]:
+    """`_replace_site_spend` for every account-day of the scope; per account, the day totals."""
+    con.execute(
+        """
+        DELETE FROM site_spend_daily USING spend_scope s
+        WHERE site_spend_daily.ad_account_id = s.ad_account_id AND site_spend_daily.day = s.day
+          AND list_contains($accounts::VARCHAR[], site_spend_daily.ad_account_id)
+          AND site_spend_daily.day BETWEEN $first AND $last
+        """,
+        params,
+    )
+    try:
+        inserted = con.execute(
+            f"""
+            INSERT INTO site_spend_daily (site_id, ad_account_id, day, spend, impressions,
+                                          clicks, conversations, ad_rows)
+            SELECT l.site_id, sums.*
+            FROM (
+                SELECT ad_account_id, day, {_checked_sum("spend", _SPEND_SUM_RANGE)},
+                       {_checked_sum("impressions", _COUNT_SUM_RANGE)},
+                       {_checked_sum("clicks", _COUNT_SUM_RANGE)},
+                       {_checked_sum("conversations", _COUNT_SUM_RANGE)}, count(*)
+                FROM ad_spend_daily
+                JOIN spend_scope USING (ad_account_id, day)
+                WHERE list_contains($accounts::VARCHAR[], ad_account_id)
+                  AND day BETWEEN $first AND $last
+                GROUP BY ad_account_id, day
+            ) sums
+            JOIN site_ad_accounts l USING (ad_account_id)
+            RETURNING site_id, ad_account_id, day, spend, ad_rows
+            """,
+            params,
+        ).fetchall()
+    except duckdb.InvalidInputException as exc:
+        message = str(exc)
+        if _OVERFLOW_MARK not in message:
+            raise
+        raise SpendInputError(message.split(_OVERFLOW_MARK, 1)[1]) from None
+    first_site: dict[str, str] = {}
+    for site_id, account, _, _, _ in inserted:
+        if site_id < first_site.get(account, "\uffff"):
+            first_site[account] = site_id
+    summaries: dict[str, dict[date, DaySummary]] = {}
+    for site_id, account, day, spend, ad_rows in inserted:
+        if site_id == first_site[account]:
+            summaries.setdefault(account, {})[day] = DaySummary(spend, int(ad_rows))
+    return summaries
