@@ -96,9 +96,11 @@ def breakdown(base_url: str, blocks) -> None:
                 spent[name] = spent.get(name, 0.0) + time.perf_counter() - started
         return wrapper
 
+    nested = "  of which: insights pages read from bytes"
     patches = [
-        (client.MetaClient, "_once", "HTTP request + json.loads + usage headers"),
-        (client, "parse_insight_table", "parse pages (Arrow tables)"),
+        (client.MetaClient, "_once", "HTTP request + decode + usage headers"),
+        (client, "read_insights_page", nested),
+        (client, "parse_insight_table", "parse pages json.loads decoded (Arrow)"),
         (sync, "write_spend", "write_spend"),
         (sync, "upsert_names_from_spend", "upsert_names_from_spend (catalog.py)"),
         (sync.Syncer, "_catalog_after_spend", "catalog after spend (catalog_sync)"),
@@ -112,10 +114,10 @@ def breakdown(base_url: str, blocks) -> None:
         total, _, _ = sync_once(base_url, blocks)
     del duckdb
     print(f"breakdown of one more sync ({total:.2f} s):")
-    for name, seconds in spent.items():
-        print(f"  {name:45s} {seconds:6.2f} s")
+    for name in [name for _, _, name in patches if name in spent]:  # nested after its caller
+        print(f"  {name:45s} {spent[name]:6.2f} s")
     print(f"  {'the rest (closing connections, sync core, ...)':45s} "
-          f"{total - sum(spent.values()):6.2f} s")
+          f"{total - sum(spent.values()) + spent.get(nested, 0.0):6.2f} s")
 
 
 def main() -> None:

@@ -11,9 +11,14 @@ Two parts, in one run:
    accounts executed as its own process (`dagster job execute`, as the run
    launcher would), for two K, live and daily, reading the fake Graph over
    loopback. CPU seconds of the run process are split into a fixed cost per
-   run and a cost per account sync; instance storage growth likewise.
+   run and a cost per account sync; instance storage growth likewise. The
+   clock is pinned (the fake's and the run's), each measured wave is the one
+   45 minutes after a first: live waves once where no account is in the
+   first 45 minutes of a three-hour local block and once where half are,
+   since only those record their changed days as materializations.
 
-Then: CPU seconds per account-day = (waves x fixed + syncs x per-sync) / N,
+Then: CPU seconds per account-day = (waves x fixed + syncs x per-sync + live syncs
+in a recording block x their extra) / N,
 and storage at steady state with retention = the latest materialization of
 each account-day partition (two assets) plus its sync rows.
 
@@ -33,11 +38,13 @@ import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from rastro_assets import cadence  # noqa: E402
+from rastro_assets.defs.wave import LIVE_RECORD_BLOCK_MINUTES  # noqa: E402
 from rastro_assets.timekeeping import local_date  # noqa: E402
 
 TIMEZONES = [
@@ -83,6 +90,29 @@ def backfilled_state(index: int, now: datetime) -> cadence.AccountState:
     )
 
 
+def in_recording_block(instant: datetime, timezone: str) -> bool:
+    """Whether a live wave at `instant` records its changed days (see `defs/wave.py`)."""
+    local = instant.astimezone(ZoneInfo(timezone))
+    minutes = local.hour * 60 + local.minute
+    return minutes % LIVE_RECORD_BLOCK_MINUTES < cadence.LIVE_INTERVAL.total_seconds() // 60
+
+
+def recording_instant(after: datetime, most: bool = True) -> datetime:
+    """A minute within three hours of `after` at which the most (or fewest) bench
+    timezones record, 10 minutes into that window."""
+    instant = after.replace(second=0, microsecond=0)
+
+    def recording(candidate: datetime) -> int:
+        count = sum(in_recording_block(candidate, tz) for tz in TIMEZONES)
+        return count if most else -count
+
+    best = max(
+        (instant + timedelta(minutes=step) for step in range(LIVE_RECORD_BLOCK_MINUTES)),
+        key=lambda candidate: (recording(candidate), recording(candidate + timedelta(minutes=10))),
+    )
+    return best + timedelta(minutes=10)
+
+
 def meta_calls(plan: cadence.Plan) -> int:
     days = (plan.until - plan.since).days + 1
     calls = -(-days * ADS_PER_ACCOUNT // PAGE_SIZE)
@@ -104,6 +134,7 @@ def simulate(n_accounts: int, hours: int = 48) -> dict:
     busy_until = START
     now = START
     wave_number = 0
+    recording_live = 0
     while now < START + timedelta(hours=hours):
         if now >= busy_until:
             due = []
@@ -138,6 +169,10 @@ def simulate(n_accounts: int, hours: int = 48) -> dict:
                     if now >= steady_from:
                         syncs[plan.kind] += 1
                         calls += meta_calls(plan)
+                        if plan.kind == "live" and in_recording_block(
+                            now, states[index].timezone
+                        ):
+                            recording_live += 1
                 if now >= steady_from:
                     waves += 1
         if now >= steady_from and now.minute % 5 == 0:
@@ -150,6 +185,7 @@ def simulate(n_accounts: int, hours: int = 48) -> dict:
         "accounts": n_accounts,
         "waves_per_day": waves,
         "syncs_per_day": dict(syncs),
+        "recording_live_per_day": recording_live,
         "meta_calls_per_account_day": calls / n_accounts,
         "reference_calls_per_account_day": reference_calls(),
         "worst_today_age_minutes": worst_age.total_seconds() / 60,
@@ -171,7 +207,7 @@ def reference_calls() -> float:
 
 def measure_waves(sizes: list[int], kinds: list[str]) -> dict:
     from rastro_assets.meta.fake.server import serve
-    from rastro_assets.meta.fake.world import FakeWorld
+    from rastro_assets.meta.fake.world import FakeWorld, MutableClock
     from rastro_assets.vault import Vault, generate_key
     from rastro_assets.warehouse import registry
     from rastro_assets.warehouse.connection import Warehouse
@@ -180,7 +216,8 @@ def measure_waves(sizes: list[int], kinds: list[str]) -> dict:
     token = "EAAbenchTOKENc4d3nc3"
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
-        world = FakeWorld(seed=3)
+        clock = MutableClock(recording_instant(datetime.now(UTC)) - timedelta(hours=3))
+        world = FakeWorld(clock=clock, seed=3)
         n = max(sizes)
         for index in range(n):
             world.add_account(
@@ -219,12 +256,26 @@ def measure_waves(sizes: list[int], kinds: list[str]) -> dict:
                 "RASTRO_META_GRAPH_URL": server.base_url,
                 "RASTRO_SECRETS_KEY": key,
             }
+            # Live waves record changed days only in the first 45 minutes of each
+            # three-hour local block: measured once at an instant where no account
+            # is in one, once where half are; the model weighs them as the day does.
+            off_block = recording_instant(clock() + timedelta(hours=1), most=False)
+            in_block = recording_instant(off_block + timedelta(minutes=60))
             for kind in kinds:
                 for size in sizes:
                     # The first wave writes every row; the cadence's steady state is the
-                    # next one, where only what Meta changed since is written and recorded.
-                    run_wave(world, env, home, size, kind)
-                    results[(kind, size)] = run_wave(world, env, home, size, kind)
+                    # next one, 45 minutes on, where only what Meta changed is written.
+                    for label, instant in [(kind, off_block), (f"{kind}+recording", in_block)]:
+                        if kind == "daily" and label != kind:
+                            continue
+                        clock.set(instant - cadence.LIVE_INTERVAL)
+                        run_wave(world, env, home, size, kind)
+                        clock.set(instant)
+                        results[(label, size)] = run_wave(world, env, home, size, kind)
+                        results[(label, size)]["recording"] = sum(
+                            in_recording_block(instant, TIMEZONES[index % len(TIMEZONES)])
+                            for index in range(size)
+                        )
             results["bytes_per_materialization"] = bytes_per_materialization(home)
     return results
 
@@ -245,7 +296,10 @@ def run_wave(world, env: dict, home: Path, size: int, kind: str) -> dict:
             }
         )
     config = home / "wave.json"
-    config.write_text(json.dumps({"ops": {"sync_wave": {"config": {"syncs": syncs}}}}))
+    config.write_text(json.dumps({
+        "ops": {"sync_wave": {"config": {"syncs": syncs}}},
+        "resources": {"rastro": {"config": {"fixed_now": world.now().isoformat()}}},
+    }))
     before_bytes = directory_bytes(home)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
@@ -321,15 +375,24 @@ def main() -> None:
     _, live_bytes = fit(
         measured[("live", small)], measured[("live", large)], small, large, "storage_bytes"
     )
+    # Batched, a live sync costs less than the noise in a run's fixed cost; a negative
+    # fit would flatter the total, so it counts as zero.
+    live_cpu = max(live_cpu, 0.0)
+    recording = measured[("live+recording", large)]
+    extra_per_recording = (
+        recording["cpu_seconds"] - measured[("live", large)]["cpu_seconds"]
+    ) / max(recording["recording"], 1)
     print(
         f"measured wave run: fixed {fixed_cpu:.2f} CPU s; per live sync {live_cpu * 1000:.0f} ms, "
-        f"per daily sync {daily_cpu * 1000:.0f} ms; "
+        f"per daily sync {daily_cpu * 1000:.0f} ms; a live sync that records its changed "
+        f"days {extra_per_recording * 1000:.0f} ms more; "
         f"storage per live sync {live_bytes / 1024:.1f} KB"
     )
     for (kind, size), figures in sorted(measured.items()):
         print(
-            f"  {kind:5} wave of {size:4} accounts: {figures['cpu_seconds']:.2f} CPU s, "
-            f"{figures['wall_seconds']:.1f} s wall, {figures['storage_bytes'] / 1024:.0f} KB"
+            f"  {kind:14} wave of {size:4} accounts ({figures['recording']} recording): "
+            f"{figures['cpu_seconds']:.2f} CPU s, {figures['wall_seconds']:.1f} s wall, "
+            f"{figures['storage_bytes'] / 1024:.0f} KB"
         )
     # At steady state retention keeps the latest materialization of each account-day
     # partition per asset (plus the runs younger than the retention age, which turn over).
@@ -345,10 +408,12 @@ def main() -> None:
         cpu = (
             simulated["waves_per_day"] * fixed_cpu
             + syncs.get("live", 0) * live_cpu
+            + simulated["recording_live_per_day"] * extra_per_recording
             + (syncs.get("daily", 0) + syncs.get("weekly", 0)) * daily_cpu
         ) / n
         print(
-            f"{n:5} accounts: {simulated['waves_per_day']} Dagster runs/day, syncs {syncs}, "
+            f"{n:5} accounts: {simulated['waves_per_day']} Dagster runs/day, syncs {syncs} "
+            f"({simulated['recording_live_per_day']} live ones recording), "
             f"Meta calls/account-day {simulated['meta_calls_per_account_day']:.1f} "
             f"(reference {simulated['reference_calls_per_account_day']:.1f}), "
             f"CPU s/account-day {cpu:.2f}, "

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import date, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 import httpx
 import pyarrow as pa
@@ -36,10 +37,12 @@ from rastro_assets.meta.models import (
 )
 from rastro_assets.meta.parse import (
     UNKNOWN_ALIAS_CODE,
+    InsightsPage,
     classify_error,
     parse_account,
     parse_ad,
     parse_insight_table,
+    read_insights_page,
 )
 from rastro_assets.meta.usage import parse_usage
 
@@ -92,6 +95,8 @@ _NODE_ID_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 _QUERY_RE = re.compile(r"\?\S*")
 
 T = TypeVar("T")
+# Reads an HTTP 200 body straight into a page; None: decode it with `json` as usual.
+PageReader = Callable[[bytes], InsightsPage | None]
 
 
 class _Secret:
@@ -331,9 +336,17 @@ class MetaClient:
         pages: list[pa.Table] = []
         texts: dict[str, str] = {}
         what = f"GET {act}/insights {since}..{until}"
-        for page in self._pages(f"{act}/insights", params, what=what, retry_timeouts=False):
-            pages.append(parse_insight_table(page, since, until, texts))
+        for page in self._pages(f"{act}/insights", params, what=what, retry_timeouts=False,
+                                read_page=self._page_reader(since, until)):
+            pages.append(
+                page if isinstance(page, pa.Table)
+                else parse_insight_table(page, since, until, texts)
+            )
         return _by_day_and_ad(pages)
+
+    @staticmethod
+    def _page_reader(since: date, until: date) -> PageReader:
+        return lambda body: read_insights_page(body, since, until)
 
     def _read_async(self, act: str, day: date) -> InsightsChunk:
         def incomplete(pages: Sequence[pa.Table] = ()) -> InsightsChunk:
@@ -383,8 +396,12 @@ class MetaClient:
         texts: dict[str, str] = {}
         try:
             for page in self._pages(f"{run_id}/insights", {"limit": str(self._page_size)},
-                                    what=f"GET report {run_id}/insights"):
-                pages.append(parse_insight_table(page, day, day, texts))
+                                    what=f"GET report {run_id}/insights",
+                                    read_page=self._page_reader(day, day)):
+                pages.append(
+                    page if isinstance(page, pa.Table)
+                    else parse_insight_table(page, day, day, texts)
+                )
         except MetaError as exc:
             if exc.kind is not ErrorKind.TOO_MUCH_DATA:
                 raise
@@ -431,34 +448,54 @@ class MetaClient:
     # -- paging, requests, retries ---------------------------------------------
 
     def _pages(
-        self, path: str, params: Mapping[str, str], *, what: str, retry_timeouts: bool = True
-    ) -> Iterator[list[Any]]:
-        """Each page's `data`, following `after` cursors while `next` is given."""
+        self,
+        path: str,
+        params: Mapping[str, str],
+        *,
+        what: str,
+        retry_timeouts: bool = True,
+        read_page: PageReader | None = None,
+    ) -> Iterator[list[Any] | pa.Table]:
+        """Each page's `data`, following `after` cursors while `next` is given.
+
+        With `read_page`, a page it reads comes as its table; any other as the
+        `data` list `json` decoded.
+        """
         after: str | None = None
         next_url: str | None = None
         seen: set[str] = set()
+        # The URL httpx would build from `params` (and `after`), encoded once: httpx
+        # re-checks every character of a merged query in Python, on every page.
+        first_url = f"{self._url(path)}?{urlencode(params)}" if params else self._url(path)
         while True:
             if next_url is not None:
-                body = self._call("GET", next_url, what=what, retry_timeouts=retry_timeouts)
+                url = next_url
+            elif after:
+                url = f"{first_url}{'&' if params else '?'}{urlencode({'after': after})}"
             else:
-                page_params = dict(params) | ({"after": after} if after else {})
-                body = self._call("GET", path, params=page_params, what=what,
-                                  retry_timeouts=retry_timeouts)
-            data = body.get("data")
-            if not isinstance(data, list):
-                raise MalformedResponse(f"Meta answered {what} without a 'data' list")
-            yield data
-            paging = body.get("paging")
-            paging = paging if isinstance(paging, Mapping) else {}
-            if not paging.get("next"):
+                url = first_url
+            body = self._call("GET", url, what=what, retry_timeouts=retry_timeouts,
+                              read_page=read_page)
+            if isinstance(body, InsightsPage):
+                yield body.table
+                next_link, cursor = body.next_url, body.after
+            else:
+                data = body.get("data")
+                if not isinstance(data, list):
+                    raise MalformedResponse(f"Meta answered {what} without a 'data' list")
+                yield data
+                paging = body.get("paging")
+                paging = paging if isinstance(paging, Mapping) else {}
+                next_link = paging.get("next")
+                cursors = paging.get("cursors")
+                cursor = cursors.get("after") if isinstance(cursors, Mapping) else None
+            if not next_link:
                 return
-            cursors = paging.get("cursors")
-            cursor = cursors.get("after") if isinstance(cursors, Mapping) else None
             if isinstance(cursor, str) and cursor:
                 after, next_url = cursor, None
                 marker = cursor
             else:
-                next_url = self._same_origin_next(paging["next"], what)
+                next_url = self._same_origin_next(next_link, what)
                 marker = next_url
             if marker in seen:
                 raise MalformedResponse(f"Meta repeated a paging cursor during {what}")
@@ -491,10 +528,12 @@ class MetaClient:
         params: Mapping[str, str] | None = None,
         data: Mapping[str, str] | None = None,
         retry_timeouts: bool = True,
-    ) -> dict[str, Any]:
+        read_page: PageReader | None = None,
+    ) -> Any:
+        """The decoded body: a dict, or what `read_page` made of it."""
         return self._retrying(
             what,
-            lambda: self._once(method, self._url(path_or_url), params, data, what),
+            lambda: self._once(method, self._url(path_or_url), params, data, what, read_page),
             retry_timeouts=retry_timeouts,
         )
 
@@ -526,7 +565,8 @@ class MetaClient:
         params: Mapping[str, str] | None,
         data: Mapping[str, str] | None,
         what: str,
-    ) -> dict[str, Any]:
+        read_page: PageReader | None = None,
+    ) -> Any:
         # Raised outside the `except` so the httpx exception (which holds the
         # request, Authorization header included) is not even its __context__.
         failure: MetaError | None = None
@@ -550,7 +590,7 @@ class MetaClient:
             raise failure
         usage = parse_usage(response.headers)
         try:
-            body = self._decode(response, what)
+            body = self._decode(response, what, read_page)
         except MetaError as exc:
             if exc.kind is ErrorKind.THROTTLED:
                 usage = parse_usage(response.headers, throttled=True)
@@ -560,7 +600,9 @@ class MetaClient:
         self.stats.record(usage)
         return body
 
-    def _decode(self, response: httpx.Response, what: str) -> dict[str, Any]:
+    def _decode(
+        self, response: httpx.Response, what: str, read_page: PageReader | None = None
+    ) -> Any:
         status = response.status_code
         raw = response.content
         content_type = response.headers.get("content-type", "").lower()
@@ -573,6 +615,10 @@ class MetaClient:
                 f"Meta answered HTTP {status} with an HTML page instead of JSON to {what}",
                 http_status=status,
             )
+        if read_page is not None and status == 200:
+            page = read_page(raw)
+            if page is not None:
+                return page
         try:
             body = json.loads(raw, parse_float=Decimal)
         except ValueError:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import date, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.json as pa_json
 
 from rastro_assets.meta.errors import ErrorKind, MalformedResponse, MetaError
 from rastro_assets.meta.models import (
@@ -392,15 +394,12 @@ def _fast_text(value: Any) -> str | None:
 # as a string. Keys not named here are ignored; any other type of value makes
 # `pa.array` refuse the page, which then takes the per-row path.
 _RAW_ACTION = pa.struct([("action_type", pa.string()), ("value", pa.string())])
+_ROW_TEXTS = (
+    "ad_id", "date_start", "date_stop", "spend", "impressions", "clicks",
+    "ad_name", "adset_id", "adset_name", "campaign_id", "campaign_name",
+)
 _RAW_ROW = pa.struct(
-    [
-        (name, pa.string())
-        for name in (
-            "ad_id", "date_start", "date_stop", "spend", "impressions", "clicks",
-            "ad_name", "adset_id", "adset_name", "campaign_id", "campaign_name",
-        )
-    ]
-    + [("actions", pa.list_(_RAW_ACTION))]
+    [(name, pa.string()) for name in _ROW_TEXTS] + [("actions", pa.list_(_RAW_ACTION))]
 )
 # The spend strings `parse_spend` accepts that a cast reads to the same value.
 # Its other spellings (" 1.5", "1e3", "+2", leading zeros past 14 digits) are
@@ -408,6 +407,38 @@ _RAW_ROW = pa.struct(
 _PLAIN_SPEND = r"^-?[0-9]{1,14}(\.[0-9]{1,4})?$"
 _NULL_TEXT = pa.scalar(None, pa.string())
 _ZERO = pa.array([0], pa.int64())
+
+# An insights body as Meta sends it, every key it may hold named. The reader
+# refuses any other key (at any depth, "error" included), a duplicated key,
+# and any number, boolean or nesting where these shapes do not allow one, so
+# an accepted body holds only strings and nulls, each in one of these columns,
+# and nests at most five deep (`json` raises RecursionError past ~1000).
+# Attribution-window keys in actions ("7d_click", ...) are left to `json` too:
+# naming them costs every read a third more time, filling their null columns.
+_BODY_ROW = pa.struct(
+    [(name, pa.string()) for name in (*_ROW_TEXTS, "account_currency")]
+    + [("actions", pa.list_(_RAW_ACTION))]
+)
+_BODY_SCHEMA = pa.schema([
+    ("data", pa.list_(_BODY_ROW)),
+    ("paging", pa.struct([
+        ("cursors", pa.struct([("before", pa.string()), ("after", pa.string())])),
+        ("next", pa.string()),
+        ("previous", pa.string()),
+    ])),
+])
+_BODY_PARSE = pa_json.ParseOptions(explicit_schema=_BODY_SCHEMA, unexpected_field_behavior="error")
+# The reader's block size is an int32; a body this large is read by `json`.
+_MAX_BODY_BYTES = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class InsightsPage:
+    """An insights page read from its bytes: its rows, checked, and its paging."""
+
+    table: pa.Table  # INSIGHT_SCHEMA, in page order
+    next_url: str | None  # `paging.next`
+    after: str | None  # `paging.cursors.after`
 
 
 def parse_insight_table(
@@ -428,6 +459,44 @@ def parse_insight_table(
     return table
 
 
+def read_insights_page(body: bytes, since: date, until: date) -> InsightsPage | None:
+    """An HTTP 200 insights body read straight from its bytes, when that is sure to be exact.
+
+    Arrow's JSON reader parses the bytes in C++ without the GIL and without
+    building Python objects; the rows then take `parse_insight_table`'s bulk
+    checks. None (read the body with `json.loads` and `parse_insight_table`,
+    as always) for anything that is not plain: a body that is not one JSON
+    object starting with `{`, any key or type outside `_BODY_SCHEMA`, a duplicated
+    key, invalid UTF-8, a lone surrogate, a null or odd row. What comes back is
+    then what the `json.loads` path would give.
+    """
+    # `json` guesses UTF-16/32 from NULs in the first four bytes and skips a BOM.
+    if body[:1] != b"{" or b"\x00" in body[:4] or len(body) >= _MAX_BODY_BYTES:
+        return None
+    try:
+        read = pa_json.read_json(
+            pa.BufferReader(body),
+            read_options=pa_json.ReadOptions(use_threads=False, block_size=len(body) + 1),
+            parse_options=_BODY_PARSE,
+        )
+        if read.num_rows != 1:
+            return None  # several documents: `json` refuses the extra data
+        # The reader does not check UTF-8; `json` refuses what is not UTF-8
+        # (and decodes encoded surrogates, which this refuses too).
+        read.validate(full=True)
+    except (pa.ArrowException, ValueError):
+        return None
+    data = read.column("data")
+    if data.null_count or data.num_chunks != 1:
+        return None
+    table = _plain_rows(data.chunk(0).flatten(), since, until)
+    if table is None:
+        return None
+    paging = read.column("paging")[0].as_py() or {}
+    cursors = paging.get("cursors") or {}
+    return InsightsPage(table, paging.get("next"), cursors.get("after"))
+
+
 def _plain_page(raw_rows: Any, since: date, until: date) -> pa.Table | None:
     """The page's table when every row is plain, else None."""
     if raw_rows.__class__ is not list:
@@ -438,22 +507,34 @@ def _plain_page(raw_rows: Any, since: date, until: date) -> pa.Table | None:
         raw = pa.array(raw_rows, _RAW_ROW)
     except (pa.ArrowException, ValueError, TypeError, OverflowError):
         return None
+    return _plain_rows(raw, since, until)
+
+
+def _plain_rows(raw: pa.StructArray, since: date, until: date) -> pa.Table | None:
+    """The rows' table when every row is plain, else None (the caller reads them in Python).
+
+    `raw` holds at least `_RAW_ROW`'s fields, as strings (and a list of actions).
+    """
+    if not len(raw):
+        return INSIGHT_SCHEMA.empty_table()
     if raw.null_count:
         return None
-    ad_id, start, stop, spend, impressions, clicks, *names, actions = raw.flatten()
+    field = dict(zip([column.name for column in raw.type], raw.flatten(), strict=True))
+    ad_id, start, spend = field["ad_id"], field["date_start"], field["spend"]
     day_texts, day_values = _days_of(since, until)
     day_index = pc.index_in(start, value_set=day_texts)
     if (
         day_index.null_count
         or ad_id.null_count
         or pc.equal(ad_id, "").true_count
-        or not _all_true(pc.equal(stop, start))
+        or not _all_true(pc.equal(field["date_stop"], start))
         or not _all_true(pc.match_substring_regex(spend, _PLAIN_SPEND))
     ):
         return None
     try:
-        impressions, clicks = _plain_count(impressions), _plain_count(clicks)
-        conversations = _plain_conversations(actions)
+        impressions = _plain_count(field["impressions"])
+        clicks = _plain_count(field["clicks"])
+        conversations = _plain_conversations(field["actions"])
     except pa.ArrowInvalid:
         return None  # a count past 64 bits: the per-row path words the refusal, if any
     if impressions is None or clicks is None or conversations is None:
@@ -466,7 +547,7 @@ def _plain_page(raw_rows: Any, since: date, until: date) -> pa.Table | None:
             impressions,
             clicks,
             conversations,
-            *map(_empty_as_null, names),
+            *(_empty_as_null(field[name]) for name in INSIGHT_SCHEMA.names[6:]),
         ],
         schema=INSIGHT_SCHEMA,
     )
@@ -506,7 +587,7 @@ def _plain_conversations(actions: pa.ListArray) -> pa.Array | None:
     entries = actions.values
     if entries.null_count:
         return None
-    action_type, value = entries.flatten()
+    action_type, value = entries.field("action_type"), entries.field("value")
     if action_type.null_count:
         return None
     messaging = pc.equal(action_type, MESSAGING_CONVERSATION_ACTION)

@@ -50,7 +50,7 @@ def linked(path) -> Warehouse:
 
 
 @settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(sequence=st.lists(waves, min_size=1, max_size=3))
 def test_a_batch_merges_names_as_each_account_alone(tmp_path_factory, sequence):

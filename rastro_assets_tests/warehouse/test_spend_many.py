@@ -68,7 +68,7 @@ def same_answer(batch, single) -> bool:
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(sequence=st.lists(waves, min_size=1, max_size=4), second_site=st.booleans(),
        as_table=st.booleans())
