@@ -110,13 +110,15 @@ _CHANGES = """
     )
 """
 
+# Each ad's latest non-empty value of each name, by day.
+_LATEST_NAMES = ", ".join(
+    f"arg_max({name}, day) FILTER (WHERE {name} IS NOT NULL) AS {name}"
+    for name in ("ad_name", "adset_id", "adset_name", "campaign_id", "campaign_name")
+)
+
 _NAMES_SOURCE = f"""
     SELECT ad_id,
-           arg_max(ad_name, day) FILTER (WHERE ad_name IS NOT NULL) AS ad_name,
-           arg_max(adset_id, day) FILTER (WHERE adset_id IS NOT NULL) AS adset_id,
-           arg_max(adset_name, day) FILTER (WHERE adset_name IS NOT NULL) AS adset_name,
-           arg_max(campaign_id, day) FILTER (WHERE campaign_id IS NOT NULL) AS campaign_id,
-           arg_max(campaign_name, day) FILTER (WHERE campaign_name IS NOT NULL) AS campaign_name,
+           {_LATEST_NAMES},
            NULL::VARCHAR AS ad_status, NULL::VARCHAR AS creative_type,
            NULL::VARCHAR AS creative_id, NULL::VARCHAR AS thumbnail_url
     FROM {_INCOMING_NAMES}
@@ -288,16 +290,11 @@ def upsert_names_many(
             con.unregister("incoming_names_many")
 
 
-_NAMES_MANY_MERGE = """
+_NAMES_MANY_MERGE = f"""
     MERGE INTO ad_catalog c
     USING (
         SELECT ad_account_id, ad_id,
-               arg_max(ad_name, day) FILTER (WHERE ad_name IS NOT NULL) AS ad_name,
-               arg_max(adset_id, day) FILTER (WHERE adset_id IS NOT NULL) AS adset_id,
-               arg_max(adset_name, day) FILTER (WHERE adset_name IS NOT NULL) AS adset_name,
-               arg_max(campaign_id, day) FILTER (WHERE campaign_id IS NOT NULL) AS campaign_id,
-               arg_max(campaign_name, day) FILTER (WHERE campaign_name IS NOT NULL)
-                   AS campaign_name,
+               {_LATEST_NAMES},
                ?::TIMESTAMPTZ AS updated_at
         FROM incoming_names_many
         WHERE ad_account_id IN (SELECT ad_account_id FROM site_ad_accounts)

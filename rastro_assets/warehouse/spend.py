@@ -148,27 +148,30 @@ _INSERT = """
     FROM {source}
 """
 
-# Every incoming row and every stored row of the days written, matched once:
-# `change` says what the write does with it. Stored rows are addressed by
-# rowid afterwards, so the key join runs once.
-_CHANGES = """
-    CREATE OR REPLACE TEMP TABLE spend_changes AS
-    SELECT i.ad_id, i.day, i.spend, i.impressions, i.clicks, i.conversations, d.rid,
-           CASE
+# What a write does with an incoming row `i` and its stored match `d`.
+_CHANGE = """CASE
                WHEN i.ad_id IS NULL THEN 'gone'
                WHEN d.rid IS NULL THEN 'new'
                WHEN d.spend <> i.spend OR d.impressions <> i.impressions
                     OR d.clicks <> i.clicks OR d.conversations <> i.conversations
                THEN 'changed'
                ELSE 'same'
-           END AS change
+           END"""
+
+# Every incoming row and every stored row of the days written, matched once:
+# `change` says what the write does with it. Stored rows are addressed by
+# rowid afterwards, so the key join runs once.
+_CHANGES = f"""
+    CREATE OR REPLACE TEMP TABLE spend_changes AS
+    SELECT i.ad_id, i.day, i.spend, i.impressions, i.clicks, i.conversations, d.rid,
+           {_CHANGE} AS change
     FROM incoming_spend i
     FULL JOIN (
         SELECT rowid AS rid, ad_id, day, spend, impressions, clicks, conversations
         FROM ad_spend_daily
-        WHERE ad_account_id = ? AND day BETWEEN ? AND ? {days}
+        WHERE ad_account_id = ? AND day BETWEEN ? AND ? {{days}}
     ) d ON d.ad_id = i.ad_id AND d.day = i.day
-    WHERE i.ad_id IS NOT NULL OR ({complete})
+    WHERE i.ad_id IS NOT NULL OR ({{complete}})
 """
 
 
@@ -663,18 +666,11 @@ _BATCH_CHECKS = """
 
 # As `_CHANGES`, for many accounts: stored rows are those of the scope's
 # account-days; the account list and day bounds let DuckDB skip row groups.
-_BATCH_CHANGES = """
+_BATCH_CHANGES = f"""
     CREATE OR REPLACE TEMP TABLE spend_changes AS
     SELECT coalesce(i.ad_account_id, d.ad_account_id) AS ad_account_id,
            i.ad_id, i.day, i.spend, i.impressions, i.clicks, i.conversations, d.rid,
-           CASE
-               WHEN i.ad_id IS NULL THEN 'gone'
-               WHEN d.rid IS NULL THEN 'new'
-               WHEN d.spend <> i.spend OR d.impressions <> i.impressions
-                    OR d.clicks <> i.clicks OR d.conversations <> i.conversations
-               THEN 'changed'
-               ELSE 'same'
-           END AS change
+           {_CHANGE} AS change
     FROM incoming_spend i
     FULL JOIN (
         SELECT s.rowid AS rid, s.ad_account_id, s.ad_id, s.day, s.spend, s.impressions,
