@@ -358,9 +358,10 @@ class Syncer:
         """Sync many accounts at once, as cheaply per account as the work allows.
 
         One query finds every account and connection, one statement opens
-        every run's lease, and finished runs are closed in batches: a wave of
-        a thousand live syncs would otherwise spend most of its time on
-        single-row statements. The file is held for the wave (see
+        every run's lease, reads small enough are written `WAVE_WRITE_BATCH`
+        accounts at a time, and finished runs are closed in batches: a wave
+        of a thousand live syncs would otherwise spend most of its time on
+        per-account statements. The file is held for the wave (see
         `Warehouse.held`). A token Meta refuses is marked dead at once, and
         the wave's later syncs on that connection do not call Meta with it.
         A sync that dies with the process leaves its run open until the
