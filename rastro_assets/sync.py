@@ -213,7 +213,7 @@ class _SpendWriter:
     ) -> None:
         self._warehouse = warehouse
         self._defer = defer
-        self.deferred: _Deferred | None = None
+        self.deferred: _ReadBatch | None = None
         self._ad_account_id = ad_account_id
         self._synced_at = synced_at
         self._result = result
@@ -241,7 +241,7 @@ class _SpendWriter:
         self._wait()
         batch, self._pending, self._pending_rows = self._pending, [], 0
         if batch and self._defer and self._executor is None:
-            self.deferred = _Deferred.of(batch)
+            self.deferred = _ReadBatch.of(batch)
         elif batch:
             self._write(batch)
 
@@ -265,7 +265,7 @@ class _SpendWriter:
             in_flight.result()
 
     def _write(self, batch: list[InsightsChunk]) -> None:
-        read = _Deferred.of(batch)
+        read = _ReadBatch.of(batch)
         with self._warehouse.connect() as con, transaction(con):
             written = write_spend(
                 con,
@@ -282,15 +282,15 @@ class _SpendWriter:
 
 
 @dataclass(frozen=True)
-class _Deferred:
-    """Chunks read and not yet written, as one write."""
+class _ReadBatch:
+    """Chunks of one read, written as one: now by the read, or later by its wave."""
 
     days: list[date]
     complete_days: list[date]
     rows: pa.Table
 
     @classmethod
-    def of(cls, chunks: list[InsightsChunk]) -> _Deferred:
+    def of(cls, chunks: list[InsightsChunk]) -> _ReadBatch:
         return cls(
             days=[day for chunk in chunks for day in days_between(chunk.since, chunk.until)],
             complete_days=[
@@ -384,7 +384,7 @@ class Syncer:
                         pool.submit(self._read, target, synced_at, dead, defer=True): index
                         for index, target in enumerate(targets)
                     }
-                    waiting: list[tuple[_Target, SyncOutcome, _Deferred]] = []
+                    waiting: list[tuple[_Target, SyncOutcome, _ReadBatch]] = []
                     for done, future in enumerate(as_completed(reads), start=1):
                         index = reads[future]
                         result, deferred = future.result()
@@ -407,7 +407,7 @@ class Syncer:
         )
 
     def _write_together(
-        self, waiting: list[tuple[_Target, SyncOutcome, _Deferred]], synced_at: datetime
+        self, waiting: list[tuple[_Target, SyncOutcome, _ReadBatch]], synced_at: datetime
     ) -> None:
         """Write many accounts' reads in one batch; each outcome gets its own answer."""
         writes = [
@@ -496,7 +496,7 @@ class Syncer:
 
     def _read(
         self, target: _Target, started_at: datetime, dead: _DeadTokens, *, defer: bool = False
-    ) -> tuple[SyncOutcome, _Deferred | None]:
+    ) -> tuple[SyncOutcome, _ReadBatch | None]:
         """Read Meta and write the warehouse for one started sync; never raises.
 
         With `defer`, a read small enough to need no write of its own comes
@@ -570,7 +570,7 @@ class Syncer:
 
     def _read_and_write(
         self, request, connection, started_at, result: SyncOutcome, defer: bool = False
-    ) -> _Deferred | None:
+    ) -> _ReadBatch | None:
         try:
             token = self.vault_factory().open(connection.connection_id, connection.sealed_token)
         except SecretsKeyError as exc:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import duckdb
@@ -12,6 +12,7 @@ import pytest
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.runs import SyncRunEnd, finish_sync_run, start_sync_run
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -129,3 +130,37 @@ def syncer(warehouse: Warehouse, linked_world, fake_clock, secrets_key):
         )
 
     return Syncer(warehouse, client, clock=fake_clock)
+
+
+def record_sync_run(
+    con,
+    run_id: str,
+    account: str,
+    kind: str,
+    since: date,
+    until: date,
+    started_at: datetime,
+    *,
+    outcome: str = "ok",
+    error: str | None = None,
+    catalog: bool = False,
+    took: timedelta = timedelta(seconds=5),
+    token_sealed_at: datetime | None = None,
+    api_calls: int = 0,
+) -> None:
+    """A finished `meta_sync_runs` row, written as a sync writes it (start, then finish)."""
+    start_sync_run(
+        con,
+        run_id=run_id,
+        ad_account_id=account,
+        kind=kind,
+        since=since,
+        until=until,
+        started_at=started_at,
+        catalog=catalog,
+        token_sealed_at=token_sealed_at,
+    )
+    end = SyncRunEnd(
+        finished_at=started_at + took, outcome=outcome, error=error, api_calls=api_calls
+    )
+    finish_sync_run(con, run_id=run_id, ad_account_id=account, end=end)

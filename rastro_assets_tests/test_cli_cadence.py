@@ -14,7 +14,7 @@ from rastro_assets.cli_cadence import parse_instant
 from rastro_assets.timekeeping import fixed_clock
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
-from rastro_assets.warehouse.runs import SyncRunEnd, finish_sync_run, start_sync_run
+from rastro_assets_tests.conftest import record_sync_run
 
 STATUS_KEYS = {
     "ad_account_id",
@@ -75,21 +75,11 @@ def sync_run(
     error: str | None = None,
     kind: str = "backfill",
 ) -> None:
-    start_sync_run(
-        con,
-        run_id=run_id,
-        ad_account_id=account,
-        kind=kind,
-        since=since,
-        until=until,
-        started_at=started_at,
-        catalog=True,
-        token_sealed_at=started_at - timedelta(days=10),
+    record_sync_run(
+        con, run_id, account, kind, since, until, started_at,
+        outcome=outcome, error=error, catalog=True, took=timedelta(minutes=2),
+        token_sealed_at=started_at - timedelta(days=10), api_calls=3,
     )
-    end = SyncRunEnd(
-        finished_at=started_at + timedelta(minutes=2), outcome=outcome, error=error, api_calls=3
-    )
-    finish_sync_run(con, run_id=run_id, ad_account_id=account, end=end)
 
 
 @pytest.fixture

@@ -98,8 +98,9 @@ def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: Rastro
 
     # Each log line is an event the instance stores (~8 ms): accounts that
     # synced fine are summed up in one line and the run's metadata.
+    outcomes = wave.outcomes
     failed = recorded = rows_written = rows_deleted = 0
-    for outcome in wave.outcomes:
+    for outcome in outcomes:
         for event in [
             *materializations(outcome, days_worth_recording(outcome)),
             *catalog_materializations(outcome),
@@ -114,7 +115,6 @@ def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: Rastro
         else:
             failed += 1
             context.log.warning(f"{outcome.request.ad_account_id}: {outcome.error}")
-    outcomes = wave.outcomes
     context.log.info(
         f"{len(outcomes) - failed} of {len(requests)} accounts synced: {rows_written} rows "
         f"written, {rows_deleted} deleted; {failed} failed, {len(wave.refused)} skipped"

@@ -45,11 +45,8 @@ _AD_COLUMNS = (
 )
 _AD_SCHEMA = pa.schema([(name, pa.string()) for name in _AD_COLUMNS])
 # What `upsert_names_from_spend` reads of a spend read.
-_NAMES_SCHEMA = pa.schema(
-    INSIGHT_SCHEMA.field(name)
-    for name in ("ad_id", "day", "ad_name", "adset_id", "adset_name", "campaign_id",
-                 "campaign_name")
-)
+_NAME_COLUMNS = ("ad_name", "adset_id", "adset_name", "campaign_id", "campaign_name")
+_NAMES_SCHEMA = pa.schema(INSIGHT_SCHEMA.field(name) for name in ("ad_id", "day", *_NAME_COLUMNS))
 
 # The source of a merge yields `_AD_COLUMNS`; a NULL column means "Meta left it
 # out" and keeps the stored value. The thumbnail URL belongs to its creative:
@@ -113,7 +110,7 @@ _CHANGES = """
 # Each ad's latest non-empty value of each name, by day.
 _LATEST_NAMES = ", ".join(
     f"arg_max({name}, day) FILTER (WHERE {name} IS NOT NULL) AS {name}"
-    for name in ("ad_name", "adset_id", "adset_name", "campaign_id", "campaign_name")
+    for name in _NAME_COLUMNS
 )
 
 _NAMES_SOURCE = f"""
@@ -270,13 +267,13 @@ def upsert_names_many(
         raise ValueError("now must be an aware datetime")
     tables = [(account, read_columns(table, _NAMES_SCHEMA)) for account, table in reads]
     tables = [(account, table) for account, table in tables if table.num_rows]
+    if not tables:
+        return
     ad_ids = [set(table["ad_id"].unique().to_pylist()) for _, table in tables]
     if sum(map(len, ad_ids)) != len(set().union(*ad_ids)):
         # One ad in two accounts' reads would meet itself twice in the merge.
         for account, table in tables:
             upsert_names_from_spend(con, account, table, now)
-        return
-    if not tables:
         return
     incoming = pa.concat_tables(
         table.add_column(0, "ad_account_id", pa.array([account] * table.num_rows, pa.string()))

@@ -297,30 +297,22 @@ def _replace_site_spend(
         """,
         [ad_account_id, days[0], days[-1], *days_params, sites],
     )
-    try:
-        inserted = con.execute(
-            f"""
+    inserted = _insert_site_sums(
+        con,
+        f"""
         INSERT INTO site_spend_daily
             (site_id, ad_account_id, day, spend, impressions, clicks, conversations, ad_rows)
         SELECT unnest(?::VARCHAR[]), *
         FROM (
-            SELECT ad_account_id, day, {_checked_sum("spend", _SPEND_SUM_RANGE)},
-                   {_checked_sum("impressions", _COUNT_SUM_RANGE)},
-                   {_checked_sum("clicks", _COUNT_SUM_RANGE)},
-                   {_checked_sum("conversations", _COUNT_SUM_RANGE)}, count(*)
+            SELECT {_SITE_SUMS}
             FROM ad_spend_daily
             WHERE ad_account_id = ? AND day BETWEEN ? AND ? {days_sql}
             GROUP BY ad_account_id, day
         )
         RETURNING site_id, day, spend, ad_rows
         """,
-            [sites, ad_account_id, days[0], days[-1], *days_params],
-        ).fetchall()
-    except duckdb.InvalidInputException as exc:
-        message = str(exc)
-        if _OVERFLOW_MARK not in message:
-            raise
-        raise SpendInputError(message.split(_OVERFLOW_MARK, 1)[1]) from None
+        [sites, ad_account_id, days[0], days[-1], *days_params],
+    )
     first = sites[0]
     return {
         day: DaySummary(spend, int(ad_rows))
@@ -338,6 +330,17 @@ _SPEND_SUM_RANGE = "-99999999999999.9999::DECIMAL(38,4) AND 99999999999999.9999:
 _COUNT_SUM_RANGE = "-9223372036854775808::HUGEINT AND 9223372036854775807::HUGEINT"
 
 
+def _insert_site_sums(con: duckdb.DuckDBPyConnection, sql: str, params: object) -> list[tuple]:
+    """Run a site-sum insert; a sum past its column's type is the read's error."""
+    try:
+        return con.execute(sql, params).fetchall()
+    except duckdb.InvalidInputException as exc:
+        message = str(exc)
+        if _OVERFLOW_MARK not in message:
+            raise
+        raise SpendInputError(message.split(_OVERFLOW_MARK, 1)[1]) from None
+
+
 def _checked_sum(column: str, allowed: str) -> str:
     return (
         f"CASE WHEN sum({column}) NOT BETWEEN {allowed}"
@@ -346,6 +349,15 @@ def _checked_sum(column: str, allowed: str) -> str:
         f" || ', more than site_spend_daily.{column} holds')"
         f" ELSE sum({column}) END"
     )
+
+
+# A day's sums for `site_spend_daily`, each checked against its column's type.
+_SITE_SUMS = ", ".join([
+    "ad_account_id, day",
+    _checked_sum("spend", _SPEND_SUM_RANGE),
+    *(_checked_sum(name, _COUNT_SUM_RANGE) for name in ("impressions", "clicks", "conversations")),
+    "count(*)",
+])
 
 
 def spend_by_day(
@@ -697,17 +709,14 @@ def _replace_batch_site_spend(
         """,
         params,
     )
-    try:
-        inserted = con.execute(
-            f"""
+    inserted = _insert_site_sums(
+        con,
+        f"""
             INSERT INTO site_spend_daily (site_id, ad_account_id, day, spend, impressions,
                                           clicks, conversations, ad_rows)
             SELECT l.site_id, sums.*
             FROM (
-                SELECT ad_account_id, day, {_checked_sum("spend", _SPEND_SUM_RANGE)},
-                       {_checked_sum("impressions", _COUNT_SUM_RANGE)},
-                       {_checked_sum("clicks", _COUNT_SUM_RANGE)},
-                       {_checked_sum("conversations", _COUNT_SUM_RANGE)}, count(*)
+                SELECT {_SITE_SUMS}
                 FROM ad_spend_daily
                 JOIN spend_scope USING (ad_account_id, day)
                 WHERE list_contains($accounts::VARCHAR[], ad_account_id)
@@ -717,13 +726,8 @@ def _replace_batch_site_spend(
             JOIN site_ad_accounts l USING (ad_account_id)
             RETURNING site_id, ad_account_id, day, spend, ad_rows
             """,
-            params,
-        ).fetchall()
-    except duckdb.InvalidInputException as exc:
-        message = str(exc)
-        if _OVERFLOW_MARK not in message:
-            raise
-        raise SpendInputError(message.split(_OVERFLOW_MARK, 1)[1]) from None
+        params,
+    )
     first_site: dict[str, str] = {}
     for site_id, account, _, _, _ in inserted:
         if site_id < first_site.get(account, "\uffff"):

@@ -1,52 +1,18 @@
-"""What the Dagster tests share: an instance, the resource on the loopback fake Graph, sync rows."""
+"""What the Dagster tests share: an instance and the resource on the loopback fake Graph."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from datetime import date, datetime, timedelta
+from datetime import date, datetime
 
 import dagster as dg
 import pytest
 
 from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.warehouse.runs import SyncRunEnd, finish_sync_run, start_sync_run
 from rastro_assets_tests.conftest import NOW
 
 TODAY = date(2026, 11, 30)  # local today of both fake accounts at NOW
-
-
-def record_sync_run(
-    con,
-    run_id: str,
-    account: str,
-    kind: str,
-    since: date,
-    until: date,
-    started_at: datetime,
-    *,
-    outcome: str = "ok",
-    catalog: bool = False,
-    took: timedelta = timedelta(seconds=5),
-) -> None:
-    """A finished `meta_sync_runs` row, written as a sync writes it (start, then finish)."""
-    start_sync_run(
-        con,
-        run_id=run_id,
-        ad_account_id=account,
-        kind=kind,
-        since=since,
-        until=until,
-        started_at=started_at,
-        catalog=catalog,
-        token_sealed_at=None,
-    )
-    finish_sync_run(
-        con,
-        run_id=run_id,
-        ad_account_id=account,
-        end=SyncRunEnd(finished_at=started_at + took, outcome=outcome),
-    )
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from rastro_assets.timekeeping import local_date, local_midnight
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.retention import prune_sync_runs
 from rastro_assets.warehouse.runs import planned_accounts
-from rastro_assets_tests.conftest import NOW
-from rastro_assets_tests.defs.conftest import TODAY, record_sync_run
+from rastro_assets_tests.conftest import NOW, record_sync_run
+from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.warehouse.test_planner_history import COLUMNS, History
 
 

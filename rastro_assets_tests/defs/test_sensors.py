@@ -12,8 +12,8 @@ from rastro_assets.defs.sensors import meta_accounts_sensor, meta_cadence_sensor
 from rastro_assets.defs.spend_assets import ACCOUNT_TAG, SYNC_KIND_TAG
 from rastro_assets.defs.wave import WAVE_TAG
 from rastro_assets.warehouse import registry
-from rastro_assets_tests.conftest import NOW
-from rastro_assets_tests.defs.conftest import TODAY, record_sync_run
+from rastro_assets_tests.conftest import NOW, record_sync_run
+from rastro_assets_tests.defs.conftest import TODAY
 
 
 @pytest.fixture
