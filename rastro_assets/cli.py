@@ -124,7 +124,7 @@ def command(subparsers: Subparsers, name: str, handler: Handler, help: str) -> _
 
 def registrars() -> list[Registrar]:
     """Every subcommand, in the order `rastro --help` lists them."""
-    from rastro_assets import cli_cadence, cli_tools
+    from rastro_assets import cli_cadence, cli_sql, cli_tools
 
     return [
         add_keygen,
@@ -132,6 +132,7 @@ def registrars() -> list[Registrar]:
         add_connect,
         add_link,
         add_unlink,
+        *cli_sql.REGISTRARS,
         *cli_cadence.REGISTRARS,
         *cli_tools.REGISTRARS,
     ]

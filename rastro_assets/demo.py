@@ -106,6 +106,8 @@ def prepare(
         "RASTRO_META_FAKE": "true",
         "RASTRO_DUCKDB_PATH": str(paths.duckdb),
         "DAGSTER_HOME": str(paths.dagster_home),
+        # Someone trying the demo waits for their first query: publish within a minute.
+        "RASTRO_ANALYTICS_LAG_SECONDS": environ.get("RASTRO_ANALYTICS_LAG_SECONDS") or "60",
     }
 
 

@@ -8,9 +8,25 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 DEFAULT_DUCKDB_PATH = "data/rastro.duckdb"
 DEFAULT_GRAPH_URL = "https://graph.facebook.com/v25.0"
+ANALYTICS_FILE_NAME = "analytics.duckdb"
+DEFAULT_ANALYTICS_MODE = 0o644
+DEFAULT_ANALYTICS_LAG_SECONDS = 300
+
+# Operators may make the sensors tick faster (tests, demos); read once, when the code loads.
+SENSOR_INTERVAL_OVERRIDE_SECONDS = int(os.environ.get("RASTRO_SENSOR_INTERVAL_SECONDS") or 0)
+
+
+class SettingsError(ValueError):
+    """A variable of the environment holds a value the product cannot use."""
+
+
+def default_analytics_path(duckdb_path: str) -> str:
+    """The snapshot beside the pipeline's file: `data/analytics.duckdb` by default."""
+    return str(Path(duckdb_path).parent / ANALYTICS_FILE_NAME)
 
 
 @dataclass(frozen=True)
@@ -18,6 +34,25 @@ class Settings:
     duckdb_path: str = DEFAULT_DUCKDB_PATH
     graph_url: str = DEFAULT_GRAPH_URL
     use_fake_graph: bool = False
+    analytics_path: str | None = None
+    """The analytics snapshot; None: `analytics.duckdb` beside the pipeline's file."""
+    analytics_mode: int = DEFAULT_ANALYTICS_MODE
+    analytics_lag_seconds: int = DEFAULT_ANALYTICS_LAG_SECONDS
+    """How far the snapshot may lag a write to the pipeline's file."""
+
+    def __post_init__(self) -> None:
+        # A publish renames a new file over the snapshot: over the pipeline's own file it
+        # would destroy the registry, the sealed tokens and the sync history.
+        if os.path.abspath(self.snapshot_path) == os.path.abspath(self.duckdb_path):
+            raise SettingsError(
+                f"RASTRO_ANALYTICS_PATH names the pipeline's own file ({self.duckdb_path},"
+                " RASTRO_DUCKDB_PATH): the snapshot must be another file, since each publish"
+                " replaces it whole"
+            )
+
+    @property
+    def snapshot_path(self) -> str:
+        return self.analytics_path or default_analytics_path(self.duckdb_path)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
@@ -28,4 +63,37 @@ class Settings:
             use_fake_graph=(
                 env.get("RASTRO_META_FAKE", "").strip().lower() in {"1", "true", "yes"}
             ),
+            analytics_path=env.get("RASTRO_ANALYTICS_PATH") or None,
+            analytics_mode=_octal_mode(env.get("RASTRO_ANALYTICS_MODE")),
+            analytics_lag_seconds=_positive_seconds(env.get("RASTRO_ANALYTICS_LAG_SECONDS")),
         )
+
+
+def _octal_mode(raw: str | None) -> int:
+    if not raw:
+        return DEFAULT_ANALYTICS_MODE
+    try:
+        mode = int(raw, 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o777 or not mode & 0o400:
+        raise SettingsError(
+            f"RASTRO_ANALYTICS_MODE must be an octal file mode the owner can read, like 0644"
+            f" or 0640, not {raw!r}"
+        )
+    return mode
+
+
+def _positive_seconds(raw: str | None) -> int:
+    if not raw:
+        return DEFAULT_ANALYTICS_LAG_SECONDS
+    try:
+        seconds = int(raw)
+    except ValueError:
+        seconds = 0
+    if seconds < 30:
+        raise SettingsError(
+            f"RASTRO_ANALYTICS_LAG_SECONDS must be a whole number of seconds, 30 or more,"
+            f" not {raw!r}"
+        )
+    return seconds

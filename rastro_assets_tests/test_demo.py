@@ -50,6 +50,7 @@ def test_prepare_twice_reuses_everything(paths: demo.DemoPaths, now):
         "RASTRO_META_FAKE": "true",
         "RASTRO_DUCKDB_PATH": str(paths.data / "rastro.duckdb"),
         "DAGSTER_HOME": str(paths.data / "dagster_home"),
+        "RASTRO_ANALYTICS_LAG_SECONDS": "60",
     }
     assert (paths.dagster_home / "dagster.yaml").read_text() == (
         paths.root / "dagster.yaml"

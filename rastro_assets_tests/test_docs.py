@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import io
 import re
+import shlex
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -17,11 +19,15 @@ from dagster._core.instance.ref import InstanceRef
 from rastro_assets import cli
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.runs import SyncRunEnd, finish_sync_run, start_sync_run
+from rastro_assets_tests.analytics.test_frames import publish_week
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 SCALED = "dagster.scaled.yaml"
 GUIDE = DOCS / "operations.md"
+README = REPO / "README.md"
+# Where the guide puts the analytics snapshot; its examples run against a test snapshot.
+GUIDE_SNAPSHOT = "/var/lib/rastro/analytics.duckdb"
 ERROR_CODES = (
     "META_TOKEN_INVALID",
     "RATE_LIMITED",
@@ -146,7 +152,7 @@ def test_the_guide_names_only_real_commands():
     named = set(re.findall(r"(?<!-u )\brastro ([a-z][a-z-]*)\b", text))
     assert named, "the guide shows no rastro command"
     assert named <= set(subparsers.choices), named - set(subparsers.choices)
-    for command in ("keygen", "rotate-key", "connect", "status", "plan", "sync-now"):
+    for command in ("keygen", "rotate-key", "connect", "status", "plan", "sync-now", "sql"):
         assert f"rastro {command}" in text
 
 
@@ -191,3 +197,67 @@ def test_the_guides_queries_run(warehouse: Warehouse, linked_account: str, now):
     with warehouse.connect(read_only=True) as con:
         for query in queries:
             con.execute(query).fetchall()
+
+
+# The analytics snapshot, in the README and the guide ------------------------
+
+
+@pytest.fixture
+def published(syncer, warehouse, fake_clock, duckdb_path: Path) -> Path:
+    """A snapshot of a synced week, where the demo keeps it: beside the pipeline's file."""
+    return publish_week(syncer, warehouse, duckdb_path.parent / "analytics.duckdb", fake_clock)
+
+
+def sql_commands(text: str) -> list[list[str]]:
+    """Every `rastro sql "..."` in the ```sh blocks of `text`, as argv after `rastro`."""
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", text, flags=re.DOTALL):
+        for match in re.finditer(r'(?:\S*/)?rastro sql "[^"]*"[^\n]*', block):
+            commands.append(shlex.split(match[0], comments=True)[1:])
+    return commands
+
+
+def test_the_docs_snapshot_queries_run(
+    published: Path, duckdb_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Every `rastro sql` the README and the guide show answers on a published snapshot."""
+    monkeypatch.chdir(tmp_path)  # where an --output file lands
+    commands = sql_commands(README.read_text()) + sql_commands(GUIDE.read_text())
+    assert len(commands) >= 5, commands
+    for argv in commands:
+        out, err = io.StringIO(), io.StringIO()
+        ctx = cli.Context(
+            environ={"RASTRO_DUCKDB_PATH": str(duckdb_path)},
+            stdin=io.StringIO(""),
+            stdout=out,
+            stderr=err,
+        )
+        assert cli.run(argv, ctx) == 0, (argv, err.getvalue())
+        assert out.getvalue() and not err.getvalue()
+
+
+def test_the_guides_notebook_examples_run(
+    published: Path, duckdb_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    text = GUIDE.read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+    assert len(blocks) >= 2 and GUIDE_SNAPSHOT in text
+    monkeypatch.setenv("RASTRO_DUCKDB_PATH", str(duckdb_path))
+    monkeypatch.delenv("RASTRO_ANALYTICS_PATH", raising=False)
+    for block in blocks:
+        namespace: dict = {}
+        exec(block.replace(GUIDE_SNAPSHOT, str(published)), namespace)
+        frames = [value for value in namespace.values() if hasattr(value, "height")]
+        assert frames and all(frame.height > 0 for frame in frames), block
+        if "con" in namespace:
+            namespace["con"].close()
+
+
+def test_the_docs_name_the_snapshots_variables():
+    example = (REPO / ".env.example").read_text()
+    guide = GUIDE.read_text()
+    for name in ("RASTRO_ANALYTICS_PATH", "RASTRO_ANALYTICS_MODE", "RASTRO_ANALYTICS_LAG_SECONDS"):
+        assert name in example and name in guide, name
+    readme = README.read_text()
+    assert "data/analytics.duckdb" in readme
+    assert "duckdb -readonly data/rastro.duckdb" not in readme

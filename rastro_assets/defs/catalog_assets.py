@@ -20,6 +20,7 @@ from rastro_assets.catalog_sync import (
     ThumbnailOutcome,
 )
 from rastro_assets.defs.partitions import account_partitions
+from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
 from rastro_assets.meta import make_client
@@ -89,6 +90,7 @@ def ad_catalog(context: dg.AssetExecutionContext, rastro: RastroResource) -> dg.
         f"{account}: {outcome.ads_read} ads read, {outcome.added} added, {outcome.renamed} "
         f"renamed, {outcome.status_changed} status changes; {outcome.total_ads} in the catalog"
     )
+    publish_after_writes(context, rastro)
     return dg.MaterializeResult(metadata=catalog_metadata(outcome))
 
 
@@ -120,6 +122,7 @@ def ad_thumbnails(
             f"retried; first: {outcome.failures[0] if outcome.failures else 'unknown'}"
         )
     context.log.info(f"{account}: {outcome.fetched} of {outcome.wanted} thumbnails fetched")
+    publish_after_writes(context, rastro)
     return dg.MaterializeResult(metadata=thumbnail_metadata(outcome))
 
 

@@ -5,10 +5,12 @@ contract's variables), so runs launched by the daemon see what it sees. No
 secret is ever configuration: the token is opened from the vault inside a sync.
 """
 
+import dataclasses
 from datetime import UTC, datetime
 
 import dagster as dg
 
+from rastro_assets.analytics.publish import Publisher
 from rastro_assets.meta import make_client
 from rastro_assets.settings import Settings
 from rastro_assets.sync import Syncer
@@ -20,6 +22,7 @@ class RastroResource(dg.ConfigurableResource):
     """The DuckDB warehouse and the Meta Graph, bound from the environment."""
 
     duckdb_path: str | None = None
+    analytics_path: str | None = None
     graph_url: str | None = None
     use_fake_graph: bool | None = None
     fixed_now: str | None = None
@@ -27,8 +30,10 @@ class RastroResource(dg.ConfigurableResource):
 
     def settings(self) -> Settings:
         env = Settings.from_env()
-        return Settings(
+        return dataclasses.replace(
+            env,
             duckdb_path=self.duckdb_path or env.duckdb_path,
+            analytics_path=self.analytics_path or env.analytics_path,
             graph_url=(self.graph_url or env.graph_url).rstrip("/"),
             use_fake_graph=env.use_fake_graph
             if self.use_fake_graph is None
@@ -55,6 +60,12 @@ class RastroResource(dg.ConfigurableResource):
 
     def warehouse(self) -> Warehouse:
         return Warehouse(self.settings().duckdb_path)
+
+    def publisher(self) -> Publisher:
+        """Publishes the analytics snapshot; the debounce runs on real time, the accounts'
+        status on the resource's clock."""
+        settings = self.settings()
+        return Publisher.from_settings(settings, Warehouse(settings.duckdb_path), self.clock())
 
     def syncer(self) -> Syncer:
         settings = self.settings()

@@ -8,7 +8,6 @@ starts one wave run for all the live, daily and weekly syncs that are due.
 Both read `meta_sync_runs` through the planner: there is no cursor to drift.
 """
 
-import os
 from collections.abc import Iterable
 
 import dagster as dg
@@ -30,14 +29,13 @@ from rastro_assets.defs.spend_assets import (
     SYNC_KIND_TAG,
 )
 from rastro_assets.defs.wave import WAVE_TAG, sync_wave_job
+from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS
 from rastro_assets.timekeeping import days_between
 from rastro_assets.warehouse.connection import WarehouseLocked
 from rastro_assets.warehouse.runs import PlannedAccount, planned_accounts
 
-# Operators may tick faster (tests, demos); the daemon never evaluates more often than this.
-SENSOR_SECONDS_OVERRIDE = int(os.environ.get("RASTRO_SENSOR_INTERVAL_SECONDS") or 0)
-ACCOUNTS_SENSOR_SECONDS = SENSOR_SECONDS_OVERRIDE or 30
-CADENCE_SENSOR_SECONDS = SENSOR_SECONDS_OVERRIDE or 60
+ACCOUNTS_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 30
+CADENCE_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 60
 SENSOR_LOCK_WAIT_SECONDS = 20.0
 BACKFILL_KINDS = ("backfill", "gap")
 WAVE_KINDS = ("live", "daily", "weekly")

@@ -12,6 +12,7 @@ import dagster as dg
 
 from rastro_assets.defs.metadata import spend_metadata
 from rastro_assets.defs.partitions import account_date_ranges, spend_partition_key, spend_partitions
+from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.sync import SyncOutcome, SyncRefused, SyncRequest
 from rastro_assets.timekeeping import days_between
@@ -73,6 +74,21 @@ def materializations(
 )
 def meta_spend(context: dg.AssetExecutionContext, rastro: RastroResource):
     """Reads Meta for the run's account-days and replaces them in the warehouse."""
+    try:
+        outcomes = _sync_partitions(context, rastro)
+    except BaseException:
+        # A failed range may follow ranges that were written: they are published all the same.
+        publish_after_writes(context, rastro)
+        raise
+    metadata = spend_metadata(outcomes[-1]) if len(outcomes) == 1 else {}
+    yield dg.MaterializeResult(asset_key=AD_SPEND_DAILY, metadata=metadata)
+    yield dg.MaterializeResult(asset_key=SITE_SPEND_DAILY, metadata=metadata)
+    publish_after_writes(context, rastro)
+
+
+def _sync_partitions(
+    context: dg.AssetExecutionContext, rastro: RastroResource
+) -> list[SyncOutcome]:
     syncer = rastro.syncer()
     kind = context.run.tags.get(SYNC_KIND_TAG, "manual")
     outcomes: list[SyncOutcome] = []
@@ -101,9 +117,7 @@ def meta_spend(context: dg.AssetExecutionContext, rastro: RastroResource):
                 f"{account}: {outcome.rows_written} rows written, {outcome.rows_deleted} deleted, "
                 f"{outcome.api_calls} Meta calls"
             )
-    metadata = spend_metadata(outcomes[-1]) if len(outcomes) == 1 else {}
-    yield dg.MaterializeResult(asset_key=AD_SPEND_DAILY, metadata=metadata)
-    yield dg.MaterializeResult(asset_key=SITE_SPEND_DAILY, metadata=metadata)
+    return outcomes
 
 
 def _backfill_position(context: dg.AssetExecutionContext, account: str, since: date) -> str:

@@ -14,6 +14,7 @@ import dagster as dg
 
 from rastro_assets import cadence
 from rastro_assets.defs.catalog_assets import catalog_materializations
+from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend_assets import materializations
 from rastro_assets.sync import SyncOutcome, SyncRequest
@@ -130,6 +131,7 @@ def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: Rastro
             "materializations": recorded,
         }
     )
+    publish_after_writes(context, rastro)
     if outcomes and failed == len(outcomes):
         raise dg.Failure(description=f"every account of the wave failed ({failed})")
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import duckdb
 
+from rastro_assets.settings import default_analytics_path
 from rastro_assets.warehouse import schema
 
 FIRST_RETRY_SECONDS = 0.05
@@ -34,6 +35,9 @@ _OWNED: weakref.WeakSet[duckdb.DuckDBPyConnection] = weakref.WeakSet()
 # migrations of the same file within this process take turns here.
 _MIGRATION_LOCKS: dict[str, threading.Lock] = {}
 _MIGRATION_LOCKS_GUARD = threading.Lock()
+
+PIPELINE_FILE_MODE = 0o600
+"""The pipeline's file holds sealed tokens: only its owner reads it."""
 
 _LOCK_HOLDER = re.compile(r"Conflicting lock is held in (?P<exe>.+?) \(PID (?P<pid>\d+)\)")
 
@@ -51,9 +55,15 @@ class WarehouseLocked(Exception):
         who = f"{holder} (PID {pid})" if pid is not None else (holder or "another connection")
         super().__init__(
             f"the warehouse {path} is locked by another process, {who}, and stayed locked"
-            f" for {waited_seconds:.1f} s; close long-running sessions on it (a DuckDB"
-            " shell, a notebook) or wait for that process to finish, then retry"
+            f" for {waited_seconds:.1f} s. It is the pipeline's own file: query the analytics"
+            f" snapshot instead ({snapshot_hint(path)}, or `rastro sql`), which stays open"
+            " as long as you like; close any session on the pipeline's file, then retry"
         )
+
+
+def snapshot_hint(pipeline_path: str) -> str:
+    """Where analysts should look instead of the pipeline's file."""
+    return os.environ.get("RASTRO_ANALYTICS_PATH") or default_analytics_path(pipeline_path)
 
 
 class Warehouse:
@@ -176,6 +186,8 @@ class Warehouse:
                 holder, pid = match["exe"], int(match["pid"])
             else:
                 try:
+                    if not read_only:
+                        _keep_private(self.path)
                     con.execute("SET TimeZone = 'UTC'")
                 except BaseException:
                     con.close()
@@ -239,6 +251,19 @@ def register_arrow(con: duckdb.DuckDBPyConnection, name: str, table: object) -> 
     if complete is not None:
         complete()
     con.register(name, table)
+
+
+def _keep_private(path: str) -> None:
+    """Make the pipeline's file (and its write-ahead log) readable by its owner only.
+
+    DuckDB creates files with the process's umask; the first connection closes
+    that window before anything is written, and an older, looser file is
+    tightened on its next open.
+    """
+    for candidate in (path, path + ".wal"):
+        with suppress(FileNotFoundError):
+            if os.stat(candidate).st_mode & 0o777 != PIPELINE_FILE_MODE:
+                os.chmod(candidate, PIPELINE_FILE_MODE)
 
 
 def _migration_lock(path: str) -> threading.Lock:

@@ -148,8 +148,23 @@ _V1 = (
     """,
 )
 
+_V2 = (
+    # What the analytics snapshot at each path last carried: the publisher and its sensor
+    # compare the fingerprint with the pipeline's to know whether a publish is owed.
+    """
+    CREATE TABLE IF NOT EXISTS analytics_snapshot_state (
+        target VARCHAR PRIMARY KEY,
+        fingerprint VARCHAR,
+        published_at TIMESTAMPTZ,
+        bytes BIGINT,
+        duration_ms BIGINT
+    )
+    """,
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "sites, connections, accounts, links, spend, catalog, thumbnails, runs", _V1),
+    Migration(2, "analytics snapshot publish state", _V2),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -32,7 +32,11 @@ def materialize(instance, rastro, assets, account: str, **kwargs):
 
 
 def metadata(result, node: str) -> dict:
-    [event] = result.asset_materializations_for_node(node)
+    [event] = [
+        event
+        for event in result.asset_materializations_for_node(node)
+        if event.asset_key.to_user_string() == node
+    ]
     return {key: value.value for key, value in event.metadata.items()}
 
 

@@ -1,8 +1,10 @@
 """End to end: a real dagster-daemon keeps a linked account of the fake Graph fresh.
 
 Link → the sensors add the partition and start a 90-day partition backfill
-(three 30-day runs) → sync-now → a live wave lands → the token dies at Meta →
-the account pauses → a new token is connected → the account resumes.
+(three 30-day runs) → sync-now → live waves land → the token dies at Meta →
+the account pauses → a new token is connected → the account resumes. All the
+while two analysts hold sessions open on the analytics snapshot, one
+read-only and one read-write, and nothing waits on them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 import yaml
 
 from rastro_assets import cadence
+from rastro_assets.analytics.publish import Publisher
 from rastro_assets.meta.fake.server import serve
 from rastro_assets.meta.fake.world import FakeWorld
 from rastro_assets.timekeeping import local_date
@@ -26,6 +29,7 @@ from rastro_assets.vault import Vault
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.runs import planned_accounts
+from rastro_assets_tests.analytics.analyst import Analyst
 from rastro_assets_tests.conftest import TOKEN
 from rastro_assets_tests.truth import assert_equals_truth
 
@@ -35,6 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 ACCOUNT = "act_777"
 NEW_TOKEN = "EAAnewTOKENq81ZrW0pLx3Tm5Yc"
 POLL_SECONDS = 1.0
+LAG_SECONDS = 30
 
 
 def instance_yaml(home: Path) -> dict:
@@ -73,6 +78,8 @@ def daemon_world(tmp_path, secrets_key):
         registry.add_site(con, "s1", "Site one", now)
         registry.save_connection(con, "c1", vault.seal("c1", TOKEN), now)
         registry.link_account(con, "s1", ACCOUNT, "c1", "Pacific/Auckland", "NZD", now)
+    snapshot_path = tmp_path / "analytics.duckdb"
+    Publisher(warehouse, snapshot_path).publish()
     with serve(world) as server:
         env = {
             **os.environ,
@@ -81,6 +88,8 @@ def daemon_world(tmp_path, secrets_key):
             "RASTRO_META_GRAPH_URL": server.base_url,
             "RASTRO_SECRETS_KEY": secrets_key,
             "RASTRO_SENSOR_INTERVAL_SECONDS": "5",
+            "RASTRO_ANALYTICS_PATH": str(snapshot_path),
+            "RASTRO_ANALYTICS_LAG_SECONDS": str(LAG_SECONDS),
         }
         daemon = subprocess.Popen(
             [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", "workspace.yaml"],
@@ -91,7 +100,10 @@ def daemon_world(tmp_path, secrets_key):
             start_new_session=True,
         )
         try:
-            yield world, warehouse, vault, home, tmp_path / "daemon.log"
+            # Read-write, as DBeaver and `duckdb FILE` open by default: it locks the file it
+            # opened, which later publishes replace rather than write.
+            with Analyst(snapshot_path, read_only=False) as writer:
+                yield world, warehouse, vault, home, tmp_path / "daemon.log", writer
         finally:
             os.killpg(daemon.pid, signal.SIGTERM)
             try:
@@ -135,8 +147,37 @@ def sync_now(warehouse: Warehouse) -> datetime:
     return requested_at
 
 
-def test_the_daemon_backfills_syncs_pauses_and_resumes(daemon_world):
-    world, warehouse, vault, home, log = daemon_world
+def newest_published(snapshot_path: Path) -> tuple[datetime, datetime | None]:
+    """What a new analyst session sees: when its snapshot was published, and its newest sync."""
+    with Analyst(snapshot_path) as analyst:
+        [[published_at, last_sync_at]] = analyst.query(
+            "SELECT (SELECT published_at FROM snapshot_info),"
+            " (SELECT max(last_sync_at) FROM account_sync_status)"
+        )
+    return datetime.fromisoformat(published_at), (
+        datetime.fromisoformat(last_sync_at) if last_sync_at else None
+    )
+
+
+def busy_skips(home: Path) -> list[str]:
+    """Every sensor tick the daemon skipped because the warehouse was locked."""
+    import dagster as dg
+
+    instance = dg.DagsterInstance.from_config(str(home))
+    skips = []
+    for state in instance.all_instigator_state():
+        for tick in instance.get_ticks(state.instigator_origin_id, state.selector_id):
+            if tick.skip_reason and "the warehouse is busy" in tick.skip_reason:
+                skips.append(f"{state.instigator_name}: {tick.skip_reason}")
+    return skips
+
+
+def test_the_daemon_backfills_syncs_pauses_and_resumes_while_analysts_read(daemon_world):
+    world, warehouse, vault, home, log, writer = daemon_world
+    snapshot_path = Path(warehouse.path).with_name("analytics.duckdb")
+    spend_rows = "SELECT count(*) FROM ad_spend_daily"
+    assert writer.query(spend_rows) == [[0]]
+    reader = None
     try:
         wait_for(
             "the 90-day backfill",
@@ -153,10 +194,28 @@ def test_the_daemon_backfills_syncs_pauses_and_resumes(daemon_world):
             assert_equals_truth(
                 con, world, ACCOUNT, today - timedelta(days=89), today - timedelta(days=2)
             )
+        reader = Analyst(snapshot_path, read_only=True)
+        backfilled_view = reader.query(spend_rows)
 
-        requested_at = sync_now(warehouse)
-        outcome = wait_for("a wave sync", lambda: wave_outcome_after(warehouse, requested_at), 120)
-        assert outcome == "ok"
+        for _ in range(3):
+            requested_at = sync_now(warehouse)
+            outcome = wait_for(
+                "a wave sync",
+                lambda since=requested_at: wave_outcome_after(warehouse, since),
+                120,
+            )
+            assert outcome == "ok"
+        with warehouse.connect() as con:
+            [[last_ok]] = con.execute(
+                "SELECT max(finished_at) FROM meta_sync_runs WHERE outcome = 'ok'"
+            ).fetchall()
+        wait_for(
+            "the last wave in a new analyst session",
+            lambda: (newest_published(snapshot_path)[1] or last_ok - timedelta(1)) >= last_ok,
+            LAG_SECONDS + 30,
+        )
+        seen_at = datetime.now(UTC)
+        assert (seen_at - last_ok).total_seconds() <= LAG_SECONDS + POLL_SECONDS + 5
 
         world.kill_token(TOKEN, subcode=463)
         requested_at = sync_now(warehouse)
@@ -171,10 +230,19 @@ def test_the_daemon_backfills_syncs_pauses_and_resumes(daemon_world):
         )
         assert outcome == "ok"
         assert account_status(warehouse).state == "live"
+        assert busy_skips(home) == []
+        # The analysts' sessions never moved: each still reads the copy it opened.
+        assert writer.query(spend_rows) == [[0]]
+        assert reader.query(spend_rows) == backfilled_view
     except AssertionError:
         print(log.read_text()[-6000:])
         raise
+    finally:
+        if reader is not None:
+            reader.close()
     leaks = [
-        path for path in home.rglob("*") if path.is_file() and TOKEN.encode() in path.read_bytes()
+        path
+        for path in [*home.rglob("*"), snapshot_path]
+        if path.is_file() and TOKEN.encode() in path.read_bytes()
     ]
     assert leaks == []

@@ -203,7 +203,7 @@ def test_with_a_short_lock_wait_a_sync_fails_clearly_and_keeps_the_file_whole(
             stop(transport.holder)  # the analyst closes the session
     message = str(raised.value)
     assert "is locked by another process" in message and f"PID {holder_pid}" in message
-    assert "close long-running sessions" in message
+    assert "query the analytics snapshot" in message
     assert TOKEN not in message
 
     check_integrity(warehouse)

@@ -128,6 +128,7 @@ def test_no_token_anywhere_after_dagster_runs_with_failures(
         errors = [row[0] for row in con.execute(
             "SELECT error FROM meta_sync_runs WHERE error IS NOT NULL"
         ).fetchall()]
+        [[sealed]] = con.execute("SELECT sealed_token FROM meta_connections").fetchall()
     assert connection.status == "invalid"
     assert {error.split(":")[0] for error in errors} == {"RATE_LIMITED", "META_TOKEN_INVALID"}
     assert "RATE_LIMITED" in event_text and "META_TOKEN_INVALID" in event_text
@@ -138,7 +139,11 @@ def test_no_token_anywhere_after_dagster_runs_with_failures(
         for record in caplog.records
     )
     assert records  # the runs did log
+    # The runs that wrote published the analysts' snapshot beside the warehouse.
+    snapshot = Path(warehouse.path).with_name("analytics.duckdb").read_bytes()
     places = {
+        "analytics snapshot": find_secret(snapshot, TOKEN)
+        + (["the sealed token"] if bytes(sealed)[-24:] in snapshot else []),
         "dagster home": scan_tree(home, TOKEN),
         "everything under the test's directory": scan_tree(tmp_path, TOKEN),
         "duckdb file": scan_warehouse_files(warehouse, TOKEN),

@@ -115,7 +115,7 @@ def test_gives_up_naming_the_holder(duckdb_path: Path, holder: subprocess.Popen)
     assert f"PID {holder.pid}" in message
     assert "locked by another process" in message
     assert str(duckdb_path) in message
-    assert "close long-running sessions" in message
+    assert "query the analytics snapshot" in message
     assert locked.value.pid == holder.pid
     assert "python" in (locked.value.holder or "")
 

@@ -1,0 +1,290 @@
+"""The analytics snapshot from a notebook, as polars DataFrames.
+
+```python
+from rastro_assets.analytics.frames import Snapshot
+
+snap = Snapshot()                          # RASTRO_ANALYTICS_PATH, else data/analytics.duckdb
+snap = Snapshot("data/analytics.duckdb")   # or a path of your choosing
+snap.spend("2026-11-01", "2026-11-30", by="campaign", site_id="shop-1")
+snap.spend("2026-11-01", "2026-11-30", by=["account", "day"])
+snap.status()                              # each account's sync state when it was published
+snap.sql("SELECT * FROM ad_catalog WHERE ad_status = ?", ["ACTIVE"])
+```
+
+Only the snapshot is ever opened, never the pipeline's own file, and always
+read-only. Each call opens the file, runs one query and closes it, so the
+next call reads the latest publish; `with snap.connect() as con:` keeps one
+publish for several queries. A call opens its own in-memory DuckDB and
+attaches the snapshot to it (as `analytics`, the current catalog) rather
+than `duckdb.connect(path)`: DuckDB shares one database per path within a
+process, so a plain connect would keep reading an old publish for as long
+as any other connection of the notebook has the path open.
+
+Money never goes through a float: `spend` is a polars `Decimal` (summed by
+DuckDB as `DECIMAL(38,4)`), exactly what Meta reported, and it is never
+summed across currencies: every `spend` result has a `currency` column and
+splits by it.
+
+`rastro sql` opens the snapshot the same way (`open_snapshot`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import date, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+
+from rastro_assets.settings import DEFAULT_DUCKDB_PATH, Settings
+
+if TYPE_CHECKING:
+    import polars as pl
+
+CATALOG = "analytics"
+"""The name the snapshot is attached under: `analytics.ad_spend_daily` works everywhere."""
+
+PUBLISH_NOW = "dagster asset materialize --select analytics_snapshot -m rastro_assets.definitions"
+
+
+class SnapshotMissing(FileNotFoundError):
+    """No snapshot has been published at the path yet."""
+
+
+class NotTheSnapshot(ValueError):
+    """The path names the pipeline's own file, which analysts never open."""
+
+
+def missing_message(path: str | os.PathLike[str]) -> str:
+    return (
+        f"no analytics snapshot has been published yet at {path}: the daemon publishes one"
+        f" within minutes of the first sync; to publish one now, run `{PUBLISH_NOW}`"
+    )
+
+
+@contextmanager
+def open_snapshot(
+    path: str | os.PathLike[str], *, pipeline_path: str | os.PathLike[str] | None = None
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A read-only connection on the snapshot at `path`, closed when the `with` ends.
+
+    Never creates a file: a missing snapshot raises `SnapshotMissing`. Refuses
+    (`NotTheSnapshot`) a path that is the pipeline's own file (`pipeline_path`),
+    since even a read-only session there would hold up the pipeline's writers.
+    """
+    path = Path(path)
+    if pipeline_path is not None and _same_file(path, Path(pipeline_path)):
+        raise NotTheSnapshot(
+            f"{path} is the pipeline's own file (RASTRO_DUCKDB_PATH), not the analytics"
+            " snapshot: point RASTRO_ANALYTICS_PATH elsewhere (default: analytics.duckdb"
+            " beside the pipeline's file)"
+        )
+    if not path.is_file():
+        raise SnapshotMissing(missing_message(path))
+    con = duckdb.connect()
+    try:
+        try:
+            con.execute(f"ATTACH ? AS {CATALOG} (READ_ONLY)", [str(path)])
+        except duckdb.IOException as exc:
+            if not path.is_file():  # removed between the check and the open
+                raise SnapshotMissing(missing_message(path)) from exc
+            raise
+        con.execute(f"USE {CATALOG}")
+        yield con
+    finally:
+        con.close()
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:  # one of them does not exist
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+# spend ----------------------------------------------------------------------
+
+# Each dimension: the columns it adds, as (name, SQL). Names are chosen by an aggregate
+# over the group (the newest catalog name of a campaign or ad set wins), ids group.
+_ACCOUNT = [
+    ("ad_account_id", "s.ad_account_id"),
+    ("account_name", "any_value(m.name)"),
+]
+_CAMPAIGN = [
+    ("campaign_id", "c.campaign_id"),
+    ("campaign_name", "arg_max(c.campaign_name, c.updated_at)"),
+]
+_ADSET = [
+    ("adset_id", "c.adset_id"),
+    ("adset_name", "arg_max(c.adset_name, c.updated_at)"),
+]
+_AD = [
+    ("ad_id", "s.ad_id"),
+    ("ad_name", "arg_max(c.ad_name, c.updated_at)"),
+]
+DIMENSIONS: dict[str, list[tuple[str, str]]] = {
+    "day": [("day", "s.day")],
+    "account": _ACCOUNT,
+    "campaign": _ACCOUNT + _CAMPAIGN,
+    "adset": _ACCOUNT + _CAMPAIGN + _ADSET,
+    "ad": _ACCOUNT + _CAMPAIGN + _ADSET + _AD,
+    "site": [("site_id", "l.site_id"), ("site_name", "any_value(st.name)")],
+}
+"""What `spend(by=...)` accepts. Campaigns, ad sets and ads come with their account."""
+
+_GROUPED = {"day", "ad_account_id", "campaign_id", "adset_id", "ad_id", "site_id"}
+
+_METRICS = """
+    m.currency AS currency,
+    sum(s.spend) AS spend,
+    sum(s.impressions)::BIGINT AS impressions,
+    sum(s.clicks)::BIGINT AS clicks,
+    sum(s.conversations)::BIGINT AS conversations"""
+
+
+def spend_query(
+    by: str | Sequence[str], *, sites: int = 0, accounts: int = 0
+) -> tuple[str, list[str]]:
+    """The SQL behind `Snapshot.spend` and the names of its key columns.
+
+    Parameters, in order: since, until, then `sites` site ids, then `accounts` account
+    ids. Spend of ads not in the catalog yet has null campaign, ad set and names, so
+    totals always equal `ad_spend_daily`'s; an account linked to two sites counts once
+    unless `site` is a dimension.
+    """
+    dimensions = [by] if isinstance(by, str) else list(by)
+    if not dimensions:
+        raise ValueError(f"by needs at least one of {', '.join(DIMENSIONS)}")
+    unknown = [name for name in dimensions if name not in DIMENSIONS]
+    if unknown:
+        raise ValueError(
+            f"spend(by=...) knows {', '.join(DIMENSIONS)}; not {', '.join(map(repr, unknown))}"
+        )
+    columns: dict[str, str] = {}
+    for name in dimensions:
+        for column, expression in DIMENSIONS[name]:
+            columns.setdefault(column, expression)
+    by_site = "site" in dimensions
+    where = ["s.day BETWEEN ? AND ?"]
+    if sites:
+        marks = ", ".join("?" * sites)
+        where.append(
+            f"l.site_id IN ({marks})"
+            if by_site
+            else "s.ad_account_id IN (SELECT ad_account_id FROM site_ad_accounts"
+            f" WHERE site_id IN ({marks}))"
+        )
+    if accounts:
+        where.append(f"s.ad_account_id IN ({', '.join('?' * accounts)})")
+    keys = [column for column in columns if column in _GROUPED]
+    select = ",\n    ".join(f"{expression} AS {column}" for column, expression in columns.items())
+    site_join = (
+        "JOIN site_ad_accounts l ON l.ad_account_id = s.ad_account_id\n"
+        "LEFT JOIN sites st ON st.site_id = l.site_id\n"
+        if by_site
+        else ""
+    )
+    group = ", ".join([columns[key] for key in keys] + ["m.currency"])
+    order = ", ".join(
+        [f"{column} NULLS LAST" for column in columns if column in _GROUPED] + ["currency"]
+    )
+    sql = (
+        f"SELECT\n    {select},{_METRICS}\n"
+        "FROM ad_spend_daily s\n"
+        "JOIN meta_ad_accounts m ON m.ad_account_id = s.ad_account_id\n"
+        "LEFT JOIN ad_catalog c ON c.ad_id = s.ad_id\n"
+        f"{site_join}"
+        f"WHERE {' AND '.join(where)}\n"
+        f"GROUP BY {group}\n"
+        f"ORDER BY {order}"
+    )
+    return sql, [*columns]
+
+
+def _day(value: date | str, name: str) -> date:
+    if isinstance(value, datetime):
+        raise TypeError(f"{name} is a day (a date or 'YYYY-MM-DD'), not an instant: {value!r}")
+    if isinstance(value, date):
+        return value
+    try:
+        return date.fromisoformat(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a date or 'YYYY-MM-DD', not {value!r}") from None
+
+
+def _ids(value: str | Sequence[str] | None) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+class Snapshot:
+    """The analytics snapshot at one path; every method reads the latest publish."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        env = dict(os.environ if environ is None else environ)
+        self.path = Path(path) if path is not None else Path(Settings.from_env(env).snapshot_path)
+        self.pipeline_path = env.get("RASTRO_DUCKDB_PATH") or DEFAULT_DUCKDB_PATH
+
+    def __repr__(self) -> str:
+        return f"Snapshot({str(self.path)!r})"
+
+    @contextmanager
+    def connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """One read-only connection, for several queries over the same publish."""
+        with open_snapshot(self.path, pipeline_path=self.pipeline_path) as con:
+            yield con
+
+    def sql(self, query: str, params: Sequence[Any] | Mapping[str, Any] | None = None):
+        """The result of `query` (with `?` or `$name` parameters) as a polars DataFrame."""
+        with self.connect() as con:
+            return _frame(con, query, params)
+
+    def spend(
+        self,
+        since: date | str,
+        until: date | str,
+        by: str | Sequence[str] = "day",
+        *,
+        site_id: str | Sequence[str] | None = None,
+        ad_account_id: str | Sequence[str] | None = None,
+    ) -> pl.DataFrame:
+        """Spend, impressions, clicks and conversations from `since` to `until` (both
+        included, account-local days), one row per value of `by` and currency.
+
+        `by` is one of `DIMENSIONS` or a list of them: `day`, `account`, `campaign`,
+        `adset`, `ad` (each with its ids and newest names, and its account) or `site`.
+        `site_id` and `ad_account_id` (one id or a list) narrow the accounts read.
+        `spend` is a Decimal in the row's `currency`.
+        """
+        first, last = _day(since, "since"), _day(until, "until")
+        if first > last:
+            raise ValueError(f"since ({first}) is after until ({last})")
+        sites, accounts = _ids(site_id), _ids(ad_account_id)
+        query, _ = spend_query(by, sites=len(sites), accounts=len(accounts))
+        return self.sql(query, [first, last, *sites, *accounts])
+
+    def status(self) -> pl.DataFrame:
+        """Each linked account's sync status when the snapshot was published: state, last
+        and next sync, backfill progress, last error, and how fresh its local today is."""
+        return self.sql("SELECT * FROM account_sync_status ORDER BY ad_account_id")
+
+    def published_at(self) -> datetime:
+        """When the snapshot was published."""
+        with self.connect() as con:
+            return con.execute("SELECT max(published_at) FROM snapshot_info").fetchone()[0]
+
+
+def _frame(con: duckdb.DuckDBPyConnection, query: str, params) -> pl.DataFrame:
+    import polars as pl
+
+    relation = con.sql(query, params=params)
+    return pl.DataFrame() if relation is None else relation.pl()

@@ -1,0 +1,299 @@
+"""Publishing the analytics snapshot: a new file renamed over the old one.
+
+A session open on the snapshot holds the file it opened (its inode), and
+DuckDB's lock is on that inode: so each publish writes a whole new file beside
+the old one, flushes it, and renames it over the old name. An open session
+keeps reading its copy undisturbed, the next session opens the new one, and
+no reader ever sees a half-written file. A publish that dies (disk full,
+killed) leaves the previous snapshot whole, and the next one retries.
+
+A new file costs a copy of every byte, so the copy is all a publish does on
+the analysts' side: the private staging file it copies is kept current by
+`warehouse.snapshot.refresh`, which applies only what changed.
+
+Publishes ride on the runs that wrote (`publish_if_due` at their end),
+debounced by `Settings.analytics_lag_seconds`; a sensor publishes what no run
+got to (see `rastro_assets.defs.analytics`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import duckdb
+
+from rastro_assets.analytics.status import status_table
+from rastro_assets.settings import Settings
+from rastro_assets.timekeeping import Clock, system_clock
+from rastro_assets.warehouse import snapshot
+from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.runs import planned_accounts
+
+
+class PublishError(Exception):
+    """The snapshot could not be published; the previous one is untouched."""
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """One publish, as the `analytics_snapshot` asset's metadata shows it."""
+
+    path: str
+    published_at: datetime
+    bytes: int
+    rows: dict[str, int]
+    duration_seconds: float
+    refresh_seconds: float
+    copy_seconds: float
+    lag_seconds: float | None
+    """How long the oldest change it carries waited to be published."""
+    rebuilt: tuple[str, ...]
+    healed: tuple[str, ...]
+    """Tables rebuilt whole because the delta left them unequal to the pipeline."""
+    changed_account_days: int
+
+
+@dataclass(frozen=True)
+class PublishState:
+    """What the pipeline's file remembers of the last publish to a path."""
+
+    fingerprint: str | None
+    published_at: datetime | None
+    current_fingerprint: str
+
+    @property
+    def owed(self) -> bool:
+        return self.fingerprint != self.current_fingerprint
+
+
+class Publisher:
+    """Publishes the snapshot of one warehouse to one path."""
+
+    def __init__(
+        self,
+        warehouse: Warehouse,
+        target: str | os.PathLike[str],
+        *,
+        mode: int = 0o644,
+        lag: timedelta = timedelta(seconds=300),
+        clock: Clock = system_clock,
+        timer: Clock = system_clock,
+    ) -> None:
+        if os.path.abspath(target) == os.path.abspath(warehouse.path):
+            raise PublishError(f"the snapshot cannot replace the pipeline's own file {target}")
+        self.warehouse = warehouse
+        self.target = Path(target)
+        self.mode = mode
+        self.lag = lag
+        # `clock` is the product's "now" for the accounts' status (pinned in replays);
+        # `timer` dates the publishes themselves, so the debounce runs on real time.
+        self.clock = clock
+        self.timer = timer
+        # Private to the publisher: never opened by analysts, copied at each publish.
+        self.staging = self.target.with_name(f".{self.target.name}.staging")
+        self._lock_path = self.target.with_name(f".{self.target.name}.lock")
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        warehouse: Warehouse,
+        clock: Clock = system_clock,
+        timer: Clock = system_clock,
+    ) -> Publisher:
+        return cls(
+            warehouse,
+            settings.snapshot_path,
+            mode=settings.analytics_mode,
+            lag=timedelta(seconds=settings.analytics_lag_seconds),
+            clock=clock,
+            timer=timer,
+        )
+
+    @property
+    def run_interval(self) -> timedelta:
+        """A run that wrote publishes when the last publish is at least this old."""
+        return self.lag / 2
+
+    @property
+    def sensor_interval(self) -> timedelta:
+        """The sensor publishes what runs left unpublished this long; with its tick and
+        the run's start, a write still reaches the snapshot within `lag`."""
+        return self.lag * 0.7
+
+    def state(self, con: duckdb.DuckDBPyConnection) -> PublishState:
+        row = con.execute(
+            "SELECT fingerprint, published_at FROM analytics_snapshot_state WHERE target = ?",
+            [self._key],
+        ).fetchone()
+        fingerprint, published_at = row if row else (None, None)
+        if not self.target.exists():
+            fingerprint = None
+        return PublishState(fingerprint, published_at, snapshot.fingerprint(con))
+
+    def is_due(self, state: PublishState, now: datetime, interval: timedelta) -> bool:
+        """Owed, and the last publish is at least `interval` old (or there is none)."""
+        if not state.owed:
+            return False
+        return state.published_at is None or now - state.published_at >= interval
+
+    def publish_if_due(self, interval: timedelta | None = None) -> PublishResult | None:
+        """Publish when changes are owed and the last publish is older than `interval`
+        (default: `run_interval`); None when not due or another process is publishing."""
+        interval = self.run_interval if interval is None else interval
+        with self.warehouse.connect() as con:
+            due = self.is_due(self.state(con), self.timer(), interval)
+        return self.publish() if due else None
+
+    def publish(self) -> PublishResult | None:
+        """Refresh the staging file, then publish a copy of it; None when another process
+        is publishing right now (its publish carries what this one would have)."""
+        with self._exclusive() as held:
+            if not held:
+                return None
+            return self._publish()
+
+    @property
+    def _key(self) -> str:
+        return os.path.abspath(self.target)
+
+    def _publish(self) -> PublishResult:
+        started = time.perf_counter()
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self._remove_leftovers()
+        now = self.timer()
+        report = self._refresh(self.clock(), now)
+        refreshed = time.perf_counter()
+        size = self._copy_into_place()
+        copied = time.perf_counter()
+        with self.warehouse.connect() as con:
+            con.execute(
+                """
+                INSERT INTO analytics_snapshot_state
+                    (target, fingerprint, published_at, bytes, duration_ms)
+                VALUES (?, ?, ?, ?, ?)
+                ON CONFLICT (target) DO UPDATE SET fingerprint = excluded.fingerprint,
+                    published_at = excluded.published_at, bytes = excluded.bytes,
+                    duration_ms = excluded.duration_ms
+                """,
+                [self._key, report.fingerprint, now, size, round((copied - started) * 1000)],
+            )
+        lag = None
+        if report.oldest_change_at is not None:
+            lag = max(0.0, (self.timer() - report.oldest_change_at).total_seconds())
+        return PublishResult(
+            path=str(self.target),
+            published_at=now,
+            bytes=size,
+            rows=report.rows,
+            duration_seconds=copied - started,
+            refresh_seconds=refreshed - started,
+            copy_seconds=copied - refreshed,
+            lag_seconds=lag,
+            rebuilt=report.rebuilt,
+            healed=report.healed,
+            changed_account_days=report.changed_account_days,
+        )
+
+    def _refresh(self, now: datetime, published_at: datetime) -> snapshot.RefreshReport:
+        try:
+            return self._refresh_staging(now, published_at)
+        except duckdb.Error as exc:
+            if not _is_unreadable_file(exc):
+                raise
+        # A staging file DuckDB cannot read is only a cache of the pipeline: start again.
+        self._remove_staging()
+        return self._refresh_staging(now, published_at)
+
+    def _refresh_staging(self, now: datetime, published_at: datetime) -> snapshot.RefreshReport:
+        with self.warehouse.connect() as con:
+            status = status_table(planned_accounts(con), now)
+            con.execute(f"ATTACH ? AS {snapshot.STAGE}", [str(self.staging)])
+            # A cache of analyst data only, but nobody else's business to read.
+            os.chmod(self.staging, 0o600)
+            try:
+                report = snapshot.refresh(con, status, published_at)
+                con.execute(f"CHECKPOINT {snapshot.STAGE}")
+            finally:
+                con.execute(f"DETACH {snapshot.STAGE}")
+        return report
+
+    def _copy_into_place(self) -> int:
+        if _wal(self.staging).exists():
+            raise PublishError(f"the staging file {self.staging} was not checkpointed")
+        temporary = self.target.with_name(f".{self.target.name}.{os.getpid()}.tmp")
+        try:
+            # Created private, so no one reads it before it has its final mode; copyfile
+            # keeps that mode and copies in the kernel (sendfile).
+            os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            shutil.copyfile(self.staging, temporary)
+            os.chmod(temporary, self.mode)
+            with open(temporary, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(temporary, self.target)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            reason = "the disk is full" if exc.errno == errno.ENOSPC else str(exc)
+            raise PublishError(
+                f"could not publish the analytics snapshot {self.target}: {reason};"
+                " the previous snapshot is unchanged"
+            ) from exc
+        _fsync_directory(self.target.parent)
+        return self.target.stat().st_size
+
+    def _remove_leftovers(self) -> None:
+        """Temporary files of publishes that died (we hold the lock: none is running)."""
+        for leftover in self.target.parent.glob(f".{self.target.name}.*.tmp"):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+
+    def _remove_staging(self) -> None:
+        for path in (self.staging, _wal(self.staging)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[bool]:
+        self._lock_path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(descriptor)
+
+
+def _wal(path: Path) -> Path:
+    return path.with_name(path.name + ".wal")
+
+
+def _is_unreadable_file(exc: duckdb.Error) -> bool:
+    text = str(exc)
+    return isinstance(exc, duckdb.SerializationException | duckdb.IOException) and (
+        "not a valid DuckDB database file" in text
+        or "Corrupt" in text
+        or "corrupt" in text
+        or "checksum" in text
+    )
+
+
+def _fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

@@ -1,0 +1,92 @@
+"""`analytics_snapshot`: the analysts' copy of the warehouse, and who publishes it.
+
+Runs that wrote publish at their end when the last publish is older than half
+the lag setting (`defs.publishing.publish_after_writes`), and record a
+materialization of `analytics_snapshot` when they do: at a thousand accounts
+waves end every minute or so, and publishing rides on them for free. What they leave
+unpublished (the last writes of a quiet spell, a link made from the CLI) the
+`analytics_publisher` sensor publishes through one small run, once the change
+has waited 0.7 × the lag; so no write waits longer than the lag.
+"""
+
+import dagster as dg
+
+from rastro_assets.defs.publishing import ANALYTICS_SNAPSHOT, snapshot_metadata
+from rastro_assets.defs.resources import RastroResource
+from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, OWNERS, SITE_SPEND_DAILY
+from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS
+from rastro_assets.warehouse.connection import WarehouseLocked
+
+PUBLISH_TAG = "rastro/publish"
+PUBLISHER_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 60
+IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
+
+
+@dg.asset(
+    key=ANALYTICS_SNAPSHOT,
+    deps=[AD_SPEND_DAILY, SITE_SPEND_DAILY, "ad_catalog", "ad_thumbnails"],
+    kinds={"duckdb"},
+    group_name="analytics",
+    owners=OWNERS,
+    tags={"domain": "marketing"},
+    description=(
+        "The analytics snapshot (RASTRO_ANALYTICS_PATH): a read-only copy of the analyst "
+        "tables (spend, site sums, catalog, thumbnails, sites, links, accounts and each "
+        "account's sync status), never a token. Republished atomically a few minutes after "
+        "writes, so analysts may keep sessions on it open for as long as they like."
+    ),
+)
+def analytics_snapshot(
+    context: dg.AssetExecutionContext, rastro: RastroResource
+) -> dg.MaterializeResult:
+    """Publishes the snapshot now, whether or not anything changed since the last one."""
+    result = rastro.publisher().publish()
+    if result is None:
+        raise dg.Failure(description="another process is publishing the snapshot right now")
+    context.log.info(
+        f"published {result.path}: {result.bytes} bytes in {result.duration_seconds:.2f} s"
+    )
+    return dg.MaterializeResult(metadata=snapshot_metadata(result))
+
+
+publish_snapshot_job = dg.define_asset_job(
+    "publish_analytics_snapshot",
+    selection=[ANALYTICS_SNAPSHOT],
+    tags={PUBLISH_TAG: "true"},
+    description="Publishes the analytics snapshot that no run that wrote got to publish.",
+)
+
+
+@dg.sensor(
+    name="analytics_publisher",
+    minimum_interval_seconds=PUBLISHER_SENSOR_SECONDS,
+    job=publish_snapshot_job,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Publishes the analytics snapshot when changes have waited for 0.7 x the "
+    "lag setting and no run that wrote has published them.",
+)
+def analytics_publisher_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
+    in_flight = context.instance.get_runs(
+        filters=dg.RunsFilter(statuses=IN_FLIGHT, tags={PUBLISH_TAG: "true"}), limit=1
+    )
+    if in_flight:
+        return dg.SkipReason("a publish is already queued or running")
+    publisher = rastro.publisher()
+    warehouse = publisher.warehouse
+    warehouse.lock_wait_seconds = 20.0
+    try:
+        with warehouse.connect() as con:
+            state = publisher.state(con)
+    except WarehouseLocked as exc:
+        return dg.SkipReason(f"the warehouse is busy: {exc}")
+    now = publisher.timer()
+    if not publisher.is_due(state, now, publisher.sensor_interval):
+        return dg.SkipReason(
+            "the snapshot is up to date" if not state.owed else "runs that write will publish"
+        )
+    return dg.RunRequest(run_key=f"publish:{state.current_fingerprint}:{now.isoformat()}")

@@ -1,0 +1,318 @@
+"""The notebook API: polars frames read from the snapshot only, equal to SQL over it, exact."""
+
+from __future__ import annotations
+
+import os
+from datetime import date, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pytest
+
+from rastro_assets.analytics.frames import (
+    DIMENSIONS,
+    NotTheSnapshot,
+    Snapshot,
+    SnapshotMissing,
+    open_snapshot,
+)
+from rastro_assets.analytics.publish import Publisher
+from rastro_assets.meta.fake.world import Figures
+from rastro_assets.sync import SyncRequest
+from rastro_assets.warehouse import registry
+
+WEEK = (date(2026, 11, 24), date(2026, 11, 30))
+METRICS = ["currency", "spend", "impressions", "clicks", "conversations"]
+
+
+def publish_week(syncer, warehouse, path: Path, clock) -> Path:
+    """A snapshot of a synced week: act_101 (BRL, site s1) and act_202 (JPY, s1 and s2)."""
+    assert syncer.sync(SyncRequest("act_101", *WEEK, run_id="r1", catalog=True)).ok
+    assert syncer.sync(SyncRequest("act_202", *WEEK, run_id="r2")).ok
+    assert Publisher(warehouse, path, clock=clock, timer=clock).publish() is not None
+    return path
+
+
+@pytest.fixture
+def snapshot_path(syncer, warehouse, fake_clock, tmp_path: Path) -> Path:
+    return publish_week(syncer, warehouse, tmp_path / "analysts" / "analytics.duckdb", fake_clock)
+
+
+@pytest.fixture
+def snap(snapshot_path: Path, duckdb_path: Path) -> Snapshot:
+    return Snapshot(snapshot_path, environ={"RASTRO_DUCKDB_PATH": str(duckdb_path)})
+
+
+def in_sql(path: Path, query: str, params: list | None = None) -> list[tuple]:
+    with duckdb.connect(str(path), read_only=True) as con:
+        return con.execute(query, params or []).fetchall()
+
+
+def rows(frame: pl.DataFrame, columns: list[str]) -> list[tuple]:
+    return [tuple(row) for row in frame.select(columns).iter_rows()]
+
+
+def test_spend_by_account_equals_the_snapshots_sums(snap, snapshot_path):
+    frame = snap.spend(*WEEK, by="account")
+    expected = in_sql(
+        snapshot_path,
+        """SELECT s.ad_account_id, m.name, m.currency, sum(s.spend), sum(s.impressions),
+                  sum(s.clicks), sum(s.conversations)
+           FROM ad_spend_daily s JOIN meta_ad_accounts m USING (ad_account_id)
+           WHERE day BETWEEN ? AND ? GROUP BY ALL ORDER BY 1""",
+        list(WEEK),
+    )
+    assert frame.columns == ["ad_account_id", "account_name", *METRICS]
+    assert rows(frame, frame.columns) == expected
+    assert {row[2] for row in expected} == {"BRL", "JPY"}
+    assert frame.schema["spend"] == pl.Decimal(38, 4)
+    assert frame.schema["impressions"] == pl.Int64
+    assert all(isinstance(value, Decimal) for value in frame["spend"])
+
+
+def test_money_stays_exact(snap, syncer, warehouse, linked_world, fake_clock, snapshot_path):
+    """Figures no binary float holds exactly come back digit for digit."""
+    with duckdb.connect(str(snapshot_path), read_only=True) as con:
+        ads = [
+            row[0]
+            for row in con.execute(
+                "SELECT DISTINCT ad_id FROM ad_spend_daily WHERE ad_account_id = 'act_101'"
+                " ORDER BY 1 LIMIT 3"
+            ).fetchall()
+        ]
+    day = WEEK[1]
+    figures = [Decimal("0.1000"), Decimal("0.2000"), Decimal("1234567890.0001")]
+    for ad_id, spend in zip(ads, figures, strict=True):
+        linked_world.set_ad_day(
+            "act_101", ad_id, day, Figures(spend=spend, impressions=1, clicks=0)
+        )
+    fake_clock.advance(timedelta(minutes=45))
+    assert syncer.sync(SyncRequest("act_101", day, day, run_id="r3")).ok
+    Publisher(warehouse, snapshot_path, clock=fake_clock, timer=fake_clock).publish()
+    frame = snap.spend(day, day, by="ad", ad_account_id="act_101")
+    picked = frame.filter(pl.col("ad_id").is_in(ads)).sort("ad_id")
+    assert picked["spend"].to_list() == figures
+    total = in_sql(
+        snapshot_path,
+        "SELECT sum(spend) FROM ad_spend_daily WHERE ad_account_id = 'act_101' AND day = ?",
+        [day],
+    )[0][0]
+    assert frame["spend"].sum() == total and Decimal("0.3000") + figures[2] <= total
+
+
+def test_spend_by_day_splits_currencies(snap, snapshot_path):
+    frame = snap.spend(*WEEK)
+    expected = in_sql(
+        snapshot_path,
+        """SELECT day, currency, sum(spend), sum(impressions), sum(clicks), sum(conversations)
+           FROM ad_spend_daily JOIN meta_ad_accounts USING (ad_account_id)
+           WHERE day BETWEEN ? AND ? GROUP BY ALL ORDER BY 1, 2""",
+        list(WEEK),
+    )
+    assert frame.columns == ["day", *METRICS]
+    assert rows(frame, frame.columns) == expected
+    assert frame.height == 2 * 7
+
+
+def test_spend_by_campaign_names_campaigns_and_keeps_uncatalogued_spend(
+    snap, snapshot_path, warehouse, fake_clock
+):
+    # An ad Meta reported spend for but the catalog does not know yet.
+    with warehouse.connect() as con:
+        [(lost,)] = con.execute(
+            "DELETE FROM ad_catalog WHERE ad_id = (SELECT min(ad_id) FROM ad_spend_daily"
+            " WHERE ad_account_id = 'act_202') RETURNING ad_id"
+        ).fetchall()
+    Publisher(warehouse, snapshot_path, clock=fake_clock, timer=fake_clock).publish()
+    frame = snap.spend(*WEEK, by="campaign")
+    expected = in_sql(
+        snapshot_path,
+        """SELECT s.ad_account_id, c.campaign_id, c.campaign_name, sum(s.spend)
+           FROM ad_spend_daily s LEFT JOIN ad_catalog c USING (ad_id)
+           WHERE day BETWEEN ? AND ? GROUP BY ALL ORDER BY 1, 2 NULLS LAST""",
+        list(WEEK),
+    )
+    assert frame.columns == [
+        "ad_account_id",
+        "account_name",
+        "campaign_id",
+        "campaign_name",
+        *METRICS,
+    ]
+    assert rows(frame, ["ad_account_id", "campaign_id", "campaign_name", "spend"]) == expected
+    assert frame["campaign_name"].null_count() == 1
+    # Its spend is one row with no campaign, not lost.
+    [unknown] = frame.filter(pl.col("campaign_id").is_null()).iter_rows(named=True)
+    assert unknown["ad_account_id"] == "act_202"
+    assert (
+        unknown["spend"]
+        == in_sql(
+            snapshot_path,
+            "SELECT sum(spend) FROM ad_spend_daily WHERE ad_id = ? AND day BETWEEN ? AND ?",
+            [lost, *WEEK],
+        )[0][0]
+    )
+    assert (
+        frame["spend"].sum()
+        == in_sql(
+            snapshot_path,
+            "SELECT sum(spend) FROM ad_spend_daily WHERE day BETWEEN ? AND ?",
+            list(WEEK),
+        )[0][0]
+    )
+
+
+@pytest.mark.parametrize("by", ["adset", "ad"])
+def test_spend_by_adset_and_ad(snap, snapshot_path, by):
+    key = f"{by}_id"
+    frame = snap.spend(*WEEK, by=by, ad_account_id="act_101")
+    join = "ad_id" if by == "ad" else "adset_id"
+    column = "s.ad_id" if by == "ad" else "c.adset_id"
+    expected = in_sql(
+        snapshot_path,
+        f"""SELECT {column}, sum(s.spend), sum(s.clicks)
+            FROM ad_spend_daily s LEFT JOIN ad_catalog c USING (ad_id)
+            WHERE s.ad_account_id = 'act_101' AND day BETWEEN ? AND ? GROUP BY 1 ORDER BY 1""",
+        list(WEEK),
+    )
+    assert rows(frame, [key, "spend", "clicks"]) == expected
+    assert join in frame.columns and "campaign_name" in frame.columns
+    assert frame[f"{by}_name"].null_count() == 0
+
+
+def test_spend_by_site_equals_site_spend_daily(snap, snapshot_path):
+    frame = snap.spend(*WEEK, by="site")
+    expected = in_sql(
+        snapshot_path,
+        """SELECT site_id, sites.name, currency, sum(spend), sum(impressions), sum(clicks),
+                  sum(conversations)
+           FROM site_spend_daily JOIN sites USING (site_id)
+           JOIN meta_ad_accounts USING (ad_account_id)
+           WHERE day BETWEEN ? AND ? GROUP BY ALL ORDER BY 1, 3""",
+        list(WEEK),
+    )
+    assert frame.columns == ["site_id", "site_name", *METRICS]
+    assert rows(frame, frame.columns) == expected
+    assert {row[0] for row in expected} == {"s1", "s2"}
+
+
+def test_filters_narrow_the_accounts_and_count_a_shared_account_once(snap, snapshot_path):
+    only_s2 = snap.spend(*WEEK, by="account", site_id="s2")
+    assert only_s2["ad_account_id"].to_list() == ["act_202"]
+    both = snap.spend(*WEEK, by="account", site_id=["s1", "s2"])
+    assert both["ad_account_id"].to_list() == ["act_101", "act_202"]
+    # act_202 belongs to both sites: summed by day it still counts once.
+    jpy = snap.spend(*WEEK, site_id=["s1", "s2"], ad_account_id="act_202")
+    expected = in_sql(
+        snapshot_path,
+        "SELECT sum(spend) FROM ad_spend_daily WHERE ad_account_id = 'act_202'"
+        " AND day BETWEEN ? AND ?",
+        list(WEEK),
+    )[0][0]
+    assert jpy["spend"].sum() == expected and set(jpy["currency"]) == {"JPY"}
+    per_site = snap.spend(*WEEK, by=["site", "account"], ad_account_id="act_202")
+    assert per_site["site_id"].to_list() == ["s1", "s2"]
+    assert per_site["spend"].to_list() == [expected, expected]
+
+
+def test_several_dimensions_and_one_day(snap, snapshot_path):
+    day = WEEK[1]
+    frame = snap.spend(day.isoformat(), day.isoformat(), by=["account", "day"])
+    assert frame.columns == ["ad_account_id", "account_name", "day", *METRICS]
+    assert frame["day"].to_list() == [day, day]
+    assert snap.spend(date(2020, 1, 1), date(2020, 1, 31), by="campaign").height == 0
+
+
+def test_bad_arguments_say_what_is_wrong(snap):
+    with pytest.raises(ValueError, match="knows day, account"):
+        snap.spend(*WEEK, by="week")
+    with pytest.raises(ValueError, match="after until"):
+        snap.spend(WEEK[1], WEEK[0])
+    with pytest.raises(ValueError, match="YYYY-MM-DD"):
+        snap.spend("last week", WEEK[1])
+    assert set(DIMENSIONS) == {"day", "account", "campaign", "adset", "ad", "site"}
+
+
+def test_status_is_account_sync_status(snap, snapshot_path):
+    frame = snap.status()
+    assert frame["ad_account_id"].to_list() == ["act_101", "act_202"]
+    assert frame["sites"].to_list() == [["s1"], ["s1", "s2"]]
+    assert frame.columns == [
+        row[0] for row in in_sql(snapshot_path, "DESCRIBE account_sync_status")
+    ]
+
+
+def test_sql_takes_parameters(snap, snapshot_path):
+    frame = snap.sql(
+        "SELECT ad_id, spend FROM ad_spend_daily WHERE ad_account_id = ? AND day = ?"
+        " ORDER BY ad_id",
+        ["act_101", WEEK[0]],
+    )
+    assert rows(frame, ["ad_id", "spend"]) == in_sql(
+        snapshot_path,
+        "SELECT ad_id, spend FROM ad_spend_daily WHERE ad_account_id = 'act_101' AND day = ?"
+        " ORDER BY ad_id",
+        [WEEK[0]],
+    )
+    assert snap.sql("SELECT $n AS n", {"n": 3})["n"].to_list() == [3]
+
+
+def test_the_snapshot_is_read_only(snap):
+    with pytest.raises(duckdb.Error, match="read-only"):
+        snap.sql("DELETE FROM ad_spend_daily")
+    with pytest.raises(duckdb.Error, match="read-only"):
+        snap.sql("CREATE TABLE mine AS SELECT 1")
+    assert snap.sql("SELECT count(*) AS n FROM ad_spend_daily")["n"][0] > 0
+
+
+def test_each_call_reads_the_latest_publish_even_with_a_session_open(
+    snap, snapshot_path, warehouse, fake_clock, now
+):
+    before = snap.published_at()
+    with duckdb.connect(str(snapshot_path), read_only=True) as session:  # the notebook's own
+        with snap.connect() as held:
+            fake_clock.advance(timedelta(minutes=10))
+            with warehouse.connect() as con:
+                registry.add_site(con, "s3", "Site three", now)
+            Publisher(warehouse, snapshot_path, clock=fake_clock, timer=fake_clock).publish()
+            # An open connection keeps the publish it opened...
+            assert held.execute("SELECT count(*) FROM sites").fetchone()[0] == 2
+            assert session.execute("SELECT count(*) FROM sites").fetchone()[0] == 2
+        # ...and the next call reads the new one, though the notebook's session is open.
+        assert snap.published_at() > before
+        assert snap.sql("SELECT site_id FROM sites ORDER BY 1")["site_id"].to_list() == [
+            "s1",
+            "s2",
+            "s3",
+        ]
+
+
+def test_a_missing_snapshot_is_never_created(tmp_path: Path):
+    path = tmp_path / "data" / "analytics.duckdb"
+    snap = Snapshot(path)
+    with pytest.raises(SnapshotMissing, match="no analytics snapshot has been published yet"):
+        snap.status()
+    with pytest.raises(SnapshotMissing, match="dagster asset materialize"):
+        snap.spend(*WEEK)
+    assert not path.exists() and not path.parent.exists()
+
+
+def test_the_path_comes_from_the_environment(tmp_path: Path, snapshot_path: Path):
+    pipeline = tmp_path / "elsewhere" / "rastro.duckdb"
+    assert Snapshot(environ={"RASTRO_DUCKDB_PATH": str(pipeline)}).path == (
+        pipeline.parent / "analytics.duckdb"
+    )
+    chosen = Snapshot(environ={"RASTRO_ANALYTICS_PATH": str(snapshot_path)})
+    assert chosen.path == snapshot_path and chosen.status().height == 2
+    assert Snapshot(environ={}).path == Path("data/analytics.duckdb")
+
+
+def test_the_pipelines_file_is_refused(warehouse, duckdb_path: Path):
+    snap = Snapshot(duckdb_path, environ={"RASTRO_DUCKDB_PATH": str(duckdb_path)})
+    with pytest.raises(NotTheSnapshot, match="pipeline's own file"):
+        snap.status()
+    relative = Path(os.path.relpath(duckdb_path))
+    with pytest.raises(NotTheSnapshot), open_snapshot(relative, pipeline_path=duckdb_path):
+        pass

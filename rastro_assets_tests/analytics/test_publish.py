@@ -1,0 +1,220 @@
+"""Publishing the analytics snapshot: equal to the pipeline, atomic, and free of secrets."""
+
+from __future__ import annotations
+
+import os
+import stat
+from datetime import date, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from rastro_assets.analytics.publish import Publisher, PublishError
+from rastro_assets.meta.fake.world import Figures
+from rastro_assets.sync import SyncRequest
+from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.snapshot import ANALYST_TABLES
+from rastro_assets_tests.analytics.analyst import Analyst
+from rastro_assets_tests.conftest import TOKEN
+
+WEEK = (date(2026, 11, 24), date(2026, 11, 30))
+
+COMPARED = {
+    "sites": "site_id, name, created_at",
+    "site_ad_accounts": "site_id, ad_account_id, linked_at",
+    "meta_ad_accounts": "ad_account_id, connection_id, timezone, currency, name, created_at",
+    "ad_spend_daily": "*",
+    "site_spend_daily": (
+        "site_id, ad_account_id, day, spend, impressions, clicks, conversations"
+    ),
+    "ad_catalog": (
+        "ad_id, ad_account_id, ad_name, adset_id, adset_name, campaign_id, campaign_name,"
+        " ad_status, creative_type, updated_at"
+    ),
+    "ad_thumbnails": "ad_id, content_type, image, sha256, fetched_at",
+}
+
+
+@pytest.fixture
+def snapshot_path(tmp_path: Path) -> Path:
+    return tmp_path / "analysts" / "analytics.duckdb"
+
+
+@pytest.fixture
+def publisher(warehouse, snapshot_path, fake_clock) -> Publisher:
+    return Publisher(warehouse, snapshot_path, clock=fake_clock, timer=fake_clock)
+
+
+def assert_snapshot_equals_pipeline(warehouse, snapshot_path: Path) -> None:
+    with warehouse.connect() as con:
+        pipeline = {
+            table: sorted(con.execute(f"SELECT {columns} FROM {table}").fetchall())
+            for table, columns in COMPARED.items()
+        }
+    with duckdb.connect(str(snapshot_path), read_only=True) as snap:
+        copied = {
+            table: sorted(snap.execute(f"SELECT {columns} FROM {table}").fetchall())
+            for table, columns in COMPARED.items()
+        }
+    for table in COMPARED:
+        assert copied[table] == pipeline[table], table
+
+
+def test_a_first_publish_copies_every_analyst_table(syncer, warehouse, publisher, snapshot_path):
+    assert syncer.sync(SyncRequest("act_101", *WEEK, run_id="r1", catalog=True)).ok
+    assert syncer.sync(SyncRequest("act_202", *WEEK, run_id="r2")).ok
+    result = publisher.publish()
+    assert result is not None and result.bytes == snapshot_path.stat().st_size
+    assert_snapshot_equals_pipeline(warehouse, snapshot_path)
+    assert result.rows["ad_spend_daily"] > 0 and result.rows["ad_catalog"] > 0
+    with duckdb.connect(str(snapshot_path), read_only=True) as snap:
+        tables = {row[0] for row in snap.execute("SHOW TABLES").fetchall()}
+        status = snap.execute(
+            "SELECT ad_account_id, sites, state, today_synced_at IS NOT NULL"
+            " FROM account_sync_status ORDER BY 1"
+        ).fetchall()
+    assert tables == set(ANALYST_TABLES)
+    assert status == [("act_101", ["s1"], "backfilling", True), ("act_202", ["s1", "s2"],
+                      "backfilling", True)]
+
+
+def test_later_publishes_carry_changes_and_reconciliation(
+    syncer, warehouse, publisher, snapshot_path, linked_world, fake_clock
+):
+    assert syncer.sync(SyncRequest("act_101", *WEEK, run_id="r1")).ok
+    publisher.publish()
+    with warehouse.connect() as con:
+        ad_id, day = con.execute("SELECT ad_id, day FROM ad_spend_daily LIMIT 1").fetchone()
+    linked_world.set_ad_day("act_101", ad_id, day, None)
+    other = next(row for row in linked_world.truth("act_101", WEEK[1]) if row.ad_id != ad_id)
+    linked_world.set_ad_day(
+        "act_101", other.ad_id, WEEK[1], Figures(spend=Decimal("123.45"), impressions=9, clicks=1)
+    )
+    fake_clock.advance(timedelta(minutes=45))
+    outcome = syncer.sync(SyncRequest("act_101", *WEEK, run_id="r2"))
+    assert outcome.rows_deleted == 1
+    result = publisher.publish()
+    assert result.rebuilt == () and result.changed_account_days == 7
+    assert_snapshot_equals_pipeline(warehouse, snapshot_path)
+
+
+def test_unlinking_and_relinking_reach_the_snapshot(
+    syncer, warehouse, publisher, snapshot_path, linked_world, now
+):
+    assert syncer.sync(SyncRequest("act_202", *WEEK, run_id="r1")).ok
+    publisher.publish()
+    with warehouse.connect() as con:
+        registry.unlink_account(con, "s2", "act_202")
+    publisher.publish()
+    assert_snapshot_equals_pipeline(warehouse, snapshot_path)
+    with warehouse.connect() as con:
+        registry.unlink_account(con, "s1", "act_202")
+        registry.link_account(
+            con, "s2", "act_202", "c1", "Asia/Tokyo", "JPY", now + timedelta(hours=1)
+        )
+    result = publisher.publish()
+    assert result.healed == ()
+    assert_snapshot_equals_pipeline(warehouse, snapshot_path)
+
+
+def test_a_writer_the_delta_misses_is_healed(syncer, warehouse, publisher, snapshot_path):
+    assert syncer.sync(SyncRequest("act_101", *WEEK, run_id="r1")).ok
+    publisher.publish()
+    with warehouse.connect() as con:
+        con.execute("UPDATE ad_spend_daily SET spend = spend + 1 WHERE ad_id = (SELECT min(ad_id)"
+                    " FROM ad_spend_daily)")
+    result = publisher.publish()
+    assert "ad_spend_daily" in result.healed
+    assert_snapshot_equals_pipeline(warehouse, snapshot_path)
+
+
+def test_a_relink_the_delta_cannot_tell_from_the_old_link_is_healed(
+    syncer, warehouse, publisher, snapshot_path, now
+):
+    assert syncer.sync(SyncRequest("act_202", *WEEK, run_id="r1")).ok
+    publisher.publish()
+    with warehouse.connect() as con:  # purged and linked again within the same instant
+        registry.unlink_account(con, "s1", "act_202")
+        registry.unlink_account(con, "s2", "act_202")
+        registry.link_account(con, "s2", "act_202", "c1", "Asia/Tokyo", "JPY", now)
+    result = publisher.publish()
+    assert "ad_spend_daily" in result.healed
+    assert_snapshot_equals_pipeline(warehouse, snapshot_path)
+
+
+def test_the_snapshot_holds_no_token_nor_connection(syncer, warehouse, publisher, snapshot_path):
+    assert syncer.sync(SyncRequest("act_101", *WEEK, run_id="r1", catalog=True)).ok
+    publisher.publish()
+    with warehouse.connect() as con:
+        [sealed] = con.execute("SELECT sealed_token FROM meta_connections").fetchone()
+    data = snapshot_path.read_bytes()
+    assert TOKEN.encode() not in data
+    assert bytes(sealed) not in data and bytes(sealed)[:16] not in data
+    with duckdb.connect(str(snapshot_path), read_only=True) as snap:
+        names = {row[0] for row in snap.execute(
+            "SELECT table_name FROM duckdb_tables() UNION SELECT view_name FROM duckdb_views()"
+            " WHERE NOT internal"
+        ).fetchall()}
+    assert "meta_connections" not in names
+
+
+def test_file_modes(syncer, warehouse, publisher, snapshot_path, duckdb_path):
+    publisher.publish()
+    assert stat.S_IMODE(duckdb_path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(snapshot_path.stat().st_mode) == 0o644
+    Publisher(warehouse, snapshot_path, mode=0o640).publish()
+    assert stat.S_IMODE(snapshot_path.stat().st_mode) == 0o640
+
+
+@pytest.mark.parametrize("read_only", [True, False], ids=["read-only", "read-write"])
+def test_an_open_session_keeps_its_copy_and_a_new_one_sees_the_new(
+    syncer, publisher, snapshot_path, read_only
+):
+    assert syncer.sync(SyncRequest("act_101", *WEEK, run_id="r1")).ok
+    publisher.publish()
+    totals = "SELECT count(DISTINCT ad_account_id), sum(spend) FROM ad_spend_daily"
+    with Analyst(snapshot_path, read_only=read_only) as analyst:
+        before = analyst.query(totals)
+        assert syncer.sync(SyncRequest("act_202", *WEEK, run_id="r2")).ok
+        assert publisher.publish() is not None
+        assert analyst.query(totals) == before
+        with Analyst(snapshot_path) as newcomer:
+            assert newcomer.query(totals)[0][0] == 2
+
+
+def test_a_failed_copy_leaves_the_previous_snapshot(
+    syncer, warehouse, publisher, snapshot_path, monkeypatch
+):
+    assert syncer.sync(SyncRequest("act_101", *WEEK, run_id="r1")).ok
+    publisher.publish()
+    before = snapshot_path.read_bytes()
+    assert syncer.sync(SyncRequest("act_202", *WEEK, run_id="r2")).ok
+
+    def disk_full(source, destination):
+        Path(destination).write_bytes(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("rastro_assets.analytics.publish.shutil.copyfile", disk_full)
+    with pytest.raises(PublishError, match="disk is full.*previous snapshot is unchanged"):
+        publisher.publish()
+    assert snapshot_path.read_bytes() == before
+    assert not list(snapshot_path.parent.glob("*.tmp"))
+    monkeypatch.undo()
+    with warehouse.connect() as con:
+        assert publisher.state(con).owed
+    assert publisher.publish() is not None
+    assert_snapshot_equals_pipeline(warehouse, snapshot_path)
+
+
+def test_publish_if_due_is_debounced(syncer, warehouse, publisher, fake_clock):
+    assert publisher.publish_if_due() is not None
+    assert publisher.publish_if_due() is None  # nothing changed
+    assert syncer.sync(SyncRequest("act_101", *WEEK, run_id="r1")).ok
+    assert publisher.publish_if_due() is None  # changed, but published moments ago
+    fake_clock.advance(publisher.run_interval)
+    assert publisher.publish_if_due() is not None
+    with warehouse.connect() as con:
+        assert not publisher.state(con).owed
+    assert os.path.exists(publisher.target)

@@ -1,0 +1,117 @@
+"""The analytics snapshot in Dagster: published by runs that wrote, by its sensor, by hand."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import dagster as dg
+import duckdb
+import pytest
+
+from rastro_assets.definitions import defs
+from rastro_assets.defs.analytics import analytics_publisher_sensor, analytics_snapshot
+from rastro_assets.defs.publishing import ANALYTICS_SNAPSHOT
+from rastro_assets.defs.resources import RastroResource
+from rastro_assets.defs.wave import sync_wave_job
+from rastro_assets_tests.defs.conftest import TODAY
+
+
+def live(account: str) -> dict:
+    since = TODAY - timedelta(days=1)
+    return {"ad_account_id": account, "kind": "live", "since": str(since), "until": str(TODAY)}
+
+
+def run_wave(instance, rastro, syncs):
+    return sync_wave_job.execute_in_process(
+        run_config={"ops": {"sync_wave": {"config": {"syncs": syncs}}}},
+        instance=instance,
+        resources={"rastro": rastro},
+    )
+
+
+@pytest.fixture
+def snapshot_path(tmp_path):
+    return tmp_path / "analysts" / "analytics.duckdb"
+
+
+@pytest.fixture
+def rastro(rastro, snapshot_path) -> RastroResource:
+    return RastroResource(
+        duckdb_path=rastro.duckdb_path,
+        analytics_path=str(snapshot_path),
+        graph_url=rastro.graph_url,
+        use_fake_graph=False,
+        fixed_now=rastro.fixed_now,
+    )
+
+
+def snapshot_events(result) -> list[dg.AssetMaterialization]:
+    return [
+        event.event_specific_data.materialization
+        for event in result.get_asset_materialization_events()
+        if event.asset_key == ANALYTICS_SNAPSHOT
+    ]
+
+
+def published_spend(snapshot_path) -> tuple:
+    with duckdb.connect(str(snapshot_path), read_only=True) as con:
+        return con.execute("SELECT count(*), sum(spend) FROM ad_spend_daily").fetchone()
+
+
+def pipeline_spend(warehouse) -> tuple:
+    with warehouse.connect() as con:
+        return con.execute("SELECT count(*), sum(spend) FROM ad_spend_daily").fetchone()
+
+
+def test_a_wave_that_wrote_publishes_and_records_the_snapshot(
+    instance, rastro, warehouse, snapshot_path
+):
+    result = run_wave(instance, rastro, [live("act_101"), live("act_202")])
+    assert result.success
+    [event] = snapshot_events(result)
+    metadata = {key: value.value for key, value in event.metadata.items()}
+    assert metadata["size_bytes"] == snapshot_path.stat().st_size
+    assert metadata["dagster/row_count"] == pipeline_spend(warehouse)[0] > 0
+    assert {"duration_seconds", "lag_seconds", "rows", "path"} <= set(metadata)
+    assert published_spend(snapshot_path) == pipeline_spend(warehouse)
+
+    # Moments later a second wave writes nothing new to publish yet: debounced.
+    again = run_wave(instance, rastro, [live("act_101")])
+    assert again.success and snapshot_events(again) == []
+
+
+def test_the_sensor_publishes_what_runs_left(instance, rastro, warehouse, snapshot_path):
+    def tick():
+        context = dg.build_sensor_context(
+            instance=instance, definitions=defs, resources={"rastro": rastro}
+        )
+        return analytics_publisher_sensor(context)
+
+    assert isinstance(tick(), dg.RunRequest)  # never published
+    rastro.publisher().publish()
+    skipped = tick()
+    assert isinstance(skipped, dg.SkipReason) and "up to date" in skipped.skip_message
+
+    run_wave(instance, rastro, [live("act_101")])  # published at its end
+    with warehouse.connect() as con:
+        con.execute("UPDATE sites SET name = 'renamed' WHERE site_id = 's1'")
+        con.execute(
+            "UPDATE analytics_snapshot_state SET published_at = published_at - ?",
+            [timedelta(minutes=10)],
+        )
+    assert isinstance(tick(), dg.RunRequest)
+
+
+def test_materializing_the_snapshot_by_hand_publishes_now(
+    instance, rastro, warehouse, snapshot_path
+):
+    run_wave(instance, rastro, [live("act_202")])
+    snapshot_path.unlink()
+    result = dg.materialize([analytics_snapshot], instance=instance, resources={"rastro": rastro})
+    assert result.success
+    assert published_spend(snapshot_path) == pipeline_spend(warehouse)
+    with duckdb.connect(str(snapshot_path), read_only=True) as con:
+        [(day,)] = con.execute(
+            "SELECT max(day) FROM ad_spend_daily WHERE ad_account_id = 'act_202'"
+        ).fetchall()
+    assert day == TODAY

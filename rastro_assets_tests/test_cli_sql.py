@@ -1,0 +1,345 @@
+"""`rastro sql`: the analytics snapshot, read-only, in every format, never the pipeline's file."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import subprocess
+import sys
+from datetime import datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from rastro_assets import cli
+from rastro_assets.cli_sql import _duration
+from rastro_assets_tests.analytics.test_frames import publish_week
+
+HOLDER = (
+    "import sys, time, duckdb; c = duckdb.connect(sys.argv[1]); print('locked', flush=True);"
+    " time.sleep(60)"
+)
+SPEND = (
+    "SELECT ad_account_id, day, sum(spend) AS spend, sum(clicks) AS clicks"
+    " FROM ad_spend_daily GROUP BY ALL ORDER BY ALL"
+)
+
+
+@pytest.fixture
+def snapshot_path(syncer, warehouse, fake_clock, duckdb_path: Path) -> Path:
+    """The default snapshot: `analytics.duckdb` beside the pipeline's file."""
+    return publish_week(syncer, warehouse, duckdb_path.parent / "analytics.duckdb", fake_clock)
+
+
+@pytest.fixture
+def rastro(duckdb_path: Path):
+    """Run `rastro ARGS` in-process; (exit code, stdout, stderr)."""
+
+    def run(*args: str, stdin: str = "", **environ: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        ctx = cli.Context(
+            environ={"RASTRO_DUCKDB_PATH": str(duckdb_path), **environ},
+            stdin=io.StringIO(stdin),
+            stdout=out,
+            stderr=err,
+        )
+        return cli.run(list(args), ctx), out.getvalue(), err.getvalue()
+
+    return run
+
+
+def assert_usage_error(result: tuple[int, str, str], *fragments: str) -> str:
+    code, out, err = result
+    assert (code, out) == (2, ""), (out, err)
+    [line] = err.splitlines()
+    assert line.startswith("rastro: error: ")
+    for fragment in fragments:
+        assert fragment in line, line
+    return line
+
+
+def in_snapshot(path: Path, query: str) -> list[tuple]:
+    with duckdb.connect(str(path), read_only=True) as con:
+        return con.execute(query).fetchall()
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_table_is_aligned_with_numbers_to_the_right(rastro, snapshot_path):
+    code, out, err = rastro("sql", SPEND)
+    assert (code, err) == (0, "")
+    expected = in_snapshot(snapshot_path, SPEND)
+    lines = out.splitlines()
+    assert lines[0].split() == ["ad_account_id", "day", "spend", "clicks"]
+    assert set(lines[1].replace(" ", "")) == {"-"}
+    assert lines[-1] == f"({len(expected)} rows)"
+    body = lines[2:-1]
+    assert [line.split() for line in body] == [
+        [account, day.isoformat(), str(spend), str(clicks)]
+        for account, day, spend, clicks in expected
+    ]
+    # Every spend ends in the same column: right-aligned, all four decimals kept.
+    spend_end = lines[0].index("spend") + len("spend")
+    assert all(
+        line[:spend_end].endswith(str(row[2])) for line, row in zip(body, expected, strict=True)
+    )
+    assert len({len(line) for line in body}) == 1
+
+
+def test_table_shows_nulls_blobs_and_lists(rastro, snapshot_path):
+    code, out, _ = rastro(
+        "sql",
+        "SELECT NULL AS nothing, t.image, s.sites FROM ad_thumbnails t,"
+        " account_sync_status s WHERE s.ad_account_id = 'act_202' LIMIT 1",
+    )
+    assert code == 0
+    row = out.splitlines()[2]
+    size = in_snapshot(snapshot_path, "SELECT octet_length(image) FROM ad_thumbnails LIMIT 1")
+    assert row.split(None, 1)[0] == "NULL"
+    assert f"<blob: {size[0][0]} bytes>" in row and '["s1", "s2"]' in row
+
+
+def test_csv_has_a_header_and_exact_decimals(rastro, snapshot_path):
+    code, out, err = rastro("sql", SPEND, "--format", "csv")
+    assert (code, err) == (0, "")
+    parsed = list(csv.reader(io.StringIO(out)))
+    assert parsed[0] == ["ad_account_id", "day", "spend", "clicks"]
+    assert parsed[1:] == [
+        [account, day.isoformat(), str(spend), str(clicks)]
+        for account, day, spend, clicks in in_snapshot(snapshot_path, SPEND)
+    ]
+    assert all(len(row[2].split(".")[1]) == 4 for row in parsed[1:])
+
+
+def test_csv_blobs_are_base64_and_nulls_empty(rastro, snapshot_path):
+    query = "SELECT ad_id, image, NULL AS nothing FROM ad_thumbnails ORDER BY ad_id"
+    code, out, _ = rastro("sql", query, "--format", "csv")
+    assert code == 0
+    parsed = list(csv.reader(io.StringIO(out)))[1:]
+    assert [(ad, base64.b64decode(image), nothing) for ad, image, nothing in parsed] == [
+        (ad, image, "") for ad, image, _ in in_snapshot(snapshot_path, query)
+    ]
+
+
+def test_json_is_one_array_with_decimals_as_strings(rastro, snapshot_path):
+    code, out, err = rastro("sql", SPEND, "--format", "json")
+    assert (code, err) == (0, "")
+    entries = json.loads(out)
+    assert entries == [
+        {"ad_account_id": account, "day": day.isoformat(), "spend": str(spend), "clicks": clicks}
+        for account, day, spend, clicks in in_snapshot(snapshot_path, SPEND)
+    ]
+    assert all(isinstance(entry["spend"], str) for entry in entries)
+    assert (
+        sum(Decimal(entry["spend"]) for entry in entries)
+        == in_snapshot(snapshot_path, "SELECT sum(spend) FROM ad_spend_daily")[0][0]
+    )
+
+
+def test_json_timestamps_blobs_lists_and_intervals(rastro, snapshot_path):
+    query = (
+        "SELECT s.ad_account_id, s.sites, s.last_sync_at, t.image, INTERVAL 90 MINUTE AS wait,"
+        " NULL AS nothing FROM account_sync_status s, (FROM ad_thumbnails LIMIT 1) t"
+        " ORDER BY 1"
+    )
+    code, out, _ = rastro("sql", query, "--format", "json")
+    assert code == 0
+    entries = json.loads(out)
+    expected = in_snapshot(snapshot_path, query)
+    assert [entry["sites"] for entry in entries] == [["s1"], ["s1", "s2"]]
+    for entry, row in zip(entries, expected, strict=True):
+        assert datetime.fromisoformat(entry["last_sync_at"]) == row[2]
+        assert datetime.fromisoformat(entry["last_sync_at"]).utcoffset() is not None
+        assert base64.b64decode(entry["image"]) == row[3]
+        assert entry["wait"] == "PT1H30M" and entry["nothing"] is None
+
+
+def test_empty_results(rastro, snapshot_path):
+    none = "SELECT * FROM sites WHERE false"
+    assert rastro("sql", none, "--format", "json")[1] == "[]\n"
+    assert rastro("sql", none, "--format", "csv")[1] == "site_id,name,created_at\n"
+    assert rastro("sql", none)[1].splitlines()[-1] == "(0 rows)"
+
+
+def test_the_query_may_come_from_stdin(rastro, snapshot_path):
+    code, out, _ = rastro("sql", "-", "--format", "json", stdin="SELECT 1 AS one;\n")
+    assert (code, json.loads(out)) == (0, [{"one": 1}])
+
+
+def test_parquet_output_keeps_decimals_exact(rastro, snapshot_path, tmp_path: Path):
+    target = tmp_path / "spend.parquet"
+    code, out, err = rastro("sql", f"{SPEND}; -- by account and day", "--output", str(target))
+    expected = in_snapshot(snapshot_path, SPEND)
+    assert (code, err) == (0, "")
+    assert out == f"wrote {len(expected)} rows to {target}\n"
+    with duckdb.connect() as con:
+        back = con.execute("SELECT * FROM read_parquet(?) ORDER BY ALL", [str(target)]).fetchall()
+        spend_type = con.execute(
+            "SELECT typeof(spend) FROM read_parquet(?) LIMIT 1", [str(target)]
+        ).fetchone()[0]
+    assert back == expected
+    assert spend_type.startswith("DECIMAL") and isinstance(back[0][2], Decimal)
+    assert sorted(path.name for path in target.parent.iterdir()) == ["data", "spend.parquet"]
+
+
+def test_parquet_output_refuses_other_files_and_statements(rastro, snapshot_path, tmp_path):
+    for name in ("spend.csv", "spend.json", "spend", "analytics.duckdb"):
+        assert_usage_error(
+            rastro("sql", SPEND, "--output", str(tmp_path / name)), "only Parquet", name
+        )
+    assert_usage_error(
+        rastro("sql", SPEND, "--output", str(tmp_path / "x.parquet"), "--format", "csv"),
+        "--format",
+    )
+    assert_usage_error(
+        rastro("sql", SPEND, "--output", str(tmp_path / "nowhere" / "x.parquet")),
+        "does not exist",
+    )
+    assert_usage_error(
+        rastro("sql", "EXPLAIN SELECT 1", "--output", str(tmp_path / "x.parquet")), "SELECT"
+    )
+    broken = rastro(
+        "sql", "SELECT error('boom') FROM range(10)", "--output", str(tmp_path / "x.parquet")
+    )
+    assert_usage_error(broken, "boom")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["data"]
+
+
+def test_a_missing_snapshot_is_one_line_and_never_created(rastro, duckdb_path: Path, tmp_path):
+    line = assert_usage_error(
+        rastro("sql", "SELECT 1"),
+        "no analytics snapshot has been published yet",
+        str(duckdb_path.parent / "analytics.duckdb"),
+        "dagster asset materialize --select analytics_snapshot -m rastro_assets.definitions",
+    )
+    assert "within minutes" in line
+    elsewhere = tmp_path / "analysts" / "snap.duckdb"
+    assert_usage_error(
+        rastro("sql", "SELECT 1", RASTRO_ANALYTICS_PATH=str(elsewhere)), str(elsewhere)
+    )
+    assert not duckdb_path.parent.exists() and not elsewhere.parent.exists()
+
+
+def test_rastro_analytics_path_is_where_it_reads(rastro, snapshot_path, tmp_path):
+    moved = tmp_path / "moved.duckdb"
+    snapshot_path.rename(moved)
+    assert rastro("sql", "SELECT 1")[0] == 2
+    code, out, _ = rastro(
+        "sql",
+        "SELECT count(*) AS n FROM sites",
+        "--format",
+        "json",
+        RASTRO_ANALYTICS_PATH=str(moved),
+    )
+    assert (code, json.loads(out)) == (0, [{"n": 2}])
+
+
+def test_bad_sql_is_one_line_with_duckdbs_message(rastro, snapshot_path):
+    assert_usage_error(rastro("sql", "SELEC 1"), "Parser Error", "SELEC")
+    line = assert_usage_error(rastro("sql", "SELECT * FROM meta_connections"), "Catalog Error")
+    assert "meta_connections" in line
+    assert_usage_error(rastro("sql", "SELECT error('boom') FROM sites"), "boom")
+    assert_usage_error(rastro("sql", "  ;  "), "empty")
+    assert_usage_error(rastro("sql", "SELECT 1; SELECT 2"), "one query at a time")
+
+
+WRITES = (
+    "INSERT INTO sites VALUES ('s9', 'Nine', now())",
+    "DELETE FROM ad_spend_daily",
+    "UPDATE ad_spend_daily SET spend = 0",
+    "CREATE TABLE mine AS SELECT 1",
+    "DROP TABLE ad_spend_daily",
+    "COPY sites TO 'sites.csv'",
+    "ATTACH 'other.duckdb' AS other",
+    "SET threads = 1",
+    "CHECKPOINT",
+    "CALL duckdb_tables()",
+    "DETACH analytics",
+    "USE memory",
+    "SELECT 1; DELETE FROM sites",
+)
+
+
+def test_a_write_is_refused_and_changes_nothing(
+    rastro, snapshot_path, duckdb_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(snapshot_path.parent)  # where `sites.csv` or `other.duckdb` would land
+    before = digest(snapshot_path), digest(duckdb_path)
+    for statement in WRITES:
+        assert_usage_error(rastro("sql", statement))
+    line = assert_usage_error(rastro("sql", "DELETE FROM sites"), "DELETE", "read-only")
+    assert "--output" in line
+    assert (digest(snapshot_path), digest(duckdb_path)) == before
+    assert sorted(path.name for path in snapshot_path.parent.iterdir()) == sorted(
+        [snapshot_path.name, "rastro.duckdb", *hidden(snapshot_path.parent)]
+    )
+
+
+def hidden(directory: Path) -> list[str]:
+    """The publisher's own files (staging, lock), which start with a dot."""
+    return [path.name for path in directory.iterdir() if path.name.startswith(".")]
+
+
+def test_the_connection_itself_is_read_only(snapshot_path):
+    """Behind the statement check, DuckDB refuses writes on its own."""
+    from rastro_assets.analytics.frames import open_snapshot
+
+    with open_snapshot(snapshot_path) as con:
+        with pytest.raises(duckdb.Error, match="read-only"):
+            con.execute("DELETE FROM ad_spend_daily")
+        with pytest.raises(duckdb.Error, match="read-only"):
+            con.execute("INSERT INTO sites VALUES ('s9', 'Nine', now())")
+
+
+def test_the_pipelines_file_is_never_opened(rastro, snapshot_path, duckdb_path: Path):
+    assert_usage_error(
+        rastro("sql", "SELECT 1", RASTRO_ANALYTICS_PATH=str(duckdb_path)), "pipeline's own file"
+    )
+
+
+def test_it_runs_while_another_process_holds_the_pipelines_file(
+    rastro, snapshot_path, duckdb_path: Path
+):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(duckdb_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        code, out, err = rastro(
+            "sql",
+            "SELECT count(*) AS n, sum(spend) AS spend FROM ad_spend_daily",
+            "--format",
+            "json",
+        )
+        assert (code, err) == (0, ""), err
+        [entry] = json.loads(out)
+        assert entry["n"] > 0 and Decimal(entry["spend"]) > 0
+        assert holder.poll() is None  # still holding it
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_sql_is_listed_in_help(rastro, capsys):
+    assert rastro("sql", "--help")[0] == 0
+    assert "--output FILE.parquet" in capsys.readouterr().out
+
+
+def test_durations_are_iso_8601():
+    assert _duration(timedelta(0)) == "PT0S"
+    assert _duration(timedelta(days=1, hours=2, minutes=3, seconds=4.5)) == "P1DT2H3M4.5S"
+    assert _duration(timedelta(days=30)) == "P30D"
+    assert _duration(-timedelta(minutes=30)) == "-PT30M"
+
+
+def test_explain_prints_the_plan_as_drawn(rastro, snapshot_path):
+    code, out, _ = rastro("sql", "EXPLAIN SELECT * FROM sites")
+    assert code == 0 and "\\n" not in out and len(out.splitlines()) > 3
+    assert "SEQ_SCAN" in out.upper().replace(" ", "_")
