@@ -82,7 +82,7 @@ def breakdown(base_url: str, blocks) -> None:
     import duckdb
 
     from rastro_assets import sync
-    from rastro_assets.meta import client
+    from rastro_assets.meta import insights, session
     from rastro_assets.warehouse import connection
 
     spent: dict[str, float] = {}
@@ -98,9 +98,9 @@ def breakdown(base_url: str, blocks) -> None:
 
     nested = "  of which: insights pages read from bytes"
     patches = [
-        (client.MetaClient, "_once", "HTTP request + decode + usage headers"),
-        (client, "read_insights_page", nested),
-        (client, "parse_insight_table", "parse pages json.loads decoded (Arrow)"),
+        (session.GraphSession, "_once", "HTTP request + decode + usage headers"),
+        (insights, "read_insights_page", nested),
+        (insights, "parse_insight_table", "parse pages json.loads decoded (Arrow)"),
         (sync, "write_spend", "write_spend"),
         (sync, "upsert_names_from_spend", "upsert_names_from_spend (catalog.py)"),
         (sync.Syncer, "_catalog_after_spend", "catalog after spend (catalog_sync)"),

@@ -61,7 +61,11 @@ from rastro_assets.vault import Vault  # noqa: E402
 from rastro_assets.warehouse import registry  # noqa: E402
 from rastro_assets.warehouse.connection import Warehouse  # noqa: E402
 from rastro_assets.warehouse.retention import prune_sync_runs  # noqa: E402
-from rastro_assets.warehouse.runs import planned_accounts, start_sync_run  # noqa: E402
+from rastro_assets.warehouse.runs import (  # noqa: E402
+    SyncRunStart,
+    planned_accounts,
+    start_sync_runs,
+)
 
 START = datetime(2026, 11, 23, 0, 0, tzinfo=UTC)
 TIMEZONES = (
@@ -170,11 +174,12 @@ class Soak:
         for account, plan in due[: self._dead_runs(number)]:
             # A run process that dies right after writing its start: no end, ever.
             with self.warehouse.connect() as con:
-                start_sync_run(con, run_id=f"dead-{number}",
-                               ad_account_id=account.state.ad_account_id, kind=plan.kind,
-                               since=plan.since, until=plan.until, started_at=now,
-                               catalog=plan.catalog,
-                               token_sealed_at=account.state.token_sealed_at)
+                start = SyncRunStart(
+                    run_id=f"dead-{number}", ad_account_id=account.state.ad_account_id,
+                    kind=plan.kind, since=plan.since, until=plan.until, started_at=now,
+                    catalog=plan.catalog, token_sealed_at=account.state.token_sealed_at,
+                )
+                start_sync_runs(con, [start])
             self.syncs[(plan.kind, "died")] += 1
         jobs = due[self._dead_runs(number):]
         for account, _ in jobs:

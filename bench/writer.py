@@ -12,8 +12,8 @@ table into an empty table with those columns, in the same DuckDB file. DuckDB sc
 one chunk faster than one of a chunk per page, so the bare insert of the table combined into one
 chunk is printed too (a stricter floor).
 
-Also printed: `write_spend` from the same read as `InsightRow`s (the way tests call it), which
-adds their conversion to Arrow columns.
+Also printed: `write_spend` from the same read as `InsightRow`s turned into a table by
+`insight_table` (the way tests build their reads), which adds that conversion.
 
 Each round starts from fresh copies of the pre-filled file. Best of N rounds for each.
 
@@ -104,8 +104,8 @@ def parsed_table(rows, days):
     """The chunk table the client builds from the rows' pages."""
     import pyarrow as pa
 
+    from rastro_assets.meta.insights_parse import parse_insight_table
     from rastro_assets.meta.models import insight_table
-    from rastro_assets.meta.parse import parse_insight_table
 
     table = pa.concat_tables(
         [parse_insight_table(page, days[0], days[-1]) for page in as_pages(rows)]
@@ -120,6 +120,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
 
+    from rastro_assets.meta.models import insight_table
     from rastro_assets.warehouse.connection import Warehouse
     from rastro_assets.warehouse.spend import _incoming_table, write_spend
 
@@ -133,7 +134,7 @@ def main() -> None:
         seed_dir = Path(directory) / "seed"
         warehouse, _ = _world.linked_warehouse(seed_dir, sites=_world.SITES)
         with warehouse.connect() as con:
-            write_spend(con, _world.ACCOUNT, days=days, rows=old, complete_days=days,
+            write_spend(con, _world.ACCOUNT, days=days, rows=insight_table(old), complete_days=days,
                         synced_at=_world.NOW - timedelta(days=1))
             con.execute("CHECKPOINT")
         check_times, convert_times = [], []
@@ -142,7 +143,7 @@ def main() -> None:
             _incoming_table(days, days, incoming)
             check_times.append(time.perf_counter() - started)
             started = time.perf_counter()
-            _incoming_table(days, days, new)
+            _incoming_table(days, days, insight_table(new))
             convert_times.append(time.perf_counter() - started)
         print(f"pre-filled {len(old)} rows; the new read has {len(new)} rows over {len(days)} "
               f"days ({incoming.column('ad_id').num_chunks} pages), account linked to "
@@ -172,6 +173,8 @@ def main() -> None:
                             con.execute("DELETE FROM bare")
                             con.execute("CHECKPOINT")
                     started = time.perf_counter()
+                    if source == "rows":
+                        rows = insight_table(rows)
                     result = write_spend(con, _world.ACCOUNT, days=days, rows=rows,
                                          complete_days=days, synced_at=_world.NOW)
                     (writes if source == "table" else row_writes).append(

@@ -20,13 +20,20 @@ Per account, in its own timezone:
 from __future__ import annotations
 
 import bisect
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
+from rastro_assets.outcomes import (
+    ERROR_CODES,
+    RUN_TIMEOUT_ERROR,
+    AccountHealth,
+    Outcome,
+    PlanKind,
+    coded,
+)
 from rastro_assets.timekeeping import days_between, local_date, local_midnight, zone
 
 LIVE_INTERVAL = timedelta(minutes=45)
@@ -50,18 +57,9 @@ WEEKLY_INTERVAL = timedelta(days=7) - timedelta(hours=12)
 # keeps the old rows) would otherwise keep a backfill owed forever.
 TRUNCATED_DAY_TRIES = 3
 
-KINDS = ("backfill", "gap", "live", "daily", "weekly", "paused")
-STATES = ("backfilling", "live", "error", "paused")
-OK = "ok"
-OUTCOME_CODES = {
-    "token": "META_TOKEN_INVALID",
-    "throttled": "RATE_LIMITED",
-    "permission": "META_PERMISSION",
-    "key": "SECRETS_KEY_MISSING",
-    "other": "META_UNAVAILABLE",
-}
-RUN_TIMEOUT_ERROR = "RUN_TIMEOUT: the previous sync did not finish"
-_CODE_PREFIX = re.compile(r"^[A-Z][A-Z0-9_]*: ")
+KINDS = tuple(PlanKind)
+STATES = tuple(AccountHealth)
+OK = Outcome.OK.value  # a plain str: compared with every run the planner reads
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,12 +284,6 @@ def _span(delta: timedelta) -> str:
     return f"{hours} h" if hours else f"{minutes} min"
 
 
-def _code_error(code: str, message: str | None) -> str:
-    if message and _CODE_PREFIX.match(message):
-        return message
-    return f"{code}: {message or 'the token is no longer valid'}"
-
-
 def _utc(instant: datetime) -> datetime:
     if instant.tzinfo is None:
         raise ValueError("the planner needs aware datetimes")
@@ -359,7 +351,9 @@ def status(state: AccountState, now: datetime) -> AccountStatus:
     paused = owed.kind == "paused"
     if paused:
         state_name = "paused"
-        last_error = _code_error("META_TOKEN_INVALID", state.connection_error)
+        last_error = coded(
+            ERROR_CODES[Outcome.TOKEN], state.connection_error, "the token is no longer valid"
+        )
     else:
         failed = isinstance(concluded, _Failure)
         state_name = "error" if failed else "backfilling" if assessment.progress else "live"
@@ -403,14 +397,14 @@ def _assess(state: AccountState, now: datetime) -> _Assessment:
             if now - run.started_at < LEASE:
                 in_flight = run
                 continue
-            failure = _Failure(run, "other", run.started_at + LEASE, RUN_TIMEOUT_ERROR)
+            failure = _Failure(run, Outcome.OTHER, run.started_at + LEASE, RUN_TIMEOUT_ERROR)
         elif run.outcome == OK:
             failures = []
             last_concluded = run
             continue
         else:
-            outcome = run.outcome or "other"
-            code = OUTCOME_CODES.get(outcome, "META_UNAVAILABLE")
+            outcome = run.outcome or Outcome.OTHER
+            code = ERROR_CODES.get(outcome, ERROR_CODES[Outcome.OTHER])
             failure = _Failure(
                 run,
                 outcome,
@@ -465,6 +459,37 @@ def _assess(state: AccountState, now: datetime) -> _Assessment:
     if hold is not None and hold > cadence_due:
         return result(hold, f"{what}; {why}")
     return result(cadence_due, what)
+
+
+# The marks the reference kept on an account (last live, daily and weekly read),
+# each recovered from the run that earned it. `warehouse.runs._MARK_COLUMNS` is the
+# SQL that over-approximates these three rules when it loads the planner's history.
+
+
+def is_live_mark(run: SyncRun, started_on: date) -> bool:
+    """A good read that covered its own local today (`started_on`)."""
+    return (
+        run.outcome == OK
+        and run.since is not None
+        and run.until is not None
+        and run.since <= started_on <= run.until
+    )
+
+
+def is_daily_mark(run: SyncRun, started_on: date) -> bool:
+    """A live mark that also read the catalog and the trailing `DAILY_DAYS`."""
+    return (
+        is_live_mark(run, started_on)
+        and run.catalog
+        and run.since <= started_on - timedelta(days=DAILY_DAYS - 1)
+    )
+
+
+def is_weekly_mark(run: SyncRun, started_on: date) -> bool:
+    """A live mark that also read the trailing `WEEKLY_DAYS`."""
+    return is_live_mark(run, started_on) and run.since <= started_on - timedelta(
+        days=WEEKLY_DAYS - 1
+    )
 
 
 def _owed(
@@ -531,11 +556,11 @@ def _owed(
         if run.since is None or run.until is None:
             continue
         started_on = local(run.started_at)
-        if run.since <= started_on <= run.until:
+        if is_live_mark(run, started_on):
             live_mark = run.started_at
-            if run.catalog and run.since <= started_on - timedelta(days=DAILY_DAYS - 1):
+            if is_daily_mark(run, started_on):
                 daily_mark = run.started_at
-            if run.since <= started_on - timedelta(days=WEEKLY_DAYS - 1):
+            if is_weekly_mark(run, started_on):
                 weekly_mark = run.started_at
     slot = daily_slot(today, state.timezone)
     resync_owed = daily_mark is None or daily_mark < slot
@@ -641,8 +666,7 @@ def today_synced_at(state: AccountState) -> datetime | None:
             continue
         if latest is not None and run.started_at <= latest:
             continue
-        run_today = run.started_at.astimezone(tz).date()
-        if run.since <= run_today <= run.until:
+        if is_live_mark(run, run.started_at.astimezone(tz).date()):
             latest = run.started_at
     return latest
 

@@ -24,13 +24,15 @@ from typing import TypeVar
 from rastro_assets.meta.client import MetaClient
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.meta.models import Ad, Usage
-from rastro_assets.sync import _OUTCOME_OF_KIND, ERROR_CODES, MAX_ERROR_CHARS, ClientFactory
+from rastro_assets.outcomes import Outcome, error_line, outcome_of
+from rastro_assets.sync import ClientFactory
 from rastro_assets.timekeeping import Clock, local_date
 from rastro_assets.vault import SecretsKeyError, Vault
 from rastro_assets.warehouse import catalog as store
 from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import thumbnails as pictures
 from rastro_assets.warehouse.connection import Warehouse
-from rastro_assets.warehouse.spend import AccountNotLinked
+from rastro_assets.warehouse.errors import AccountNotLinked
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,7 @@ class CatalogOutcome:
 
     ad_account_id: str
     full: bool
-    outcome: str = "ok"  # ok | token | throttled | permission | key | other
+    outcome: Outcome = Outcome.OK
     error: str | None = None
     ads_read: int = 0  # ads Meta answered with
     added: int = 0
@@ -85,7 +87,7 @@ class CatalogOutcome:
 
     @property
     def ok(self) -> bool:
-        return self.outcome == "ok"
+        return self.outcome == Outcome.OK
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ class ThumbnailOutcome:
     """How one thumbnail pass ended. Single images failing leave `outcome` ok."""
 
     ad_account_id: str
-    outcome: str = "ok"
+    outcome: Outcome = Outcome.OK
     error: str | None = None
     wanted: int = 0  # missing or stale pictures tried this run (capped)
     fetched: int = 0  # stored
@@ -112,7 +114,7 @@ class ThumbnailOutcome:
 
     @property
     def ok(self) -> bool:
-        return self.outcome == "ok"
+        return self.outcome == Outcome.OK
 
 
 class _Stop(Exception):
@@ -189,11 +191,11 @@ class CatalogSyncer:
             with self.warehouse.connect() as con:
                 result.total_ads = store.catalog_size(con, ad_account_id)
         except MetaError as exc:
-            self._fail(result, _OUTCOME_OF_KIND.get(exc.kind, "other"), str(exc))
-            if result.outcome == "token":
+            self._fail(result, outcome_of(exc.kind), str(exc))
+            if result.outcome == Outcome.TOKEN:
                 self._mark_token_dead(connection, result.error or "", now)
         except AccountNotLinked:
-            self._fail(result, "other", "the account was unlinked during the catalog read")
+            self._fail(result, Outcome.OTHER, "the account was unlinked during the catalog read")
         finally:
             result.api_calls = client.stats.api_calls
             result.usage = client.stats.usage
@@ -261,8 +263,8 @@ class CatalogSyncer:
             _account, connection = self._account(con, ad_account_id)
             # A paused account's rows wait, untouched, for its new token.
             if connection is not None and connection.status == "active":
-                result.removed = store.drop_orphaned_thumbnails(con, ad_account_id)
-            wanted = store.wanted_thumbnails(
+                result.removed = pictures.drop_orphaned_thumbnails(con, ad_account_id)
+            wanted = pictures.wanted_thumbnails(
                 con, ad_account_id, limit=MAX_THUMBNAILS_PER_RUN, only=only_ids
             )
         try:
@@ -274,14 +276,16 @@ class CatalogSyncer:
         try:
             self._download(client, ad_account_id, wanted, now, result)
         except AccountNotLinked:
-            self._fail(result, "other", "the account was unlinked while thumbnails were copied")
+            self._fail(
+                result, Outcome.OTHER, "the account was unlinked while thumbnails were copied"
+            )
         finally:
             client.close()
         if not result.preview and result.ok:
             with self.warehouse.connect() as con:
                 result.preview = [
                     Preview(s.ad_id, s.ad_name, s.content_type, s.image)
-                    for s in store.latest_thumbnails(
+                    for s in pictures.latest_thumbnails(
                         con, ad_account_id, limit=PREVIEW_COUNT, content_types=PREVIEW_TYPES,
                         max_bytes=PREVIEW_MAX_BYTES,
                     )
@@ -296,18 +300,18 @@ class CatalogSyncer:
         self,
         client: MetaClient,
         ad_account_id: str,
-        wanted: list[store.WantedThumbnail],
+        wanted: list[pictures.WantedThumbnail],
         now: datetime,
         result: ThumbnailOutcome,
     ) -> None:
         names = {item.ad_id: item.ad_name for item in wanted}
-        ready: list[store.FetchedThumbnail] = []
+        ready: list[pictures.FetchedThumbnail] = []
 
         def flush() -> None:
             if not ready:
                 return
             with self.warehouse.connect() as con:
-                result.fetched += store.store_thumbnails(con, ad_account_id, ready, now)
+                result.fetched += pictures.store_thumbnails(con, ad_account_id, ready, now)
             for image in ready:
                 self._maybe_preview(result, image, names.get(image.ad_id))
             ready.clear()
@@ -341,7 +345,7 @@ class CatalogSyncer:
 
     @staticmethod
     def _maybe_preview(
-        result: ThumbnailOutcome, image: store.FetchedThumbnail, name: str | None
+        result: ThumbnailOutcome, image: pictures.FetchedThumbnail, name: str | None
     ) -> None:
         if (
             len(result.preview) < PREVIEW_COUNT
@@ -362,12 +366,12 @@ class CatalogSyncer:
         """A client with the connection's token, or `_Stop` with the outcome set."""
         if connection is None or connection.status != "active":
             reason = (connection.last_error if connection else None) or "no valid token"
-            self._fail(result, "token", f"{registry.RESTATED_INVALID}: {reason}")
+            self._fail(result, Outcome.TOKEN, f"{registry.RESTATED_INVALID}: {reason}")
             raise _Stop
         try:
             token = self.vault_factory().open(connection.connection_id, connection.sealed_token)
         except SecretsKeyError as exc:
-            self._fail(result, "key", str(exc))
+            self._fail(result, Outcome.KEY, str(exc))
             raise _Stop from None
         client = self.client_factory(token)
         del token
@@ -380,15 +384,15 @@ class CatalogSyncer:
             )
 
     @staticmethod
-    def _fail(result: CatalogOutcome | ThumbnailOutcome, outcome: str, message: str) -> None:
+    def _fail(result: CatalogOutcome | ThumbnailOutcome, outcome: Outcome, message: str) -> None:
         result.outcome = outcome
-        result.error = f"{ERROR_CODES[outcome]}: {safe_text(message)}"[:MAX_ERROR_CHARS]
+        result.error = error_line(outcome, safe_text(message))
         log.warning("%s %s", result.ad_account_id, result.error)
 
 
 def _fetch(
-    client: MetaClient, item: store.WantedThumbnail
-) -> tuple[store.FetchedThumbnail | None, str]:
+    client: MetaClient, item: pictures.WantedThumbnail
+) -> tuple[pictures.FetchedThumbnail | None, str]:
     """One download: the image, or None and why (without the URL's signature)."""
     try:
         thumbnail = client.thumbnail(item.url, max_bytes=MAX_THUMBNAIL_BYTES)
@@ -397,7 +401,7 @@ def _fetch(
     magic = _MAGIC.get(thumbnail.content_type)
     if magic is not None and not thumbnail.data.startswith(magic):
         return None, f"ad {item.ad_id}: the body is not a {thumbnail.content_type} image"
-    return store.FetchedThumbnail(
+    return pictures.FetchedThumbnail(
         item.ad_id, item.creative_id, thumbnail.content_type, thumbnail.data
     ), ""
 

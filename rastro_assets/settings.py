@@ -7,7 +7,9 @@ a test can build a `Settings` without touching `os.environ`.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 DEFAULT_DUCKDB_PATH = "data/rastro.duckdb"
@@ -20,6 +22,28 @@ DEFAULT_ANALYTICS_LAG_SECONDS = 300
 SENSOR_INTERVAL_OVERRIDE_SECONDS = int(os.environ.get("RASTRO_SENSOR_INTERVAL_SECONDS") or 0)
 
 
+@dataclass(frozen=True)
+class Retention:
+    """How long the instance keeps runs and the warehouse keeps `meta_sync_runs` rows."""
+
+    sensor_seconds: int = 3600
+    runs: timedelta = timedelta(hours=24)
+    sync_runs: timedelta = timedelta(days=35)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Retention:
+        env = os.environ if environ is None else environ
+        return cls(
+            sensor_seconds=int(env.get("RASTRO_RETENTION_INTERVAL_SECONDS") or 3600),
+            runs=timedelta(hours=float(env.get("RASTRO_RUN_RETENTION_HOURS") or 24)),
+            sync_runs=timedelta(days=float(env.get("RASTRO_SYNC_RUN_RETENTION_DAYS") or 35)),
+        )
+
+
+# Read once, when the code loads: sensor intervals are fixed at definition time.
+RETENTION = Retention.from_env()
+
+
 class SettingsError(ValueError):
     """A variable of the environment holds a value the product cannot use."""
 
@@ -27,6 +51,12 @@ class SettingsError(ValueError):
 def default_analytics_path(duckdb_path: str) -> str:
     """The snapshot beside the pipeline's file: `data/analytics.duckdb` by default."""
     return str(Path(duckdb_path).parent / ANALYTICS_FILE_NAME)
+
+
+def snapshot_path_for(duckdb_path: str, environ: Mapping[str, str] | None = None) -> str:
+    """The analytics snapshot that goes with the pipeline's file at `duckdb_path`."""
+    env = os.environ if environ is None else environ
+    return env.get("RASTRO_ANALYTICS_PATH") or default_analytics_path(duckdb_path)
 
 
 @dataclass(frozen=True)

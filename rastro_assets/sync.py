@@ -19,13 +19,20 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from rastro_assets.meta.client import MetaClient
-from rastro_assets.meta.errors import ErrorKind, MetaError
+from rastro_assets.meta.errors import MetaError
 from rastro_assets.meta.models import InsightsChunk, Usage
+from rastro_assets.outcomes import (
+    Outcome,
+    SyncKind,
+    error_line,
+    outcome_of,
+)
 from rastro_assets.timekeeping import Clock, days_between, local_date
 from rastro_assets.vault import SecretsKeyError, Vault
 from rastro_assets.warehouse import registry
-from rastro_assets.warehouse.catalog import upsert_names_from_spend, upsert_names_many
+from rastro_assets.warehouse.catalog import upsert_names_from_spend, upsert_spend_names
 from rastro_assets.warehouse.connection import Warehouse, transaction
+from rastro_assets.warehouse.errors import AccountNotLinked
 from rastro_assets.warehouse.runs import (
     SyncRunEnd,
     SyncRunStart,
@@ -33,7 +40,6 @@ from rastro_assets.warehouse.runs import (
     start_sync_runs,
 )
 from rastro_assets.warehouse.spend import (
-    AccountNotLinked,
     DaySummary,
     SpendInputError,
     SpendWrite,
@@ -47,23 +53,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SYNC_KINDS = ("backfill", "gap", "live", "daily", "weekly", "manual")
+SYNC_KINDS = tuple(SyncKind)
 WAVE_WRITE_BATCH = 64
 """Accounts whose reads a wave writes in one batch."""
-MAX_ERROR_CHARS = 300
-
-ERROR_CODES = {
-    "token": "META_TOKEN_INVALID",
-    "throttled": "RATE_LIMITED",
-    "permission": "META_PERMISSION",
-    "key": "SECRETS_KEY_MISSING",
-    "other": "META_UNAVAILABLE",
-}
-_OUTCOME_OF_KIND = {
-    ErrorKind.TOKEN: "token",
-    ErrorKind.THROTTLED: "throttled",
-    ErrorKind.PERMISSION: "permission",
-}
 
 ClientFactory = Callable[[str], MetaClient]
 
@@ -77,7 +69,7 @@ class SyncRequest:
     ad_account_id: str
     since: date
     until: date
-    kind: str = "manual"
+    kind: str = SyncKind.MANUAL
     run_id: str = "manual"
     catalog: bool = False
 
@@ -89,7 +81,7 @@ class SyncOutcome:
     request: SyncRequest
     timezone: str = "UTC"
     started_at: datetime | None = None
-    outcome: str = "ok"  # ok | token | throttled | permission | key | other
+    outcome: Outcome = Outcome.OK
     error: str | None = None
     rows_written: int = 0
     rows_deleted: int = 0
@@ -111,7 +103,7 @@ class SyncOutcome:
 
     @property
     def ok(self) -> bool:
-        return self.outcome == "ok"
+        return self.outcome == Outcome.OK
 
     @property
     def unread_days(self) -> list[date]:
@@ -422,12 +414,14 @@ class Syncer:
                     for write, answer in zip(writes, answers, strict=True)
                     if isinstance(answer, SpendWriteResult)
                 ]
-                upsert_names_many(con, written, synced_at)
+                upsert_spend_names(con, written, synced_at)
         except Exception as exc:  # noqa: BLE001 - recorded as each account's failure
             log.exception("a batch of %d accounts' writes failed", len(waiting))
             for _, result, _ in waiting:
                 if result.ok:
-                    self._fail(result, "other", f"unexpected {type(exc).__name__} in the sync")
+                    self._fail(
+                        result, Outcome.OTHER, f"unexpected {type(exc).__name__} in the sync"
+                    )
             return
         for (_, result, read), answer in zip(waiting, answers, strict=True):
             if isinstance(answer, SpendWriteResult):
@@ -510,7 +504,7 @@ class Syncer:
         if connection is None or connection.status != "active" or dead_error:
             reason = dead_error or (connection.last_error if connection else None)
             reason = reason or "no valid token"
-            self._fail(result, "token", f"the connection's token is invalid: {reason}")
+            self._fail(result, Outcome.TOKEN, f"the connection's token is invalid: {reason}")
             return result, None
         deferred = None
         try:
@@ -519,7 +513,7 @@ class Syncer:
             # An unexpected error must still end the run's row, or the
             # account would wait out the lease; its type says where to look.
             log.exception("%s: unexpected failure", request.ad_account_id)
-            self._fail(result, "other", f"unexpected {type(exc).__name__} in the sync")
+            self._fail(result, Outcome.OTHER, f"unexpected {type(exc).__name__} in the sync")
         if result.token_rejected_by_meta:
             dead.add(connection.connection_id, result.error or "")
         return result, deferred if result.ok else None
@@ -561,10 +555,10 @@ class Syncer:
             ]
             result.catalog_error = "; ".join(e for e in errors if e) or None
         except Exception as exc:  # noqa: BLE001 - the spend is written; the catalog is extra
-            result.catalog_error = (
-                f"{ERROR_CODES['other']}: the catalog read failed"
-                f" ({type(exc).__name__}: {safe_text(str(exc))})"
-            )[:MAX_ERROR_CHARS]
+            result.catalog_error = error_line(
+                Outcome.OTHER,
+                f"the catalog read failed ({type(exc).__name__}: {safe_text(str(exc))})",
+            )
         if result.catalog_error:
             log.warning("%s catalog: %s", account, result.catalog_error)
 
@@ -574,7 +568,7 @@ class Syncer:
         try:
             token = self.vault_factory().open(connection.connection_id, connection.sealed_token)
         except SecretsKeyError as exc:
-            self._fail(result, "key", str(exc))
+            self._fail(result, Outcome.KEY, str(exc))
             return None
         client = self.client_factory(token)
         del token
@@ -591,8 +585,8 @@ class Syncer:
             writer.flush()
             self._note_incomplete(result)
         except MetaError as exc:
-            outcome = _OUTCOME_OF_KIND.get(exc.kind, "other")
-            result.token_rejected_by_meta = outcome == "token"
+            outcome = outcome_of(exc.kind)
+            result.token_rejected_by_meta = outcome == Outcome.TOKEN
             self._fail(result, outcome, str(exc), regain_seconds=exc.regain_seconds)
         except (AccountNotLinked, SpendInputError) as exc:
             self._fail_write(result, exc)
@@ -616,15 +610,21 @@ class Syncer:
 
     def _fail_write(self, result: SyncOutcome, exc: AccountNotLinked | SpendInputError) -> None:
         if isinstance(exc, AccountNotLinked):
-            self._fail(result, "other", "the account was unlinked during the sync; nothing kept")
+            self._fail(
+                result, Outcome.OTHER, "the account was unlinked during the sync; nothing kept"
+            )
         else:
-            self._fail(result, "other", f"Meta sent figures the warehouse cannot hold: {exc}")
+            self._fail(result, Outcome.OTHER, f"Meta sent figures the warehouse cannot hold: {exc}")
 
     def _fail(
-        self, result: SyncOutcome, outcome: str, message: str, regain_seconds: int | None = None
+        self,
+        result: SyncOutcome,
+        outcome: Outcome,
+        message: str,
+        regain_seconds: int | None = None,
     ) -> None:
         result.outcome = outcome
-        result.error = f"{ERROR_CODES[outcome]}: {message}"[:MAX_ERROR_CHARS]
+        result.error = error_line(outcome, message)
         if regain_seconds:
             result.regain_at = self.clock() + timedelta(seconds=regain_seconds)
         log.warning("%s %s", result.request.ad_account_id, result.error)

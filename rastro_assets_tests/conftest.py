@@ -12,7 +12,12 @@ import pytest
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
-from rastro_assets.warehouse.runs import SyncRunEnd, finish_sync_run, start_sync_run
+from rastro_assets.warehouse.runs import (
+    SyncRunEnd,
+    SyncRunStart,
+    finish_sync_runs,
+    start_sync_runs,
+)
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -149,8 +154,7 @@ def record_sync_run(
     api_calls: int = 0,
 ) -> None:
     """A finished `meta_sync_runs` row, written as a sync writes it (start, then finish)."""
-    start_sync_run(
-        con,
+    start = SyncRunStart(
         run_id=run_id,
         ad_account_id=account,
         kind=kind,
@@ -160,7 +164,8 @@ def record_sync_run(
         catalog=catalog,
         token_sealed_at=token_sealed_at,
     )
+    start_sync_runs(con, [start])
     end = SyncRunEnd(
         finished_at=started_at + took, outcome=outcome, error=error, api_calls=api_calls
     )
-    finish_sync_run(con, run_id=run_id, ad_account_id=account, end=end)
+    finish_sync_runs(con, [(run_id, account, end)])

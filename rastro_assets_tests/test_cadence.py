@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -20,6 +19,7 @@ from rastro_assets.cadence import (
     split_blocks,
     status,
 )
+from rastro_assets.outcomes import ERROR_CODES
 
 DAY = timedelta(days=1)
 MIN = timedelta(minutes=1)
@@ -71,7 +71,7 @@ def run(
 
 
 def failed(started: datetime, outcome: str = "other", error: str | None = None, **extra):
-    error = error or f"{cadence.OUTCOME_CODES[outcome]}: boom"
+    error = error or f"{ERROR_CODES[outcome]}: boom"
     return run(None, None, started, kind="live", outcome=outcome, error=error, **extra)
 
 
@@ -399,7 +399,7 @@ def test_failures_double_from_15_minutes_to_6_hours(outcome):
         owed = plan(account(history), end)
         assert owed.due_at == end + minutes * MIN, count
         plural = "s" if count > 1 else ""
-        assert f"after {count} failure{plural}: {cadence.OUTCOME_CODES[outcome]}" in owed.reason
+        assert f"after {count} failure{plural}: {ERROR_CODES[outcome]}" in owed.reason
 
 
 def test_backoff_reason_reads_well():
@@ -736,7 +736,8 @@ def test_status_json_shape():
     }
 
 
-def test_5000_runs_plan_fast():
+def test_5000_runs_in_any_order_plan_as_sorted():
+    # How fast is bench/sensor.py's job (speed targets are benchmarks, not timed tests).
     start = LINKED + HOUR
     history = [backfill_done()]
     for index in range(5_000):
@@ -745,10 +746,8 @@ def test_5000_runs_plan_fast():
     history.reverse()  # any order
     state = account(history)
     now = history[0].started_at + 10 * MIN
-    began = time.perf_counter()
     owed = plan(state, now)
     report = status(state, now)
-    elapsed = time.perf_counter() - began
     assert owed.kind in ("live", "daily", "weekly")
     assert report.state == "live"
-    assert elapsed < 0.1, elapsed
+    assert plan(account(sorted(history, key=lambda run: run.started_at)), now) == owed

@@ -18,8 +18,13 @@ from dagster._core.instance.ref import InstanceRef
 
 from rastro_assets import cli
 from rastro_assets.warehouse.connection import Warehouse
-from rastro_assets.warehouse.runs import SyncRunEnd, finish_sync_run, start_sync_run
-from rastro_assets_tests.analytics.test_frames import publish_week
+from rastro_assets.warehouse.runs import (
+    SyncRunEnd,
+    SyncRunStart,
+    finish_sync_runs,
+    start_sync_runs,
+)
+from rastro_assets_tests.analytics.helpers import publish_week
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -173,8 +178,7 @@ def test_the_guides_queries_run(warehouse: Warehouse, linked_account: str, now):
             [("ok", None), ("other", "META_UNAVAILABLE: 503"), (None, None)]
         ):
             started = now - timedelta(hours=3 - index)
-            start_sync_run(
-                con,
+            start = SyncRunStart(
                 run_id=f"r{index}",
                 ad_account_id=linked_account,
                 kind="live",
@@ -184,6 +188,7 @@ def test_the_guides_queries_run(warehouse: Warehouse, linked_account: str, now):
                 catalog=False,
                 token_sealed_at=None,
             )
+            start_sync_runs(con, [start])
             if outcome is not None:
                 end = SyncRunEnd(
                     finished_at=started + timedelta(minutes=1),
@@ -193,7 +198,7 @@ def test_the_guides_queries_run(warehouse: Warehouse, linked_account: str, now):
                     usage_pct=12.5,
                     incomplete_days=(today,) if outcome == "ok" else (),
                 )
-                finish_sync_run(con, run_id=f"r{index}", ad_account_id=linked_account, end=end)
+                finish_sync_runs(con, [(f"r{index}", linked_account, end)])
     with warehouse.connect(read_only=True) as con:
         for query in queries:
             con.execute(query).fetchall()

@@ -240,6 +240,11 @@ class Publisher:
             with open(temporary, "rb") as handle:
                 os.fsync(handle.fileno())
             os.replace(temporary, self.target)
+            # A session that wrote into the previous snapshot left its write-ahead log beside
+            # it; DuckDB would refuse to open the new file with that log there. Its writes
+            # belong to the old copy and are lost with it (the docs say so).
+            with contextlib.suppress(FileNotFoundError):
+                _wal(self.target).unlink()
         except OSError as exc:
             with contextlib.suppress(OSError):
                 temporary.unlink()

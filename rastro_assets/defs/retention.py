@@ -7,21 +7,19 @@ holding the latest materialization of any partition is kept, so the
 partition grid never loses what it shows.
 """
 
-import os
-from datetime import timedelta
 from pathlib import Path
 
 import dagster as dg
-from dagster._core.events import DagsterEventType
 
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, SITE_SPEND_DAILY
+from rastro_assets.settings import RETENTION
 from rastro_assets.warehouse.connection import WarehouseLocked
 from rastro_assets.warehouse.retention import prune_sync_runs
 
-RETENTION_SENSOR_SECONDS = int(os.environ.get("RASTRO_RETENTION_INTERVAL_SECONDS") or 3600)
-RUN_RETENTION = timedelta(hours=float(os.environ.get("RASTRO_RUN_RETENTION_HOURS") or 24))
-SYNC_RUN_RETENTION = timedelta(days=float(os.environ.get("RASTRO_SYNC_RUN_RETENTION_DAYS") or 35))
+RETENTION_SENSOR_SECONDS = RETENTION.sensor_seconds
+RUN_RETENTION = RETENTION.runs
+SYNC_RUN_RETENTION = RETENTION.sync_runs
 MAX_RUNS_DELETED_PER_TICK = 500
 STORAGE_IDS_PER_QUERY = 1000
 RETAINED_ASSETS = (AD_SPEND_DAILY, SITE_SPEND_DAILY)
@@ -34,7 +32,7 @@ def runs_holding_latest_materializations(instance: dg.DagsterInstance, asset_key
     for asset_key in asset_keys:
         latest_ids = list(
             instance.get_latest_storage_id_by_partition(
-                asset_key, DagsterEventType.ASSET_MATERIALIZATION
+                asset_key, dg.DagsterEventType.ASSET_MATERIALIZATION
             ).values()
         )
         for start in range(0, len(latest_ids), STORAGE_IDS_PER_QUERY):

@@ -11,11 +11,14 @@ Both read `meta_sync_runs` through the planner: there is no cursor to drift.
 from collections.abc import Iterable
 
 import dagster as dg
-from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
-from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus
 
 from rastro_assets import cadence
 from rastro_assets.defs.checks import freshness_evaluation
+from rastro_assets.defs.dagster_private import (
+    AssetGraphSubset,
+    BulkActionsFilter,
+    BulkActionStatus,
+)
 from rastro_assets.defs.partitions import (
     ACCOUNT_PARTITIONS_NAME,
     spend_partition_key,

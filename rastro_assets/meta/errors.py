@@ -1,12 +1,25 @@
 """Meta failures, classified as the facts page's table says.
 
 No message built here ever contains a token: the token travels in a header
-and is never passed to this module.
+and is never passed to this module (the client passes `classify_error` a
+`scrub` that removes it, in case Meta echoes it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from enum import StrEnum
+from typing import Any
+
+from rastro_assets.meta.values import int_or_none, text
+
+TOKEN_CODES = frozenset({190})
+THROTTLE_CODES = frozenset({4, 17, 32, 613, *range(80000, 80015)})
+PERMISSION_CODES = frozenset({10, *range(200, 300)})
+TOO_MUCH_DATA_SUBCODES = frozenset({(100, 1504018), (2, 1504038)})
+TOO_MUCH_DATA_MESSAGE = "reduce the amount of data"
+TRANSIENT_CODES = frozenset({1, 2})
+UNKNOWN_ALIAS_CODE = 803
 
 
 class ErrorKind(StrEnum):
@@ -60,3 +73,59 @@ class MalformedResponse(MetaError):
 
     def __init__(self, message: str, *, http_status: int | None = None) -> None:
         super().__init__(ErrorKind.TRANSIENT, message, http_status=http_status)
+
+
+class TimedOut(MetaError):
+    """No answer within the timeout: for insights, a sign of too much data."""
+
+
+def classify_error(
+    error: Mapping[str, Any],
+    *,
+    http_status: int | None,
+    regain_seconds: int | None,
+    scrub: Callable[[str], str] | None = None,
+) -> MetaError:
+    """The `MetaError` for Meta's `{"error": {...}}` object, per the facts table.
+
+    Args:
+        error: the object under `"error"`.
+        http_status: the response status.
+        regain_seconds: the wait the usage headers announced (kept on
+            throttling errors only).
+        scrub: a function cleaning text before it enters a message (the
+            client passes one that removes its token, in case Meta echoes it).
+    """
+    code = int_or_none(error.get("code"))
+    subcode = int_or_none(error.get("error_subcode"))
+    message = text(error.get("message")) or "Meta returned an error without a message"
+    user_message = text(error.get("error_user_msg"))
+    if user_message and user_message not in message:
+        message = f"{message} ({user_message})"
+    if scrub is not None:
+        message = scrub(message)
+    fbtrace = text(error.get("fbtrace_id"))
+
+    if code in TOKEN_CODES:
+        kind = ErrorKind.TOKEN
+    elif code in THROTTLE_CODES:
+        kind = ErrorKind.THROTTLED
+    elif code in PERMISSION_CODES:
+        kind = ErrorKind.PERMISSION
+    elif (code == 1 and TOO_MUCH_DATA_MESSAGE in message.lower()) or (
+        (code, subcode) in TOO_MUCH_DATA_SUBCODES
+    ):
+        kind = ErrorKind.TOO_MUCH_DATA
+    elif code in TRANSIENT_CODES or error.get("is_transient") is True:
+        kind = ErrorKind.TRANSIENT
+    else:
+        kind = ErrorKind.OTHER
+    return MetaError(
+        kind,
+        message,
+        code=code,
+        subcode=subcode,
+        http_status=http_status,
+        fbtrace_id=fbtrace,
+        regain_seconds=regain_seconds if kind is ErrorKind.THROTTLED else None,
+    )

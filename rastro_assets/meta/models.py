@@ -6,12 +6,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from decimal import Decimal, InvalidOperation
-from functools import cached_property
 from operator import attrgetter
 
 import pyarrow as pa
 
 CreativeType = str  # 'video' | 'image' | 'carousel' | 'other'
+# Every effective status an ad can have: the catalog and insights ask for all of them.
+EFFECTIVE_STATUSES = (
+    "ACTIVE",
+    "ADSET_PAUSED",
+    "ARCHIVED",
+    "CAMPAIGN_PAUSED",
+    "DELETED",
+    "DISAPPROVED",
+    "IN_PROCESS",
+    "PAUSED",
+    "PENDING_BILLING_INFO",
+    "PENDING_REVIEW",
+    "PREAPPROVED",
+    "WITH_ISSUES",
+)
 
 # What the warehouse holds: DECIMAL(18,4) spend, BIGINT counts.
 SPEND_TYPE = pa.decimal128(18, 4)
@@ -137,29 +151,12 @@ class InsightsChunk:
         if not isinstance(self.table, pa.Table):
             raise TypeError(
                 "an insights chunk holds an Arrow table; build one from InsightRows with"
-                " InsightsChunk.from_rows"
+                " insight_table(rows)"
             )
         if not self.table.schema.equals(INSIGHT_SCHEMA):
             raise ValueError(
                 f"an insights chunk needs INSIGHT_SCHEMA columns, not {self.table.schema}"
             )
-
-    @classmethod
-    def from_rows(
-        cls, since: date, until: date, rows: Sequence[InsightRow], complete: bool
-    ) -> InsightsChunk:
-        """A chunk of `rows` as given (how tests and stand-in clients build one).
-
-        Raises:
-            UnrepresentableRow: a row holds a value its column cannot.
-        """
-        return cls(since, until, insight_table(rows), complete)
-
-    @cached_property
-    def rows(self) -> list[InsightRow]:
-        """The table as `InsightRow`s (spend with 4 decimal places), built on first use."""
-        columns = [column.to_pylist() for column in self.table.columns]
-        return list(map(InsightRow, *columns))
 
 
 @dataclass(slots=True)

@@ -1,9 +1,10 @@
-"""The ad catalog and its thumbnails: set-based writers and the queries that feed them.
+"""The ad catalog: set-based writers and the queries that feed the catalog sync.
 
 Every writer takes a batch (an Arrow table registered for one statement),
 runs in its own transaction or joins the caller's, and refuses to write for
 an account no site links: the unlink purge may have run meanwhile, and a
-late write would leave orphans nobody ever deletes.
+late write would leave orphans nobody ever deletes. Thumbnails are in
+`thumbnails.py`.
 
 Ownership: an ad belongs to one ad account. A spend read or an ads-by-id
 answer never moves an ad the catalog files under another account; only the
@@ -13,23 +14,25 @@ holds) does.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import date, datetime
-from operator import attrgetter
 
 import duckdb
 import pyarrow as pa
 
-from rastro_assets.meta.models import INSIGHT_SCHEMA, Ad, InsightRow
+from rastro_assets.meta.models import INSIGHT_SCHEMA, Ad
 from rastro_assets.warehouse.connection import register_arrow, transaction
-from rastro_assets.warehouse.spend import AccountNotLinked, read_columns
+from rastro_assets.warehouse.errors import (
+    AccountNotLinked,
+    not_linked,
+    read_columns,
+    require_link,
+)
 
 # Names the batches are registered under, spelled out in the SQL below.
 _INCOMING_ADS = "incoming_ads"
 _INCOMING_NAMES = "incoming_names"
-_INCOMING_THUMBNAILS = "incoming_thumbnails"
 
 _AD_COLUMNS = (
     "ad_id",
@@ -44,7 +47,7 @@ _AD_COLUMNS = (
     "thumbnail_url",
 )
 _AD_SCHEMA = pa.schema([(name, pa.string()) for name in _AD_COLUMNS])
-# What `upsert_names_from_spend` reads of a spend read.
+# What `upsert_spend_names` reads of a spend read.
 _NAME_COLUMNS = ("ad_name", "adset_id", "adset_name", "campaign_id", "campaign_name")
 _NAMES_SCHEMA = pa.schema(INSIGHT_SCHEMA.field(name) for name in ("ad_id", "day", *_NAME_COLUMNS))
 
@@ -54,7 +57,7 @@ _NAMES_SCHEMA = pa.schema(INSIGHT_SCHEMA.field(name) for name in ("ad_id", "day"
 # the old one, so a stale URL is never downloaded under the new creative's id.
 _MERGE = """
     MERGE INTO ad_catalog c
-    USING (SELECT *, ?::VARCHAR AS ad_account_id, ?::TIMESTAMPTZ AS updated_at FROM ({source})) i
+    USING (SELECT *, ?::VARCHAR AS ad_account_id, ?::TIMESTAMPTZ AS updated_at FROM incoming_ads) i
     ON c.ad_id = i.ad_id
     WHEN MATCHED AND (?::BOOLEAN OR c.ad_account_id IS NULL OR c.ad_account_id = i.ad_account_id)
     THEN UPDATE SET
@@ -81,7 +84,7 @@ _MERGE = """
          i.updated_at)
 """
 
-# What a merge of the same source would change, counted before it runs. A NULL
+# What merging `incoming_ads` would change, counted before it runs. A NULL
 # on either side is no change (`<>` is NULL then, and FILTER drops it).
 _CHANGES = """
     SELECT
@@ -89,39 +92,16 @@ _CHANGES = """
         count(*) FILTER (WHERE NOT matched),
         count(*) FILTER (WHERE matched AND NOT owned),
         count(*) FILTER (WHERE owned AND new_name <> old_name),
-        count(*) FILTER (WHERE owned AND new_status <> old_status),
-        count(*) FILTER (WHERE owned AND differs)
+        count(*) FILTER (WHERE owned AND new_status <> old_status)
     FROM (
         SELECT i.ad_name AS new_name, c.ad_name AS old_name,
-               (i.ad_name IS NOT NULL AND i.ad_name IS DISTINCT FROM c.ad_name)
-               OR (i.adset_id IS NOT NULL AND i.adset_id IS DISTINCT FROM c.adset_id)
-               OR (i.adset_name IS NOT NULL AND i.adset_name IS DISTINCT FROM c.adset_name)
-               OR (i.campaign_id IS NOT NULL AND i.campaign_id IS DISTINCT FROM c.campaign_id)
-               OR (i.campaign_name IS NOT NULL
-                   AND i.campaign_name IS DISTINCT FROM c.campaign_name) AS differs,
                i.ad_status AS new_status, c.ad_status AS old_status,
                c.ad_id IS NOT NULL AS matched,
                c.ad_id IS NOT NULL
                AND (?::BOOLEAN OR c.ad_account_id IS NULL OR c.ad_account_id = ?) AS owned
-        FROM ({source}) i LEFT JOIN ad_catalog c ON c.ad_id = i.ad_id
+        FROM incoming_ads i LEFT JOIN ad_catalog c ON c.ad_id = i.ad_id
     )
 """
-
-# Each ad's latest non-empty value of each name, by day.
-_LATEST_NAMES = ", ".join(
-    f"arg_max({name}, day) FILTER (WHERE {name} IS NOT NULL) AS {name}"
-    for name in _NAME_COLUMNS
-)
-
-_NAMES_SOURCE = f"""
-    SELECT ad_id,
-           {_LATEST_NAMES},
-           NULL::VARCHAR AS ad_status, NULL::VARCHAR AS creative_type,
-           NULL::VARCHAR AS creative_id, NULL::VARCHAR AS thumbnail_url
-    FROM {_INCOMING_NAMES}
-    GROUP BY ad_id
-"""
-
 
 @dataclass(frozen=True)
 class CatalogWriteResult:
@@ -143,36 +123,6 @@ class CatalogWriteResult:
         )
 
 
-@dataclass(frozen=True)
-class WantedThumbnail:
-    """An ad whose picture must be copied: its catalog creative and Meta's URL for it."""
-
-    ad_id: str
-    ad_name: str | None
-    creative_id: str | None
-    url: str = field(repr=False)  # signed and expiring: never in a repr or a log line
-
-
-@dataclass(frozen=True)
-class FetchedThumbnail:
-    ad_id: str
-    creative_id: str | None
-    content_type: str
-    image: bytes = field(repr=False)
-
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.image).hexdigest()
-
-
-@dataclass(frozen=True)
-class StoredThumbnail:
-    ad_id: str
-    ad_name: str | None
-    content_type: str
-    image: bytes = field(repr=False)
-
-
 def upsert_catalog(
     con: duckdb.DuckDBPyConnection,
     ad_account_id: str,
@@ -180,11 +130,7 @@ def upsert_catalog(
     now: datetime,
     *,
     refile: bool,
-    names_only: bool = False,
 ) -> CatalogWriteResult:
-    """Merge `table` into the catalog. With `names_only`, a batch that adds no
-    ad and changes no name writes nothing: every live spend read brings the
-    same names again, and the merge is most of its cost."""
     """Merge a batch of Meta's ads into the account's catalog, in one transaction.
 
     A field Meta left out (None) keeps its stored value; `updated_at` becomes
@@ -195,9 +141,13 @@ def upsert_catalog(
     Raises:
         AccountNotLinked: no site links the account; nothing was written.
     """
+    if now.tzinfo is None:
+        raise ValueError("now must be an aware datetime")
     latest: dict[str, Ad] = {}
     for ad in ads:
         latest[ad.ad_id] = ad  # one row per ad: MERGE refuses two sources for one target
+    if not latest:
+        return CatalogWriteResult()
     table = pa.Table.from_pylist(
         [
             {
@@ -216,96 +166,150 @@ def upsert_catalog(
         ],
         schema=_AD_SCHEMA,
     )
-    return _merge(con, ad_account_id, _INCOMING_ADS, table,
-                  f"SELECT * FROM {_INCOMING_ADS}", now, refile=refile)
+    with transaction(con):
+        require_link(con, ad_account_id)
+        register_arrow(con, _INCOMING_ADS, table)
+        try:
+            ads_seen, added, skipped, renamed, status_changed = con.execute(
+                _CHANGES, [refile, ad_account_id]
+            ).fetchall()[0]
+            con.execute(_MERGE, [ad_account_id, now, refile])
+        finally:
+            con.unregister(_INCOMING_ADS)
+    return CatalogWriteResult(
+        ads=int(ads_seen),
+        added=int(added),
+        renamed=int(renamed),
+        status_changed=int(status_changed),
+        skipped=int(skipped),
+    )
 
 
 def upsert_names_from_spend(
-    con: duckdb.DuckDBPyConnection,
-    ad_account_id: str,
-    rows: pa.Table | Sequence[InsightRow],
-    now: datetime,
+    con: duckdb.DuckDBPyConnection, ad_account_id: str, rows: pa.Table, now: datetime
 ) -> CatalogWriteResult:
-    """Keep the ad, ad set and campaign names a spend read brought, in one transaction.
-
-    `rows` is an Arrow table with the columns and types of `INSIGHT_SCHEMA`'s
-    ad_id, day and names (an `InsightsChunk.table`, say), or `InsightRow`s.
-    Each ad takes the latest non-empty value of each name among `rows` (by
-    day); a name absent from every row keeps its stored value. An ad the
-    catalog files under another account is left alone.
+    """`upsert_spend_names` for one account's read; joins a transaction open on `con`.
 
     Raises:
-        SpendInputError: the table lacks one of those columns, or has another type.
+        AccountNotLinked: no site links the account (and the read has rows).
+        SpendInputError: the table lacks one of the columns, or has another type.
     """
-    if isinstance(rows, pa.Table):
-        table = read_columns(rows, _NAMES_SCHEMA)
-    elif rows:
-        table = pa.Table.from_arrays(
-            [pa.array(list(map(attrgetter(name), rows)), type_)
-             for name, type_ in zip(_NAMES_SCHEMA.names, _NAMES_SCHEMA.types, strict=True)],
-            schema=_NAMES_SCHEMA,
-        )
-    else:
-        return CatalogWriteResult()
-    return _merge(
-        con, ad_account_id, _INCOMING_NAMES, table, _NAMES_SOURCE, now, refile=False,
-        names_only=True,
-    )
+    [answer] = upsert_spend_names(con, [(ad_account_id, rows)], now)
+    if isinstance(answer, AccountNotLinked):
+        raise answer
+    return answer
 
 
-def upsert_names_many(
+def upsert_spend_names(
     con: duckdb.DuckDBPyConnection, reads: Sequence[tuple[str, pa.Table]], now: datetime
-) -> None:
-    """`upsert_names_from_spend` for several accounts' reads, in one statement.
+) -> list[CatalogWriteResult | AccountNotLinked]:
+    """Keep the ad, ad set and campaign names that accounts' spend reads brought.
 
-    A live wave brings the same names again for hundreds of accounts; one
-    merge over all of them costs what one account's took. Only ads that are
-    new or whose names differ are touched, an ad filed under another account
-    is left alone, and an account no site links any more gets nothing.
+    Each read is an account and an Arrow table with the columns and types of
+    `INSIGHT_SCHEMA`'s ad_id, day and names (an `InsightsChunk.table`, say).
+    Each ad takes the latest non-empty value of each name among its read's
+    rows (by day); a name absent from every row keeps its stored value. An
+    ad the catalog files under another account is left alone (`skipped`).
+
+    One transaction and one merge for all the reads: a live wave brings the
+    same names again for hundreds of accounts, so only ads that are new or
+    whose names differ are written, and a batch that changes nothing writes
+    nothing. The answer is per read, in order; an account no site links any
+    more gets `AccountNotLinked` and nothing of its read is written.
+
+    Raises:
+        SpendInputError: a table lacks one of those columns, or has another type.
     """
     if now.tzinfo is None:
         raise ValueError("now must be an aware datetime")
-    tables = [(account, read_columns(table, _NAMES_SCHEMA)) for account, table in reads]
-    tables = [(account, table) for account, table in tables if table.num_rows]
-    if not tables:
-        return
-    ad_ids = [set(table["ad_id"].unique().to_pylist()) for _, table in tables]
-    if sum(map(len, ad_ids)) != len(set().union(*ad_ids)):
-        # One ad in two accounts' reads would meet itself twice in the merge.
-        for account, table in tables:
-            upsert_names_from_spend(con, account, table, now)
-        return
+    answers: list[CatalogWriteResult | AccountNotLinked] = [CatalogWriteResult()] * len(reads)
+    batch = [
+        (index, account, table)
+        for index, (account, table) in enumerate(
+            (account, read_columns(table, _NAMES_SCHEMA)) for account, table in reads
+        )
+        if table.num_rows
+    ]
+    if len(batch) > 1:
+        accounts = [account for _, account, _ in batch]
+        ad_ids = [set(table["ad_id"].unique().to_pylist()) for _, _, table in batch]
+        if len(set(accounts)) < len(accounts) or sum(map(len, ad_ids)) != len(
+            set().union(*ad_ids)
+        ):
+            # One ad (or account) in two reads would meet itself twice in the merge.
+            for index, account, table in batch:
+                [answers[index]] = upsert_spend_names(con, [(account, table)], now)
+            return answers
+    if not batch:
+        return answers
     incoming = pa.concat_tables(
-        table.add_column(0, "ad_account_id", pa.array([account] * table.num_rows, pa.string()))
-        for account, table in tables
+        table.add_column(
+            0, "ad_account_id", pa.repeat(pa.scalar(account, pa.string()), table.num_rows)
+        )
+        for _, account, table in batch
     )
     with transaction(con):
-        register_arrow(con, "incoming_names_many", incoming)
+        register_arrow(con, _INCOMING_NAMES, incoming)
         try:
-            con.execute(_NAMES_MANY_MERGE, [now])
+            counts = {row[0]: row[1:] for row in con.execute(_NAMES_COUNTS).fetchall()}
+            if any(linked and (added or touched)
+                   for linked, _, added, _, _, touched in counts.values()):
+                con.execute(_NAMES_MERGE, [now])
         finally:
-            con.unregister("incoming_names_many")
+            con.unregister(_INCOMING_NAMES)
+    for index, account, _ in batch:
+        linked, ads, added, skipped, renamed, _ = counts[account]
+        answers[index] = (
+            CatalogWriteResult(
+                ads=int(ads), added=int(added), renamed=int(renamed), skipped=int(skipped)
+            )
+            if linked
+            else not_linked(account)
+        )
+    return answers
 
 
-_NAMES_MANY_MERGE = f"""
+# Each read's ads with their latest non-empty value of each name, by day, and
+# whether a site links the read's account.
+_LATEST_NAMES = ", ".join(
+    f"arg_max({name}, day) FILTER (WHERE {name} IS NOT NULL) AS {name}"
+    for name in _NAME_COLUMNS
+)
+_NAMES_SOURCE = f"""
+    SELECT ad_account_id, ad_id, {_LATEST_NAMES},
+           ad_account_id IN (SELECT ad_account_id FROM site_ad_accounts) AS linked
+    FROM {_INCOMING_NAMES}
+    GROUP BY ad_account_id, ad_id
+"""
+
+# An incoming name differs from the stored one (a NULL name keeps the stored value).
+_NAMES_DIFFER = " OR ".join(
+    f"(i.{name} IS NOT NULL AND i.{name} IS DISTINCT FROM c.{name})" for name in _NAME_COLUMNS
+)
+# The catalog's ad is the read account's to name: its own, or nobody's yet.
+_OWNED = "(c.ad_account_id IS NULL OR c.ad_account_id = i.ad_account_id)"
+# What the merge writes to a stored ad: an owned ad whose names differ, or that has no owner.
+_TOUCHED = f"{_OWNED} AND (({_NAMES_DIFFER}) OR c.ad_account_id IS NULL)"
+
+# Per account, what merging its names would change. A NULL on either side is
+# no rename (`<>` is NULL then, and FILTER drops it).
+_NAMES_COUNTS = f"""
+    SELECT i.ad_account_id, bool_or(i.linked), count(*),
+           count(*) FILTER (WHERE c.ad_id IS NULL),
+           count(*) FILTER (WHERE c.ad_id IS NOT NULL AND NOT {_OWNED}),
+           count(*) FILTER (WHERE c.ad_id IS NOT NULL AND {_OWNED} AND i.ad_name <> c.ad_name),
+           count(*) FILTER (WHERE c.ad_id IS NOT NULL AND {_TOUCHED})
+    FROM ({_NAMES_SOURCE}) i LEFT JOIN ad_catalog c ON c.ad_id = i.ad_id
+    GROUP BY i.ad_account_id
+"""
+
+_NAMES_MERGE = f"""
     MERGE INTO ad_catalog c
     USING (
-        SELECT ad_account_id, ad_id,
-               {_LATEST_NAMES},
-               ?::TIMESTAMPTZ AS updated_at
-        FROM incoming_names_many
-        WHERE ad_account_id IN (SELECT ad_account_id FROM site_ad_accounts)
-        GROUP BY ad_account_id, ad_id
+        SELECT *, ?::TIMESTAMPTZ AS updated_at FROM ({_NAMES_SOURCE}) WHERE linked
     ) i
     ON c.ad_id = i.ad_id
-    WHEN MATCHED AND (c.ad_account_id IS NULL OR c.ad_account_id = i.ad_account_id) AND (
-        (i.ad_name IS NOT NULL AND i.ad_name IS DISTINCT FROM c.ad_name)
-        OR (i.adset_id IS NOT NULL AND i.adset_id IS DISTINCT FROM c.adset_id)
-        OR (i.adset_name IS NOT NULL AND i.adset_name IS DISTINCT FROM c.adset_name)
-        OR (i.campaign_id IS NOT NULL AND i.campaign_id IS DISTINCT FROM c.campaign_id)
-        OR (i.campaign_name IS NOT NULL AND i.campaign_name IS DISTINCT FROM c.campaign_name)
-        OR c.ad_account_id IS NULL
-    )
+    WHEN MATCHED AND {_TOUCHED}
     THEN UPDATE SET
         ad_account_id = i.ad_account_id,
         ad_name = coalesce(i.ad_name, c.ad_name),
@@ -321,44 +325,6 @@ _NAMES_MANY_MERGE = f"""
         (i.ad_id, i.ad_account_id, i.ad_name, i.adset_id, i.adset_name, i.campaign_id,
          i.campaign_name, i.updated_at)
 """
-
-
-def _merge(
-    con: duckdb.DuckDBPyConnection,
-    ad_account_id: str,
-    name: str,
-    table: pa.Table,
-    source: str,
-    now: datetime,
-    *,
-    refile: bool,
-    names_only: bool = False,
-) -> CatalogWriteResult:
-    """Merge `table` into the catalog. With `names_only`, a batch that adds no
-    ad and changes no name writes nothing: every live spend read brings the
-    same names again, and the merge is most of its cost."""
-    if now.tzinfo is None:
-        raise ValueError("now must be an aware datetime")
-    if not table.num_rows:
-        return CatalogWriteResult()
-    with transaction(con):
-        _require_link(con, ad_account_id)
-        register_arrow(con, name, table)
-        try:
-            ads, added, skipped, renamed, status_changed, differing = con.execute(
-                _CHANGES.format(source=source), [refile, ad_account_id]
-            ).fetchall()[0]
-            if not (names_only and added == 0 and differing == 0):
-                con.execute(_MERGE.format(source=source), [ad_account_id, now, refile])
-        finally:
-            con.unregister(name)
-    return CatalogWriteResult(
-        ads=int(ads),
-        added=int(added),
-        renamed=int(renamed),
-        status_changed=int(status_changed),
-        skipped=int(skipped),
-    )
 
 
 def missing_ad_names(
@@ -392,137 +358,3 @@ def catalog_size(con: duckdb.DuckDBPyConnection, ad_account_id: str) -> int:
         "SELECT count(*) FROM ad_catalog WHERE ad_account_id = ?", [ad_account_id]
     ).fetchone()
     return int(row[0]) if row else 0
-
-
-def wanted_thumbnails(
-    con: duckdb.DuckDBPyConnection,
-    ad_account_id: str,
-    *,
-    limit: int,
-    only: Collection[str] | None = None,
-) -> list[WantedThumbnail]:
-    """The account's ads with a thumbnail at Meta but none stored, or a stale one.
-
-    Stale: stored for another creative than the catalog's (the ad's creative
-    changed). Ads with no picture at all come first, then active ones.
-    `only` narrows the search to those ad ids.
-    """
-    rows = con.execute(
-        """
-        SELECT c.ad_id, c.ad_name, c.creative_id, c.thumbnail_url
-        FROM ad_catalog c LEFT JOIN ad_thumbnails t ON t.ad_id = c.ad_id
-        WHERE c.ad_account_id = ? AND c.thumbnail_url IS NOT NULL
-          AND (t.ad_id IS NULL OR t.creative_id IS DISTINCT FROM c.creative_id)
-          AND (?::VARCHAR[] IS NULL OR list_contains(?::VARCHAR[], c.ad_id))
-        ORDER BY t.ad_id IS NOT NULL, coalesce(c.ad_status = 'ACTIVE', false) DESC, c.ad_id
-        LIMIT ?
-        """,
-        [ad_account_id, _list(only), _list(only), limit],
-    ).fetchall()
-    return [WantedThumbnail(ad_id, name, creative, url) for ad_id, name, creative, url in rows]
-
-
-def store_thumbnails(
-    con: duckdb.DuckDBPyConnection,
-    ad_account_id: str,
-    images: Sequence[FetchedThumbnail],
-    fetched_at: datetime,
-) -> int:
-    """Upsert downloaded images, bytes exactly as served; the number stored.
-
-    Only ads still in the account's catalog are written: one dropped by an
-    unlink meanwhile gets no orphan picture.
-    """
-    if not images:
-        return 0
-    latest = {image.ad_id: image for image in images}
-    table = pa.table(
-        {
-            "ad_id": pa.array(list(latest), pa.string()),
-            "content_type": pa.array([i.content_type for i in latest.values()], pa.string()),
-            "image": pa.array([i.image for i in latest.values()], pa.binary()),
-            "sha256": pa.array([i.sha256 for i in latest.values()], pa.string()),
-            "creative_id": pa.array([i.creative_id for i in latest.values()], pa.string()),
-        }
-    )
-    with transaction(con):
-        _require_link(con, ad_account_id)
-        register_arrow(con, _INCOMING_THUMBNAILS, table)
-        try:
-            row = con.execute(
-                """
-                MERGE INTO ad_thumbnails t
-                USING (
-                    SELECT i.*, ?::TIMESTAMPTZ AS fetched_at FROM incoming_thumbnails i
-                    WHERE i.ad_id IN (SELECT ad_id FROM ad_catalog WHERE ad_account_id = ?)
-                ) i
-                ON t.ad_id = i.ad_id
-                WHEN MATCHED THEN UPDATE SET
-                    content_type = i.content_type, image = i.image, sha256 = i.sha256,
-                    creative_id = i.creative_id, fetched_at = i.fetched_at
-                WHEN NOT MATCHED THEN INSERT
-                    (ad_id, content_type, image, sha256, creative_id, fetched_at)
-                VALUES (i.ad_id, i.content_type, i.image, i.sha256, i.creative_id, i.fetched_at)
-                """,
-                [fetched_at, ad_account_id],
-            ).fetchone()
-        finally:
-            con.unregister(_INCOMING_THUMBNAILS)
-    return int(row[0]) if row else 0
-
-
-def drop_orphaned_thumbnails(con: duckdb.DuckDBPyConnection, ad_account_id: str) -> int:
-    """Delete pictures of an old creative whose replacement has no thumbnail at Meta.
-
-    The contract keeps one row per ad that has a thumbnail at Meta; showing
-    the previous creative's picture for an ad that now has none would
-    mislead. The number deleted.
-    """
-    with transaction(con):
-        row = con.execute(
-            """
-            DELETE FROM ad_thumbnails t USING ad_catalog c
-            WHERE c.ad_id = t.ad_id AND c.ad_account_id = ?
-              AND c.thumbnail_url IS NULL AND c.creative_id IS NOT NULL
-              AND t.creative_id IS DISTINCT FROM c.creative_id
-            """,
-            [ad_account_id],
-        ).fetchone()
-    return int(row[0]) if row else 0
-
-
-def latest_thumbnails(
-    con: duckdb.DuckDBPyConnection,
-    ad_account_id: str,
-    *,
-    limit: int,
-    content_types: Collection[str],
-    max_bytes: int,
-) -> list[StoredThumbnail]:
-    """The most recently fetched small pictures of the account (for a UI preview)."""
-    rows = con.execute(
-        """
-        SELECT t.ad_id, c.ad_name, t.content_type, t.image
-        FROM ad_thumbnails t JOIN ad_catalog c ON c.ad_id = t.ad_id
-        WHERE c.ad_account_id = ? AND list_contains(?::VARCHAR[], t.content_type)
-          AND octet_length(t.image) <= ?
-        ORDER BY t.fetched_at DESC, t.ad_id
-        LIMIT ?
-        """,
-        [ad_account_id, list(content_types), max_bytes, limit],
-    ).fetchall()
-    return [StoredThumbnail(ad_id, name, ctype, bytes(image)) for ad_id, name, ctype, image in rows]
-
-
-def _require_link(con: duckdb.DuckDBPyConnection, ad_account_id: str) -> None:
-    linked = con.execute(
-        "SELECT 1 FROM site_ad_accounts WHERE ad_account_id = ? LIMIT 1", [ad_account_id]
-    ).fetchone()
-    if linked is None:
-        raise AccountNotLinked(
-            f"{ad_account_id} is not linked to any site (any more): nothing written"
-        )
-
-
-def _list(values: Collection[str] | None) -> list[str] | None:
-    return None if values is None else list(values)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import duckdb
 
-from rastro_assets.settings import default_analytics_path
+from rastro_assets.settings import snapshot_path_for
 from rastro_assets.warehouse import schema
 
 FIRST_RETRY_SECONDS = 0.05
@@ -63,7 +63,7 @@ class WarehouseLocked(Exception):
 
 def snapshot_hint(pipeline_path: str) -> str:
     """Where analysts should look instead of the pipeline's file."""
-    return os.environ.get("RASTRO_ANALYTICS_PATH") or default_analytics_path(pipeline_path)
+    return snapshot_path_for(pipeline_path)
 
 
 class Warehouse:

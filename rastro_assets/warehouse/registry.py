@@ -17,7 +17,7 @@ import duckdb
 
 from rastro_assets.timekeeping import zone
 from rastro_assets.warehouse.connection import in_transaction, transaction
-from rastro_assets.warehouse.spend import rebuild_site_spend
+from rastro_assets.warehouse.site_spend import rebuild_site_spend
 
 ACTIVE = "active"
 INVALID = "invalid"

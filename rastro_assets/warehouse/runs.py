@@ -15,7 +15,6 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -24,11 +23,13 @@ from rastro_assets.cadence import (
     BACKFILL_DAYS,
     DAILY_DAYS,
     GAP_AFTER,
-    OK,
     WEEKLY_DAYS,
     AccountState,
     SyncRun,
     first_unread_day,
+    is_daily_mark,
+    is_live_mark,
+    is_weekly_mark,
 )
 from rastro_assets.timekeeping import zone
 from rastro_assets.warehouse.connection import register_arrow
@@ -57,11 +58,6 @@ class SyncRunStart:
     started_at: datetime
     catalog: bool
     token_sealed_at: datetime | None
-
-
-def start_sync_run(con: duckdb.DuckDBPyConnection, **fields: Any) -> None:
-    """`start_sync_runs` for one sync, given the fields of `SyncRunStart`."""
-    start_sync_runs(con, [SyncRunStart(**fields)])
 
 
 def start_sync_runs(con: duckdb.DuckDBPyConnection, starts: Sequence[SyncRunStart]) -> None:
@@ -100,12 +96,6 @@ def start_sync_runs(con: duckdb.DuckDBPyConnection, starts: Sequence[SyncRunStar
         )
     finally:
         con.unregister("starting_runs")
-
-
-def finish_sync_run(
-    con: duckdb.DuckDBPyConnection, *, run_id: str, ad_account_id: str, end: SyncRunEnd
-) -> None:
-    finish_sync_runs(con, [(run_id, ad_account_id, end)])
 
 
 def finish_sync_runs(
@@ -319,9 +309,10 @@ _BUCKET_US = _BUCKET_DAYS * _DAY_US
 _GAP_US = (GAP_AFTER.days * 86_400 + GAP_AFTER.seconds) * 1_000_000 + GAP_AFTER.microseconds
 RECENT = timedelta(days=1)
 
-# A run's superset of each mark's condition: `s`, `u` and `sday` are day
-# numbers (since, until, the UTC day of the start), and a run's local start day
-# is within one day of `sday`. Python checks the exact condition afterwards.
+# A superset of `cadence.is_live_mark`, `is_daily_mark` and `is_weekly_mark` in SQL:
+# day numbers of since, until and the UTC day of the start; a run's local start day is
+# within one day of that, so each bound gets a day of slack. `_qualifies` then applies
+# the exact rules in Python.
 _MARK_COLUMNS = f"""
     rowid AS rid, ad_account_id, started_at, finished_at, outcome = 'ok' AS ok, kind,
     outcome = 'ok' AND since - DATE '1970-01-01' <= epoch_us(started_at) // {_DAY_US} + 1
@@ -574,17 +565,11 @@ def _exact(runs: list[SyncRun], summary: _Summary, linked_at: datetime, timezone
     return first_unread_day(runs, first, linked_day) is None
 
 
+_MARK_RULES = {"live": is_live_mark, "daily": is_daily_mark, "weekly": is_weekly_mark}
+
+
 def _qualifies(run: SyncRun, kind: str, tz) -> bool:
-    if run.outcome != OK or run.since is None or run.until is None:
-        return False
-    started_on = run.started_at.astimezone(tz).date()
-    if not run.since <= started_on <= run.until:
-        return False
-    if kind == "daily":
-        return run.catalog and run.since <= started_on - timedelta(days=DAILY_DAYS - 1)
-    if kind == "weekly":
-        return run.since <= started_on - timedelta(days=WEEKLY_DAYS - 1)
-    return True
+    return _MARK_RULES[kind](run, run.started_at.astimezone(tz).date())
 
 
 def _epoch_us(instant: datetime) -> int:

@@ -22,17 +22,9 @@ from rastro_assets.analytics.publish import Publisher
 from rastro_assets.meta.fake.world import Figures
 from rastro_assets.sync import SyncRequest
 from rastro_assets.warehouse import registry
+from rastro_assets_tests.analytics.helpers import WEEK, publish_week
 
-WEEK = (date(2026, 11, 24), date(2026, 11, 30))
 METRICS = ["currency", "spend", "impressions", "clicks", "conversations"]
-
-
-def publish_week(syncer, warehouse, path: Path, clock) -> Path:
-    """A snapshot of a synced week: act_101 (BRL, site s1) and act_202 (JPY, s1 and s2)."""
-    assert syncer.sync(SyncRequest("act_101", *WEEK, run_id="r1", catalog=True)).ok
-    assert syncer.sync(SyncRequest("act_202", *WEEK, run_id="r2")).ok
-    assert Publisher(warehouse, path, clock=clock, timer=clock).publish() is not None
-    return path
 
 
 @pytest.fixture

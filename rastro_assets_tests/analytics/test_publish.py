@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
-from datetime import date, timedelta
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -17,24 +17,8 @@ from rastro_assets.sync import SyncRequest
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.snapshot import ANALYST_TABLES
 from rastro_assets_tests.analytics.analyst import Analyst
+from rastro_assets_tests.analytics.helpers import WEEK, assert_snapshot_equals_pipeline
 from rastro_assets_tests.conftest import TOKEN
-
-WEEK = (date(2026, 11, 24), date(2026, 11, 30))
-
-COMPARED = {
-    "sites": "site_id, name, created_at",
-    "site_ad_accounts": "site_id, ad_account_id, linked_at",
-    "meta_ad_accounts": "ad_account_id, connection_id, timezone, currency, name, created_at",
-    "ad_spend_daily": "*",
-    "site_spend_daily": (
-        "site_id, ad_account_id, day, spend, impressions, clicks, conversations"
-    ),
-    "ad_catalog": (
-        "ad_id, ad_account_id, ad_name, adset_id, adset_name, campaign_id, campaign_name,"
-        " ad_status, creative_type, updated_at"
-    ),
-    "ad_thumbnails": "ad_id, content_type, image, sha256, fetched_at",
-}
 
 
 @pytest.fixture
@@ -45,21 +29,6 @@ def snapshot_path(tmp_path: Path) -> Path:
 @pytest.fixture
 def publisher(warehouse, snapshot_path, fake_clock) -> Publisher:
     return Publisher(warehouse, snapshot_path, clock=fake_clock, timer=fake_clock)
-
-
-def assert_snapshot_equals_pipeline(warehouse, snapshot_path: Path) -> None:
-    with warehouse.connect() as con:
-        pipeline = {
-            table: sorted(con.execute(f"SELECT {columns} FROM {table}").fetchall())
-            for table, columns in COMPARED.items()
-        }
-    with duckdb.connect(str(snapshot_path), read_only=True) as snap:
-        copied = {
-            table: sorted(snap.execute(f"SELECT {columns} FROM {table}").fetchall())
-            for table, columns in COMPARED.items()
-        }
-    for table in COMPARED:
-        assert copied[table] == pipeline[table], table
 
 
 def test_a_first_publish_copies_every_analyst_table(syncer, warehouse, publisher, snapshot_path):
@@ -182,6 +151,22 @@ def test_an_open_session_keeps_its_copy_and_a_new_one_sees_the_new(
         assert analyst.query(totals) == before
         with Analyst(snapshot_path) as newcomer:
             assert newcomer.query(totals)[0][0] == 2
+
+
+def test_a_session_that_wrote_into_the_snapshot_does_not_stop_new_sessions(
+    syncer, publisher, snapshot_path
+):
+    assert syncer.sync(SyncRequest("act_101", *WEEK, run_id="r1")).ok
+    publisher.publish()
+    with Analyst(snapshot_path, read_only=False) as scribbler:
+        scribbler.query("CREATE TABLE my_notes AS SELECT 42 AS answer")
+        assert snapshot_path.with_name(snapshot_path.name + ".wal").exists()
+        assert syncer.sync(SyncRequest("act_202", *WEEK, run_id="r2")).ok
+        assert publisher.publish() is not None
+        with Analyst(snapshot_path) as newcomer:
+            assert newcomer.query("SELECT count(DISTINCT ad_account_id) FROM ad_spend_daily") == [
+                [2]
+            ]
 
 
 def test_a_failed_copy_leaves_the_previous_snapshot(

@@ -33,7 +33,7 @@ from rastro_assets.sync import SyncRequest
 from rastro_assets.warehouse.connection import register_arrow
 from rastro_assets_tests.analytics._publish_child import POINTS
 from rastro_assets_tests.analytics.analyst import Analyst
-from rastro_assets_tests.analytics.test_publish import WEEK, assert_snapshot_equals_pipeline
+from rastro_assets_tests.analytics.helpers import WEEK, assert_snapshot_equals_pipeline
 from rastro_assets_tests.conftest import NOW
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from rastro_assets.warehouse.retention import prune_sync_runs
 from rastro_assets.warehouse.runs import planned_accounts
 from rastro_assets_tests.conftest import NOW, record_sync_run
 from rastro_assets_tests.defs.conftest import TODAY
-from rastro_assets_tests.warehouse.test_planner_history import COLUMNS, History
+from rastro_assets_tests.warehouse.history import COLUMNS, History
 
 
 def materialize(instance, rastro, day: date) -> str:

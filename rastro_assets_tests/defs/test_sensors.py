@@ -77,7 +77,7 @@ def test_unlinked_accounts_lose_their_partition(instance, rastro, warehouse):
 def test_no_second_backfill_while_one_is_in_flight(instance, rastro):
     first = evaluate(meta_accounts_sensor, instance, rastro)
     instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202"])
-    from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
+    from rastro_assets.defs.dagster_private import BulkActionStatus, PartitionBackfill
 
     for number, request in enumerate(first.run_requests):
         instance.add_backfill(

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
-from dagster._core.execution.backfill import PartitionBackfill
 
 from rastro_assets.defs.checks import site_spend_equals_ad_sums
+from rastro_assets.defs.dagster_private import AssetGraphSubset, PartitionBackfill
 from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, spend_partition_key
 from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, SITE_SPEND_DAILY, meta_spend
 from rastro_assets_tests.conftest import TOKEN

@@ -182,6 +182,8 @@ class Copy:
         }
         # The copy's code, not the editable install's: what a clone would run.
         env["PYTHONPATH"] = str(root)
+        # The demo publishes the analytics snapshot within a minute; half that here.
+        env["RASTRO_ANALYTICS_LAG_SECONDS"] = "30"
         self.env = env
 
     def demo_env(self) -> dict[str, str]:

@@ -11,9 +11,8 @@ import httpx
 import pytest
 
 from rastro_assets.meta.client import MetaClient
-from rastro_assets.meta.errors import ErrorKind, MalformedResponse, MetaError
+from rastro_assets.meta.errors import ErrorKind, MalformedResponse, MetaError, classify_error
 from rastro_assets.meta.fake import FakeGraphTransport, FakeWorld
-from rastro_assets.meta.parse import classify_error
 from rastro_assets_tests.meta.conftest import (
     BASE_URL,
     BRL,
@@ -255,3 +254,37 @@ def test_fake_error_bodies_have_metas_shape(world: FakeWorld) -> None:
     error = json.loads(response.content)["error"]
     assert {"message", "type", "code", "error_subcode", "fbtrace_id", "is_transient"} <= set(error)
     assert "X-App-Usage" in response.headers
+
+
+@pytest.mark.parametrize(
+    ("failure", "graph_text", "cdn_text"),
+    [(httpx.ReadTimeout("slow"), "did not answer GET me within 5s",
+      "thumbnail https://cdn.example/t.png did not arrive within 5s"),
+     (httpx.ConnectError("refused"), "the connection to Meta failed during GET me (ConnectError)",
+      "fetching thumbnail https://cdn.example/t.png failed (ConnectError)")],
+)
+def test_httpx_failures_become_transient_meta_errors_without_their_chain(
+    failure: httpx.HTTPError, graph_text: str, cdn_text: str
+) -> None:
+    """The Graph and the CDN share one translation: TRANSIENT, retried, no httpx chain."""
+    sent: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        raise failure
+
+    sleeps: list[float] = []
+    client = MetaClient(TOKEN, base_url=BASE_URL, transport=httpx.MockTransport(answer),
+                        timeout_seconds=5, max_retries=2, sleep=sleeps.append)
+    for call, text in [(client.check_token, graph_text),
+                       (lambda: client.thumbnail("https://cdn.example/t.png?sig=s3cret"),
+                        cdn_text)]:
+        sent.clear()
+        with pytest.raises(MetaError) as caught:
+            call()
+        exc = caught.value
+        assert exc.kind is ErrorKind.TRANSIENT and text in str(exc)
+        assert exc.__cause__ is None and exc.__context__ is None
+        assert len(sent) == 3  # the first try and two retries
+        assert "s3cret" not in str(exc) and TOKEN not in str(exc)
+    assert client.stats.api_calls == 3  # the CDN is not a Graph call

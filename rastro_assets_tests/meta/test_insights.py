@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rastro_assets.meta.client import _by_day_and_ad
 from rastro_assets.meta.errors import ErrorKind, MalformedResponse, MetaError
 from rastro_assets.meta.fake import FakeWorld
+from rastro_assets.meta.insights import _by_day_and_ad
 from rastro_assets.meta.models import (
     INSIGHT_SCHEMA,
     InsightRow,
@@ -21,6 +21,7 @@ from rastro_assets.meta.models import (
     UnrepresentableRow,
     insight_table,
 )
+from rastro_assets_tests.insight_rows import chunk_from_rows, chunk_rows
 from rastro_assets_tests.meta.conftest import BRL, JPY, ClientFactory, truth_rows
 
 
@@ -30,14 +31,14 @@ def assert_covers(chunks: list[InsightsChunk], since: date, until: date) -> None
     for chunk in chunks:
         assert chunk.since == expected
         assert chunk.until >= chunk.since
-        for row in chunk.rows:
+        for row in chunk_rows(chunk):
             assert chunk.since <= row.day <= chunk.until
         expected = chunk.until + timedelta(days=1)
     assert expected == until + timedelta(days=1)
 
 
 def all_rows(chunks: list[InsightsChunk]) -> set:
-    rows = [row for chunk in chunks for row in chunk.rows]
+    rows = [row for chunk in chunks for row in chunk_rows(chunk)]
     assert len(rows) == len(set(rows)), "an ad-day came back twice"
     return set(rows)
 
@@ -59,13 +60,13 @@ def test_whole_range_across_many_pages(world: FakeWorld, client_for: ClientFacto
 def test_today_is_read_with_its_partial_figures(world: FakeWorld, client) -> None:
     today = world.today(BRL)
     chunks = list(client.insights(BRL, today, today))
-    assert chunks[0].rows and set(chunks[0].rows) == set(world.truth(BRL, today))
+    assert chunk_rows(chunks[0]) and set(chunk_rows(chunks[0])) == set(world.truth(BRL, today))
 
 
 def test_future_days_are_empty_and_complete(world: FakeWorld, client) -> None:
     tomorrow = world.today(JPY) + timedelta(days=1)
     chunks = list(client.insights(JPY, tomorrow, tomorrow + timedelta(days=5)))
-    assert [(c.rows, c.complete) for c in chunks] == [([], True)]
+    assert [(chunk_rows(c), c.complete) for c in chunks] == [([], True)]
 
 
 @pytest.mark.parametrize("row_cap", [1, 9, 25, 60, 5000])
@@ -93,7 +94,7 @@ def test_async_report_path(world: FakeWorld, client_for: ClientFactory) -> None:
     day = date(2026, 3, 1)
     chunks = list(client.insights(BRL, day, day))
     assert len(chunks) == 1 and chunks[0].complete
-    assert set(chunks[0].rows) == set(world.truth(BRL, day))
+    assert set(chunk_rows(chunks[0])) == set(world.truth(BRL, day))
     assert world.calls["async"] == 1
     # Job Not Started, Job Running, Job Completed: two waits between three polls.
     assert world.calls["report"] == 3
@@ -112,7 +113,8 @@ def test_failed_async_job_leaves_the_day_incomplete(
     chunks = list(client.insights(BRL, since, until))
     assert_covers(chunks, since, until)
     first = chunks[0]
-    assert (first.since, first.until, first.complete, first.rows) == (since, since, False, [])
+    assert (first.since, first.until, first.complete) == (since, since, False)
+    assert chunk_rows(first) == []
     assert all(chunk.complete for chunk in chunks[1:])
     rows = all_rows(chunks[1:])
     assert rows == truth_rows(world, BRL, since + timedelta(days=1), until)
@@ -125,7 +127,7 @@ def test_async_creation_refused_as_too_much_leaves_the_day_incomplete(
     world.fail("async", "too_much_data")
     day = date(2026, 3, 2)
     chunks = list(client_for().insights(BRL, day, day))
-    assert [(c.complete, c.rows) for c in chunks] == [(False, [])]
+    assert [(c.complete, chunk_rows(c)) for c in chunks] == [(False, [])]
 
 
 @pytest.mark.parametrize(
@@ -147,7 +149,7 @@ def test_single_day_timeout_runs_async(world: FakeWorld, client_for: ClientFacto
     world.fail("insights", "timeout")
     day = date(2026, 3, 4)
     chunks = list(client_for().insights(BRL, day, day))
-    assert chunks[0].complete and set(chunks[0].rows) == set(world.truth(BRL, day))
+    assert chunks[0].complete and set(chunk_rows(chunks[0])) == set(world.truth(BRL, day))
     assert world.calls["async"] == 1
 
 
@@ -166,7 +168,7 @@ def test_transient_mid_pagination_is_retried(world: FakeWorld, client_for: Clien
     since, until = date(2026, 3, 1), date(2026, 3, 3)
     chunks = list(client.insights(BRL, since, until))
     assert len(chunks) == 1 and chunks[0].complete
-    assert set(chunks[0].rows) == truth_rows(world, BRL, since, until)
+    assert set(chunk_rows(chunks[0])) == truth_rows(world, BRL, since, until)
     assert len(sleeps) == 2
 
 
@@ -182,7 +184,7 @@ def test_chunks_stream_and_stay_valid_when_a_later_read_fails(
     with pytest.raises(MetaError) as caught:
         list(chunks)
     assert caught.value.kind is ErrorKind.TOKEN
-    assert set(first.rows) == truth_rows(world, BRL, first.since, first.until)
+    assert set(chunk_rows(first)) == truth_rows(world, BRL, first.since, first.until)
 
 
 def test_persistent_transient_error_raises_after_retries(
@@ -199,7 +201,7 @@ def test_persistent_transient_error_raises_after_retries(
 def test_jpy_spend_is_exact_whole_yen(world: FakeWorld, client) -> None:
     since, until = date(2026, 2, 1), date(2026, 2, 10)
     chunks = list(client.insights(JPY, since, until))
-    rows = [r for c in chunks for r in c.rows]
+    rows = [r for c in chunks for r in chunk_rows(c)]
     assert rows
     assert {c.table.schema.field("spend").type for c in chunks} == {pa.decimal128(18, 4)}
     for row in rows:
@@ -213,7 +215,7 @@ def test_brl_spend_keeps_cents_exactly(world: FakeWorld, client) -> None:
     day = date(2026, 2, 2)
     world.set_ad_day(BRL, ad, day, {"spend": "14.35", "impressions": 185, "clicks": 9,
                                     "conversations": 3})
-    rows = [r for c in client.insights(BRL, day, day) for r in c.rows if r.ad_id == ad]
+    rows = [r for c in client.insights(BRL, day, day) for r in chunk_rows(c) if r.ad_id == ad]
     assert len(rows) == 1
     row = rows[0]
     assert (row.spend, row.impressions, row.clicks, row.conversations) == (
@@ -226,7 +228,7 @@ def test_deleted_and_archived_ads_are_read(world: FakeWorld, client) -> None:
               if ad.effective_status in ("DELETED", "ARCHIVED")}
     assert hidden
     since, until = date(2026, 1, 1), date(2026, 1, 31)
-    rows = [r for c in client.insights(BRL, since, until) for r in c.rows]
+    rows = [r for c in client.insights(BRL, since, until) for r in chunk_rows(c)]
     assert hidden <= {row.ad_id for row in rows}
 
 
@@ -235,7 +237,7 @@ def test_non_ascii_names_verbatim(world: FakeWorld, client) -> None:
     world.rename_ad(ad, "夏のセール 🎐 Ação")
     day = date(2026, 3, 1)
     world.set_ad_day(JPY, ad, day, {"spend": "500", "impressions": 10, "clicks": 1})
-    rows = [r for c in client.insights(JPY, day, day) for r in c.rows if r.ad_id == ad]
+    rows = [r for c in client.insights(JPY, day, day) for r in chunk_rows(c) if r.ad_id == ad]
     assert rows[0].ad_name == "夏のセール 🎐 Ação"
 
 
@@ -282,7 +284,7 @@ def test_next_url_is_followed_without_access_token_when_no_cursor(
 
     client = client_for(transport=httpx.MockTransport(answer))
     day = date(2026, 3, 1)
-    rows = [r.ad_id for c in client.insights(BRL, day, day) for r in c.rows]
+    rows = [r.ad_id for c in client.insights(BRL, day, day) for r in chunk_rows(c)]
     assert rows == ["1", "2"]
     assert "access_token" not in seen[1].url.params
     assert seen[1].headers["authorization"].startswith("Bearer ")
@@ -324,15 +326,15 @@ def test_a_chunk_is_its_table_and_its_rows_come_from_it() -> None:
     day = date(2026, 3, 1)
     rows = [InsightRow("b", day, Decimal("1.5"), 2, 1, 0, ad_name="Ação"),
             InsightRow("a", day, Decimal(3), 4, 0, 1)]
-    chunk = InsightsChunk.from_rows(day, day, rows, complete=True)
+    chunk = chunk_from_rows(day, day, rows, complete=True)
     assert chunk.table.schema.equals(INSIGHT_SCHEMA)
-    assert chunk.rows == rows  # as given: from_rows neither sorts nor drops
-    assert str(chunk.rows[0].spend) == "1.5000"
+    assert chunk_rows(chunk) == rows  # as given: chunk_from_rows neither sorts nor drops
+    assert str(chunk_rows(chunk)[0].spend) == "1.5000"
     assert chunk == InsightsChunk(day, day, insight_table(rows), True)
     with pytest.raises(UnrepresentableRow, match="ad a on 2026-03-01: spend 1.23456 has more"):
-        InsightsChunk.from_rows(day, day, [rows[0], InsightRow("a", day, Decimal("1.23456"),
-                                                                1, 1, 0)], complete=True)
-    with pytest.raises(TypeError, match="from_rows"):
+        chunk_from_rows(day, day, [rows[0], InsightRow("a", day, Decimal("1.23456"),
+                                                        1, 1, 0)], complete=True)
+    with pytest.raises(TypeError, match="insight_table"):
         InsightsChunk(day, day, rows, True)
     with pytest.raises(ValueError, match="INSIGHT_SCHEMA"):
         InsightsChunk(day, day, insight_table(rows).drop_columns(["ad_name"]), True)

@@ -9,7 +9,8 @@ from decimal import Decimal
 import pytest
 
 from rastro_assets.meta.errors import MalformedResponse
-from rastro_assets.meta.parse import creative_type, parse_account, parse_ad, parse_insight_row
+from rastro_assets.meta.insights_parse import parse_insight_row
+from rastro_assets.meta.parse import creative_type, parse_account, parse_ad
 
 DAY = date(2026, 3, 1)
 MESSAGING = "onsite_conversion.messaging_conversation_started_7d"

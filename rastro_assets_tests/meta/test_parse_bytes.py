@@ -16,10 +16,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from rastro_assets.meta import client as client_module
-from rastro_assets.meta import parse
+from rastro_assets.meta import insights, insights_parse
 from rastro_assets.meta.errors import MetaError
+from rastro_assets.meta.insights_parse import parse_insight_table, read_insights_page
 from rastro_assets.meta.models import INSIGHT_SCHEMA
-from rastro_assets.meta.parse import parse_insight_table, read_insights_page
+from rastro_assets_tests.insight_rows import chunk_rows
 from rastro_assets_tests.meta.conftest import BASE_URL, BRL, JPY, TOKEN, ClientFactory, truth_rows
 from rastro_assets_tests.meta.test_parse_rows import (
     MESSAGING,
@@ -265,7 +266,7 @@ def plain_bodies(draw) -> bytes:
 def test_plain_bodies_are_read_from_their_bytes(body) -> None:
     # Whenever the bulk checks take the decoded rows (they leave, say, conversations
     # summing past 64 bits over a page to the per-row path), they take the bytes too.
-    in_bulk = parse._plain_page(json.loads(body)["data"], SINCE, UNTIL) is not None
+    in_bulk = insights_parse._plain_page(json.loads(body)["data"], SINCE, UNTIL) is not None
     assert assert_same_page(body) == in_bulk, body[:300]
 
 
@@ -311,7 +312,7 @@ def run_client(body: bytes, *, byte_path: bool):
         TOKEN, base_url=BASE_URL, transport=httpx.MockTransport(answer), max_retries=1,
         sleep=lambda seconds: None, async_poll_seconds=0, async_timeout_seconds=0,
     )
-    patch = mock.patch.object(client_module, "read_insights_page", lambda *args: None)
+    patch = mock.patch.object(insights, "read_insights_page", lambda *args: None)
     try:
         with client, (contextlib.nullcontext() if byte_path else patch):
             chunks = list(client.insights(BRL, SINCE, UNTIL))
@@ -338,13 +339,13 @@ def test_the_fake_graphs_pages_never_fall_back(
     def json_path(*args, **kwargs):
         raise AssertionError("a page of the fake Graph was read with json.loads")
 
-    monkeypatch.setattr(client_module, "parse_insight_table", json_path)
+    monkeypatch.setattr(insights, "parse_insight_table", json_path)
     world.row_cap = 5  # some days run as async reports, whose pages are insights pages too
     client = client_for(page_size=4)
     since, until = date(2026, 2, 20), date(2026, 3, 15)
     chunks = list(client.insights(account, since, until))
     assert all(chunk.complete for chunk in chunks)
-    got = {row for chunk in chunks for row in chunk.rows}
+    got = {row for chunk in chunks for row in chunk_rows(chunk)}
     assert got == truth_rows(world, account, since, until)
     assert world.calls["report_insights"] >= 1
 
@@ -376,7 +377,7 @@ def test_page_urls_are_the_ones_httpx_builds_from_the_params(cursor) -> None:
     with client_module.MetaClient(TOKEN, base_url=BASE_URL,
                                   transport=httpx.MockTransport(answer)) as client:
         list(client.insights(BRL, day, day))
-        params = client._insights_params(day, day) | {"limit": "500"}
+        params = client._insights._insights_params(day, day) | {"limit": "500"}
     expected = [httpx.Request("GET", f"{BASE_URL}/{BRL}/insights", params=params),
                 httpx.Request("GET", f"{BASE_URL}/{BRL}/insights",
                               params=params | {"after": cursor})]

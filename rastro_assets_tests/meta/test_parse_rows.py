@@ -1,5 +1,5 @@
-"""The page parsers (the per-row fast path and the columnar one) answer exactly as
-`parse_insight_row` does, errors included."""
+"""`parse_insight_table` (Arrow in bulk, else the checked per-row reference
+`parse_insight_row`) answers exactly as `parse_insight_row` does, errors included."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from decimal import Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rastro_assets.meta import parse
+from rastro_assets.meta import insights_parse
 from rastro_assets.meta.errors import MalformedResponse
+from rastro_assets.meta.insights_parse import parse_insight_row, parse_insight_table
 from rastro_assets.meta.models import INSIGHT_SCHEMA, insight_table
-from rastro_assets.meta.parse import parse_insight_row, parse_insight_rows, parse_insight_table
 
 SINCE, UNTIL = date(2026, 3, 1), date(2026, 3, 3)
 MESSAGING = "onsite_conversion.messaging_conversation_started_7d"
@@ -76,62 +76,6 @@ def one_by_one(page):
         return [parse_insight_row(raw, SINCE, UNTIL) for raw in page]
     except MalformedResponse as exc:
         return f"MalformedResponse: {exc}"
-
-
-def fast(page):
-    try:
-        return parse_insight_rows(page, SINCE, UNTIL)
-    except MalformedResponse as exc:
-        return f"MalformedResponse: {exc}"
-
-
-@settings(max_examples=400, deadline=None)
-@given(st.lists(rows(), max_size=5))
-def test_pages_parse_as_rows_do(page) -> None:
-    expected = one_by_one(page)
-    got = fast(page)
-    assert got == expected
-    if isinstance(got, list):
-        for a, b in zip(got, expected, strict=True):
-            assert (type(a.spend), str(a.spend)) == (type(b.spend), str(b.spend))
-
-
-def test_a_plain_page_takes_the_fast_path_and_keeps_exact_values() -> None:
-    page = [
-        {"ad_id": "120", "spend": "14.30", "impressions": "185", "clicks": "9",
-         "date_start": "2026-03-02", "date_stop": "2026-03-02", "ad_name": "Ação ☀️",
-         "actions": [{"action_type": MESSAGING, "value": "3"},
-                     {"action_type": "link_click", "value": "x"}]},
-    ]
-    [row] = parse_insight_rows(page, SINCE, UNTIL)
-    assert str(row.spend) == "14.30" and row.conversations == 3 and row.ad_name == "Ação ☀️"
-    assert row == parse_insight_row(page[0], SINCE, UNTIL)
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(rows(), max_size=4), st.lists(rows(), max_size=4))
-def test_pages_of_one_read_share_what_they_learned(first, second) -> None:
-    texts: dict[str, str] = {}
-    try:
-        got = parse_insight_rows(first, SINCE, UNTIL, texts)
-        got += parse_insight_rows(second, SINCE, UNTIL, texts)
-    except MalformedResponse as exc:
-        got = f"MalformedResponse: {exc}"
-    expected = one_by_one(first + second)
-    if isinstance(expected, str) and isinstance(got, str):
-        return  # both refuse (the first bad row may sit on either page)
-    assert got == expected
-
-
-def test_a_read_keeps_one_copy_of_each_name() -> None:
-    import json
-
-    body = json.dumps([{"ad_id": str(n), "spend": "1", "date_start": "2026-03-01",
-                        "date_stop": "2026-03-01", "ad_name": "Promoção ☀️"} for n in range(3)])
-    texts: dict[str, str] = {}
-    rows_ = parse_insight_rows(json.loads(body), SINCE, UNTIL, texts)
-    rows_ += parse_insight_rows(json.loads(body), SINCE, UNTIL, texts)
-    assert len({id(row.ad_name) for row in rows_}) == 1
 
 
 # Rows as Meta sends them, with values at the edges the columnar parser must
@@ -208,9 +152,9 @@ def odd_rows(draw):
     return row
 
 
-def columnar(page, texts=None):
+def columnar(page):
     try:
-        return parse_insight_table(page, SINCE, UNTIL, texts)
+        return parse_insight_table(page, SINCE, UNTIL)
     except MalformedResponse as exc:
         return f"MalformedResponse: {exc}"
 
@@ -237,19 +181,6 @@ def test_near_plain_pages_parse_into_tables_as_rows_do(page) -> None:
     assert_same_table(columnar(page), one_by_one(page))
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.lists(plain_rows(), max_size=4), st.lists(rows(), max_size=4))
-def test_table_pages_of_one_read_share_what_they_learned(first, second) -> None:
-    texts: dict[str, str] = {}
-    got = columnar(first, texts)
-    if not isinstance(got, str):
-        got = columnar(second, texts)
-    expected = one_by_one(first)
-    if not isinstance(expected, str):
-        expected = one_by_one(second)
-    assert_same_table(got, expected)
-
-
 PLAIN_PAGE = [
     {"ad_id": "120", "spend": "14.30", "impressions": "185", "clicks": "9",
      "date_start": "2026-03-02", "date_stop": "2026-03-02", "ad_name": "Ação ☀️",
@@ -265,7 +196,7 @@ def test_a_plain_page_is_read_in_bulk(monkeypatch) -> None:
     def per_row(*args, **kwargs):
         raise AssertionError("a plain page took the per-row path")
 
-    monkeypatch.setattr(parse, "parse_insight_rows", per_row)
+    monkeypatch.setattr(insights_parse, "parse_insight_row", per_row)
     table = parse_insight_table(PLAIN_PAGE, SINCE, UNTIL)
     assert table.to_pylist() == [
         {"ad_id": "120", "day": date(2026, 3, 2), "spend": Decimal("14.3000"),
@@ -284,3 +215,32 @@ def test_an_odd_page_is_read_row_by_row_with_the_same_refusal() -> None:
     assert "more than 4 decimal places" in columnar(page)
     fine = [*PLAIN_PAGE, {**PLAIN_PAGE[1], "ad_id": 122, "spend": " 2"}]
     assert_same_table(columnar(fine), one_by_one(fine))
+
+
+def test_a_page_arrow_refuses_is_read_by_the_reference_row_by_row(monkeypatch) -> None:
+    read: list[object] = []
+
+    def reference(raw, since, until):
+        read.append(raw)
+        return parse_insight_row(raw, since, until)
+
+    monkeypatch.setattr(insights_parse, "parse_insight_row", reference)
+    odd = {**PLAIN_PAGE[1], "ad_id": 122, "spend": " 2", "ad_name": "Promo\ud83d"}
+    table = parse_insight_table([*PLAIN_PAGE, odd], SINCE, UNTIL)
+    assert read == [*PLAIN_PAGE, odd]  # the whole page, in order, once
+    last = table.to_pylist()[-1]
+    assert (last["ad_id"], last["spend"], last["ad_name"]) == ("122", Decimal("2"), "Promo\ufffd")
+    assert table.slice(0, 2).equals(parse_insight_table(PLAIN_PAGE, SINCE, UNTIL))
+
+
+def test_the_reference_reads_any_iterable_of_rows() -> None:
+    got = parse_insight_table(iter(PLAIN_PAGE), SINCE, UNTIL)
+    assert got.equals(parse_insight_table(PLAIN_PAGE, SINCE, UNTIL))
+
+
+def test_conversations_past_64_bits_are_refused_with_the_row_named() -> None:
+    big = {"action_type": MESSAGING, "value": "9223372036854775807"}
+    page = [{**PLAIN_PAGE[1], "actions": [big, big]}]
+    refusal = columnar(page)
+    assert refusal == one_by_one(page)
+    assert "insights row for ad 121" in refusal and "64-bit" in refusal

@@ -17,6 +17,7 @@ from rastro_assets.meta.client import MetaClient
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.meta.fake import DEMO_TOKEN, FakeWorld, serve
 from rastro_assets.settings import Settings
+from rastro_assets_tests.insight_rows import chunk_rows
 from rastro_assets_tests.meta.conftest import BRL, TOKEN, truth_rows
 
 PAST_DAY = date(2026, 2, 10)
@@ -35,7 +36,7 @@ def test_client_over_real_sockets(world: FakeWorld) -> None:
         assert client.account(BRL).currency == "BRL"
         since, until = date(2026, 3, 1), date(2026, 3, 6)
         chunks = list(client.insights(BRL, since, until))
-        assert {r for c in chunks for r in c.rows} == truth_rows(world, BRL, since, until)
+        assert {r for c in chunks for r in chunk_rows(c)} == truth_rows(world, BRL, since, until)
         assert world.calls["insights"] > 3
         ads = list(client.ads(BRL))
         ad = next(ad for ad in ads if ad.thumbnail_url)
@@ -124,7 +125,8 @@ def test_run_server_serves_the_same_demo_world_in_another_process() -> None:
         assert f"http://127.0.0.1:{port}/v25.0" in banner
         base_url = f"http://127.0.0.1:{port}/v25.0"
         with MetaClient(DEMO_TOKEN, base_url=base_url, sleep=lambda s: None) as client:
-            remote = [r for c in client.insights("act_1003", PAST_DAY, PAST_DAY) for r in c.rows]
+            remote = [r for c in client.insights("act_1003", PAST_DAY, PAST_DAY)
+                      for r in chunk_rows(c)]
         local = FakeWorld.demo().truth("act_1003", PAST_DAY)
         assert remote and set(remote) == set(local)
     finally:

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from rastro_assets import cli
 from rastro_assets.meta.client import MetaClient
-from rastro_assets.meta.models import SPEND_TYPE, InsightRow, InsightsChunk
+from rastro_assets.meta.models import SPEND_TYPE, InsightRow, InsightsChunk, insight_table
 from rastro_assets.sync import Syncer, SyncRequest
 from rastro_assets.timekeeping import days_between
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
@@ -37,6 +37,7 @@ from rastro_assets.warehouse.connection import Warehouse, transaction
 from rastro_assets.warehouse.runs import sync_runs_by_account
 from rastro_assets.warehouse.spend import write_spend
 from rastro_assets_tests.conftest import NOW, TOKEN
+from rastro_assets_tests.insight_rows import chunk_from_rows
 from rastro_assets_tests.reliability.helpers import table_dump
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
 
@@ -317,7 +318,8 @@ def reset(warehouse: Warehouse) -> dict[str, list[tuple]]:
     with warehouse.connect() as con, transaction(con):
         for table in ("ad_spend_daily", "site_spend_daily", "ad_catalog", "meta_sync_runs"):
             con.execute(f"DELETE FROM {table}")
-        write_spend(con, ACCOUNT, days=list(days_between(SINCE, UNTIL)), rows=BASELINE,
+        write_spend(con, ACCOUNT, days=list(days_between(SINCE, UNTIL)),
+                    rows=insight_table(BASELINE),
                     complete_days=list(days_between(SINCE, UNTIL)), synced_at=NOW)
     return snapshot(warehouse)
 
@@ -450,7 +452,7 @@ def test_every_fault_is_a_generated_one():
 
 def test_a_writer_refusal_finishes_the_run_with_a_classified_outcome(bench):
     """A client that hands the writer a spend DECIMAL(18,4) cannot hold. parse.py refuses
-    such pages, and `InsightsChunk.from_rows` such rows, so this is defense in depth: an
+    such pages, and `insight_table` such rows, so this is defense in depth: an
     Arrow array built without checks may hold more digits than its type says, and the
     writer's reason must reach the run."""
     reset(bench.warehouse)
@@ -460,7 +462,7 @@ def test_a_writer_refusal_finishes_the_run_with_a_classified_outcome(bench):
 
         def insights(self, ad_account_id, since, until):
             row = InsightRow("1001", SINCE, Decimal(1), 1, 1, 0)
-            table = InsightsChunk.from_rows(since, until, [row], complete=True).table
+            table = chunk_from_rows(since, until, [row], complete=True).table
             spend = pa.array([Decimal("100000000000000")], pa.decimal128(38, 4))
             unchecked = spend.cast(SPEND_TYPE, safe=False)
             yield InsightsChunk(since, until, table.set_column(2, "spend", unchecked), True)

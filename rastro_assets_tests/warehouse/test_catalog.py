@@ -6,23 +6,26 @@ import hashlib
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 
+import pyarrow as pa
 import pytest
 
 from rastro_assets.meta.models import Ad, InsightRow, insight_table
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.catalog import (
     CatalogWriteResult,
-    FetchedThumbnail,
     catalog_size,
-    drop_orphaned_thumbnails,
-    latest_thumbnails,
     missing_ad_names,
-    store_thumbnails,
     upsert_catalog,
     upsert_names_from_spend,
+)
+from rastro_assets.warehouse.errors import AccountNotLinked, SpendInputError
+from rastro_assets.warehouse.thumbnails import (
+    FetchedThumbnail,
+    drop_orphaned_thumbnails,
+    latest_thumbnails,
+    store_thumbnails,
     wanted_thumbnails,
 )
-from rastro_assets.warehouse.spend import AccountNotLinked, SpendInputError
 
 DAY = date(2026, 11, 30)
 PNG = b"\x89PNG\r\n\x1a\n" + b"pixels"
@@ -47,6 +50,11 @@ def ad(ad_id: str, **fields) -> Ad:
 def row(ad_id: str, day: date = DAY, **names) -> InsightRow:
     return InsightRow(ad_id=ad_id, day=day, spend=Decimal("1.00"), impressions=10, clicks=1,
                       conversations=0, **names)
+
+
+def read(*rows: InsightRow) -> pa.Table:
+    """A spend read of `rows`, as the names writer takes it."""
+    return insight_table(list(rows))
 
 
 def catalog(con, ad_id: str) -> dict:
@@ -141,7 +149,7 @@ def test_nothing_is_written_for_an_unlinked_account(con, now, linked_account):
     with pytest.raises(AccountNotLinked):
         upsert_catalog(con, "act_9", [ad("1")], now, refile=True)
     with pytest.raises(AccountNotLinked):
-        upsert_names_from_spend(con, "act_9", [row("1", ad_name="x")], now)
+        upsert_names_from_spend(con, "act_9", read(row("1", ad_name="x")), now)
     assert con.execute("SELECT count(*) FROM ad_catalog").fetchone() == (0,)
 
 
@@ -155,7 +163,7 @@ def test_names_from_spend_take_each_latest_name(con, now, linked_account):
         row("1", DAY - timedelta(days=1), ad_name="old", adset_name="set"),
         row("2", DAY, ad_name=None),
     ]
-    result = upsert_names_from_spend(con, "act_1", rows, now)
+    result = upsert_names_from_spend(con, "act_1", read(*rows), now)
     assert (result.ads, result.added) == (2, 2)
     one = catalog(con, "1")
     assert (one["ad_name"], one["adset_id"], one["adset_name"], one["campaign_name"]) == (
@@ -167,7 +175,7 @@ def test_names_from_spend_take_each_latest_name(con, now, linked_account):
 
 def test_names_from_spend_keep_what_the_catalog_knows(con, now, linked_account):
     upsert_catalog(con, "act_1", [ad("1")], now, refile=True)
-    upsert_names_from_spend(con, "act_1", [row("1", ad_name="renamed")], now)
+    upsert_names_from_spend(con, "act_1", read(row("1", ad_name="renamed")), now)
     stored = catalog(con, "1")
     assert (stored["ad_name"], stored["adset_name"], stored["ad_status"]) == (
         "renamed", "set one", "ACTIVE")
@@ -176,20 +184,17 @@ def test_names_from_spend_keep_what_the_catalog_knows(con, now, linked_account):
 
 def test_names_from_spend_never_refile_an_ad(con, now, two_accounts):
     upsert_catalog(con, "act_2", [ad("1")], now, refile=True)
-    result = upsert_names_from_spend(con, "act_1", [row("1", ad_name="elsewhere")], now)
+    result = upsert_names_from_spend(con, "act_1", read(row("1", ad_name="elsewhere")), now)
     assert result.skipped == 1
     assert (catalog(con, "1")["ad_account_id"], catalog(con, "1")["ad_name"]) == ("act_2", "ad 1")
 
 
-def test_names_from_spend_read_a_table_as_its_rows(con, now, linked_account):
+def test_names_from_spend_take_a_table_with_the_name_columns(con, now, linked_account):
     rows = [row("1", DAY, ad_name="new", campaign_name="camp"),
             row("1", DAY - timedelta(days=1), ad_name="old", adset_name="set"),
             row("2", DAY, ad_name=None)]
-    result = upsert_names_from_spend(con, "act_1", insight_table(rows), now)
-    assert (result.ads, result.added) == (2, 2)
-    one = catalog(con, "1")
-    assert (one["ad_name"], one["adset_name"], one["campaign_name"]) == ("new", "set", "camp")
-    assert upsert_names_from_spend(con, "act_1", insight_table([]), now) == CatalogWriteResult()
+    assert upsert_names_from_spend(con, "act_1", read(), now) == CatalogWriteResult()
+    assert upsert_names_from_spend(con, "act_9", read(), now) == CatalogWriteResult()
     with pytest.raises(SpendInputError, match="the read has no 'campaign_name' column"):
         upsert_names_from_spend(
             con, "act_1", insight_table(rows).drop_columns(["campaign_name"]), now
@@ -213,9 +218,9 @@ def test_missing_names_are_recent_unnamed_and_ours(con, now, two_accounts):
     leads(con, "s1", "14", since - timedelta(days=1))  # too old
     leads(con, "s9", "15", DAY)  # a site not linking act_1
     leads(con, "s1", "16", DAY, 0)  # no leads
-    upsert_names_from_spend(con, "act_1", [row("11", campaign_name="c")], now)
+    upsert_names_from_spend(con, "act_1", read(row("11", campaign_name="c")), now)
     upsert_catalog(con, "act_1", [ad("12")], now, refile=True)
-    upsert_names_from_spend(con, "act_2", [row("13", campaign_name="c")], now)
+    upsert_names_from_spend(con, "act_2", read(row("13", campaign_name="c")), now)
     assert missing_ad_names(con, "act_1", since, limit=50) == ["10", "11"]
     assert missing_ad_names(con, "act_2", since, limit=50) == ["10", "13"]
 
@@ -314,3 +319,7 @@ def test_analyst_queries_read_the_contract_columns(con, now, linked_account):
 def test_now_must_be_aware(con, linked_account):
     with pytest.raises(ValueError, match="aware"):
         upsert_catalog(con, "act_1", [ad("1")], datetime(2026, 1, 1), refile=True)
+
+
+def test_upsert_catalog_documents_itself():
+    assert upsert_catalog.__doc__.startswith("Merge a batch of Meta's ads")

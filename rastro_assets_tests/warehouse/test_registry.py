@@ -8,7 +8,7 @@ from decimal import Decimal
 import duckdb
 import pytest
 
-from rastro_assets.meta.models import InsightRow
+from rastro_assets.meta.models import InsightRow, insight_table
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.registry import LinkResult, RegistryError
 from rastro_assets.warehouse.spend import write_spend
@@ -39,7 +39,9 @@ def spend(con, account: str, now: datetime, *rows: tuple[str, date, str]) -> Non
         con,
         account,
         days=days,
-        rows=[InsightRow(ad, day, Decimal(value), 10, 1, 0) for ad, day, value in rows],
+        rows=insight_table(
+            [InsightRow(ad, day, Decimal(value), 10, 1, 0) for ad, day, value in rows]
+        ),
         complete_days=days,
         synced_at=now,
     )

@@ -12,7 +12,7 @@ import base64
 import ipaddress
 from pathlib import Path
 
-from rastro_assets.cli import (
+from rastro_assets.cli.context import (
     EXIT_OK,
     Context,
     Registrar,

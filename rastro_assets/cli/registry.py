@@ -1,176 +1,24 @@
-"""The `rastro` command: keys, sites, Meta connections and account links.
+"""`rastro keygen`, `site add`, `connect`, `link` and `unlink`: keys, sites, connections, links.
 
-Each subcommand is a `Registrar` (adds its parser) plus a `Handler` (does the
-work with a `Context`). A new command lives in its own module, exposes a
-registrar, and is listed in `registrars()` (imported there, lazily, so that
-module may import `Context` and `UsageError` from here without a cycle).
-
-Bad input of any kind, argparse's included, ends as exactly one line on
-stderr, `rastro: error: ...`, and exit code 2, before anything is written.
-No token ever reaches stdout, stderr or argv: tokens come from stdin or a
-named environment variable, and every error line is scrubbed of them.
+`connect` reads the token from stdin or a named environment variable, never
+argv, and seals it with the secrets key; `link` asks Meta for the account's
+timezone and currency unless both are given.
 """
 
 from __future__ import annotations
 
 import argparse
 import getpass
-import os
-import re
-import sys
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import TYPE_CHECKING, NoReturn, TextIO
+from typing import TYPE_CHECKING
 
-import duckdb
-
+from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
 from rastro_assets.meta.errors import ErrorKind, MetaError
-from rastro_assets.settings import Settings
-from rastro_assets.timekeeping import Clock, system_clock
-from rastro_assets.vault import SecretsKeyError, Vault, generate_key
+from rastro_assets.vault import generate_key
 from rastro_assets.warehouse import registry
-from rastro_assets.warehouse.connection import Warehouse, WarehouseLocked
 from rastro_assets.warehouse.registry import LinkResult, RegistryError
 
 if TYPE_CHECKING:
-    from rastro_assets.meta.client import MetaClient
     from rastro_assets.meta.models import AdAccount
-
-PROG = "rastro"
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-
-REDACTED = "[redacted]"
-# A token pasted as an argument would come back in argparse's complaint about
-# it; Meta tokens are long runs of letters and digits, and no id of ours is.
-_TOKEN_LIKE = re.compile(r"[A-Za-z0-9]{32,}")
-
-
-class UsageError(Exception):
-    """Bad input: reported as one line on stderr with exit code 2."""
-
-
-@dataclass
-class Context:
-    """What a handler may touch: the environment, the streams and the clock."""
-
-    environ: Mapping[str, str]
-    stdin: TextIO
-    stdout: TextIO
-    stderr: TextIO
-    clock: Clock = system_clock
-    secrets: list[str] = field(default_factory=list, repr=False)
-
-    @classmethod
-    def from_process(cls) -> Context:
-        return cls(environ=os.environ, stdin=sys.stdin, stdout=sys.stdout, stderr=sys.stderr)
-
-    def settings(self) -> Settings:
-        return Settings.from_env(dict(self.environ))
-
-    def warehouse(self) -> Warehouse:
-        return Warehouse(self.settings().duckdb_path)
-
-    def vault(self) -> Vault:
-        return Vault.from_env(self.environ)
-
-    def now(self) -> datetime:
-        return self.clock()
-
-    def keep_secret(self, secret: str) -> None:
-        """Scrub `secret` from every line this command prints from now on."""
-        if secret:
-            self.secrets.append(secret)
-
-    def say(self, line: str) -> None:
-        print(self.scrub(line), file=self.stdout)
-
-    def warn(self, line: str) -> None:
-        print(f"{PROG}: warning: {self.scrub(line)}", file=self.stderr)
-
-    def scrub(self, text: str) -> str:
-        for secret in self.secrets:
-            text = text.replace(secret, REDACTED)
-        return text
-
-    def meta_client(self, token: str) -> MetaClient:
-        # Imported here: the client pulls in httpx, which the offline commands never need.
-        from rastro_assets.meta import make_client
-
-        self.keep_secret(token)
-        return make_client(self.settings(), token)
-
-
-Handler = Callable[[argparse.Namespace, Context], int]
-Subparsers = argparse._SubParsersAction  # argparse exposes no public name for it
-Registrar = Callable[[Subparsers], None]
-
-
-class _Parser(argparse.ArgumentParser):
-    """Turns argparse's usage dump into one `UsageError` line."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
-def command(subparsers: Subparsers, name: str, handler: Handler, help: str) -> _Parser:
-    """Add subcommand `name`, run by `handler`; returns its parser for arguments."""
-    parser = subparsers.add_parser(name, help=help, description=help)
-    parser.set_defaults(handler=handler)
-    return parser
-
-
-def registrars() -> list[Registrar]:
-    """Every subcommand, in the order `rastro --help` lists them."""
-    from rastro_assets import cli_cadence, cli_sql, cli_tools
-
-    return [
-        add_keygen,
-        add_site,
-        add_connect,
-        add_link,
-        add_unlink,
-        *cli_sql.REGISTRARS,
-        *cli_cadence.REGISTRARS,
-        *cli_tools.REGISTRARS,
-    ]
-
-
-def build_parser() -> _Parser:
-    parser = _Parser(
-        prog=PROG, description="Meta ad spend in DuckDB: keys, sites, connections and links."
-    )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for register in registrars():
-        register(subparsers)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The console script `rastro`; returns the exit code."""
-    return run(argv, Context.from_process())
-
-
-def run(argv: Sequence[str] | None, ctx: Context) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-        return args.handler(args, ctx)
-    except SystemExit as exc:  # --help and friends
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    except (UsageError, SecretsKeyError, WarehouseLocked, RegistryError, ValueError) as exc:
-        return _fail(ctx, str(exc), EXIT_USAGE)
-    except MetaError as exc:
-        return _fail(ctx, f"Meta: {exc}", EXIT_USAGE)
-    except duckdb.Error as exc:
-        return _fail(ctx, f"the warehouse failed: {exc}", EXIT_FAILED)
-
-
-def _fail(ctx: Context, message: str, code: int) -> int:
-    line = _TOKEN_LIKE.sub(REDACTED, " ".join(ctx.scrub(message).split()))
-    print(f"{PROG}: error: {line}", file=ctx.stderr)
-    return code
 
 
 # keygen ---------------------------------------------------------------------
@@ -374,12 +222,10 @@ def _register_partition(ctx: Context, ad_account_id: str) -> None:
     if not ctx.environ.get("DAGSTER_HOME"):
         return
     try:
-        import dagster as dg
+        # Imported here: it loads Dagster, which no other command needs.
+        from rastro_assets.defs.instance import add_account_partition
 
-        from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
-
-        with dg.DagsterInstance.get() as instance:
-            instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, [ad_account_id])
+        add_account_partition(ad_account_id)
     except Exception as exc:
         ctx.warn(
             f"could not add {ad_account_id} to the Dagster instance at DAGSTER_HOME"
@@ -412,3 +258,6 @@ def _unlink(args: argparse.Namespace, ctx: Context) -> int:
     else:
         ctx.say(f"unlinked {site_id} from {ad_account_id}")
     return EXIT_OK
+
+
+REGISTRARS: list[Registrar] = [add_keygen, add_site, add_connect, add_link, add_unlink]

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import base64
-import io
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
 
 import duckdb
 import pytest
 
-from rastro_assets import cli
+from rastro_assets.cli import context
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.meta.models import AdAccount
 from rastro_assets.vault import ENV_VAR, Vault
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets_tests.cli.conftest import assert_usage_error
 
 TOKEN = "EAAB0rastroTestToken0123456789abcdef"
 NEW_TOKEN = "EAAB0rastroNewToken9876543210fedcba"
@@ -86,19 +86,14 @@ def meta(monkeypatch: pytest.MonkeyPatch) -> FakeMeta:
 
 
 @pytest.fixture
-def rastro(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], env: Path
-) -> Callable[..., tuple[int, str, str]]:
-    """Run `rastro ARGS` in-process with `stdin`; (exit code, stdout, stderr)."""
+def rastro_environ(env: Path) -> Mapping[str, str]:
+    """The process environment, as the console script sees it, read at each run."""
+    return os.environ
 
-    def run(*args: str, stdin: str = "") -> tuple[int, str, str]:
-        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-        code = cli.main(list(args))
-        out, err = capsys.readouterr()
-        assert TOKEN not in out + err and NEW_TOKEN not in out + err
-        return code, out, err
 
-    return run
+@pytest.fixture
+def never_printed() -> tuple[str, ...]:
+    return TOKEN, NEW_TOKEN
 
 
 def snapshot(path: Path) -> dict[str, list[tuple]]:
@@ -114,16 +109,6 @@ def snapshot(path: Path) -> dict[str, list[tuple]]:
             "site_spend_daily": "SELECT * FROM site_spend_daily ORDER BY ALL",
         }
         return {table: con.execute(queries[table]).fetchall() for table in TABLES}
-
-
-def assert_usage_error(result: tuple[int, str, str], *fragments: str) -> None:
-    code, out, err = result
-    assert code == 2, (out, err)
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("rastro: error: ")
-    for fragment in fragments:
-        assert fragment in lines[0]
 
 
 @pytest.fixture
@@ -410,8 +395,9 @@ def test_argparse_errors_are_one_line(rastro, env: Path, args, fragment):
     assert not env.exists()
 
 
-def test_help_exits_zero(rastro):
-    code, out, _ = rastro("--help")
+def test_help_exits_zero(rastro, capsys: pytest.CaptureFixture[str]):
+    code, _, _ = rastro("--help")
+    out = capsys.readouterr().out
     assert code == 0
     for name in ("keygen", "site", "connect", "link", "unlink"):
         assert name in out
@@ -425,7 +411,9 @@ def test_a_locked_warehouse_is_one_line(rastro, env: Path, world, monkeypatch):
     )
     try:
         assert holder.stdout.readline().strip() == "locked"
-        monkeypatch.setattr(cli, "Warehouse", lambda path: Warehouse(path, lock_wait_seconds=0.2))
+        monkeypatch.setattr(
+            context, "Warehouse", lambda path: Warehouse(path, lock_wait_seconds=0.2)
+        )
         assert_usage_error(
             rastro("site", "add", "s9"), "locked by another process", f"PID {holder.pid}"
         )
@@ -462,6 +450,15 @@ def test_the_console_script(env: Path, tmp_path: Path):
     assert refused.stdout == ""
     for result in (connected, linked, refused):
         assert TOKEN not in result.stdout + result.stderr
+
+
+def test_the_command_loads_without_dagster():
+    """`link` imports Dagster only when DAGSTER_HOME is set; every other command never does."""
+    check = (
+        "import sys; import rastro_assets.cli.context; import rastro_assets.cli;"
+        " assert 'dagster' not in sys.modules, 'dagster imported'"
+    )
+    subprocess.run([sys.executable, "-c", check], check=True, timeout=60)
 
 
 def test_against_the_fake_graph(rastro, env: Path, monkeypatch):

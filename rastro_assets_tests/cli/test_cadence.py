@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import io
 import json
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from rastro_assets import cli
-from rastro_assets.cli_cadence import parse_instant
-from rastro_assets.timekeeping import fixed_clock
+from rastro_assets.cli.cadence import parse_instant
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets_tests.cli.conftest import assert_usage_error
 from rastro_assets_tests.conftest import record_sync_run
 
 STATUS_KEYS = {
@@ -27,33 +25,6 @@ STATUS_KEYS = {
 }
 PLAN_KEYS = {"ad_account_id", "kind", "since", "until", "catalog", "due_at", "reason"}
 STATUS_HEADER = ["ACCOUNT", "SITES", "STATE", "LAST SYNC", "NEXT SYNC", "BACKFILL", "LAST ERROR"]
-
-
-@pytest.fixture
-def rastro(duckdb_path: Path, now: datetime):
-    """Run `rastro ARGS` in-process at a pinned instant; (exit code, stdout, stderr)."""
-
-    def run(*args: str, at: datetime = now) -> tuple[int, str, str]:
-        out, err = io.StringIO(), io.StringIO()
-        ctx = cli.Context(
-            environ={"RASTRO_DUCKDB_PATH": str(duckdb_path)},
-            stdin=io.StringIO(""),
-            stdout=out,
-            stderr=err,
-            clock=fixed_clock(at),
-        )
-        return cli.run(list(args), ctx), out.getvalue(), err.getvalue()
-
-    return run
-
-
-def assert_usage_error(result: tuple[int, str, str], *fragments: str) -> None:
-    code, out, err = result
-    assert (code, out) == (2, ""), (out, err)
-    [line] = err.splitlines()
-    assert line.startswith("rastro: error: ")
-    for fragment in fragments:
-        assert fragment in line
 
 
 def link(con, site: str, account: str, connection: str, timezone: str, at: datetime) -> None:

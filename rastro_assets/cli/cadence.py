@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from rastro_assets import cadence
-from rastro_assets.cli import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
+from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
 from rastro_assets.timekeeping import zone
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.runs import PlannedAccount, planned_accounts

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import io
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from rastro_assets import cli, cli_tools, demo
+from rastro_assets import demo
+from rastro_assets.cli import tools
 from rastro_assets.meta.fake import server
-from rastro_assets.timekeeping import fixed_clock
 from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault, generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets_tests.cli.conftest import assert_usage_error
 
 TOKENS = {
     "c1": "EAAB0rotateTokenOne0123456789abcdef",
@@ -28,38 +28,13 @@ def keys() -> dict[str, str]:
 
 
 @pytest.fixture
-def rastro(duckdb_path: Path, now: datetime, keys: dict[str, str]):
-    """Run `rastro ARGS` in-process; (exit code, stdout, stderr). No token may be printed."""
-
-    def run(*args: str, environ: dict[str, str] | None = None) -> tuple[int, str, str]:
-        out, err = io.StringIO(), io.StringIO()
-        env = {
-            "RASTRO_DUCKDB_PATH": str(duckdb_path),
-            ENV_VAR: keys["new"],
-            OLD_VAR: keys["old"],
-        }
-        ctx = cli.Context(
-            environ={**env, **(environ or {})},
-            stdin=io.StringIO(""),
-            stdout=out,
-            stderr=err,
-            clock=fixed_clock(now),
-        )
-        code = cli.run(list(args), ctx)
-        for token in TOKENS.values():
-            assert token not in out.getvalue() + err.getvalue()
-        return code, out.getvalue(), err.getvalue()
-
-    return run
+def rastro_environ(duckdb_path: Path, keys: dict[str, str]) -> dict[str, str]:
+    return {"RASTRO_DUCKDB_PATH": str(duckdb_path), ENV_VAR: keys["new"], OLD_VAR: keys["old"]}
 
 
-def assert_usage_error(result: tuple[int, str, str], *fragments: str) -> None:
-    code, out, err = result
-    assert (code, out) == (2, ""), (out, err)
-    [line] = err.splitlines()
-    assert line.startswith("rastro: error: ")
-    for fragment in fragments:
-        assert fragment in line
+@pytest.fixture
+def never_printed() -> list[str]:
+    return list(TOKENS.values())
 
 
 def seal_connections(warehouse: Warehouse, now: datetime, sealers: dict[str, str]) -> None:
@@ -218,7 +193,7 @@ def test_fake_meta_bad_port(rastro, served, monkeypatch):
 
 
 def test_fake_meta_default_port_is_the_servers():
-    assert cli_tools.FAKE_META_PORT == server.DEFAULT_PORT
+    assert tools.FAKE_META_PORT == server.DEFAULT_PORT
 
 
 # demo -----------------------------------------------------------------------

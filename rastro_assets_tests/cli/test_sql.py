@@ -16,9 +16,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from rastro_assets import cli
-from rastro_assets.cli_sql import _duration
-from rastro_assets_tests.analytics.test_frames import publish_week
+from rastro_assets.cli.sql import _duration
+from rastro_assets_tests.analytics.helpers import publish_week
+from rastro_assets_tests.cli.conftest import assert_usage_error
 
 HOLDER = (
     "import sys, time, duckdb; c = duckdb.connect(sys.argv[1]); print('locked', flush=True);"
@@ -34,33 +34,6 @@ SPEND = (
 def snapshot_path(syncer, warehouse, fake_clock, duckdb_path: Path) -> Path:
     """The default snapshot: `analytics.duckdb` beside the pipeline's file."""
     return publish_week(syncer, warehouse, duckdb_path.parent / "analytics.duckdb", fake_clock)
-
-
-@pytest.fixture
-def rastro(duckdb_path: Path):
-    """Run `rastro ARGS` in-process; (exit code, stdout, stderr)."""
-
-    def run(*args: str, stdin: str = "", **environ: str) -> tuple[int, str, str]:
-        out, err = io.StringIO(), io.StringIO()
-        ctx = cli.Context(
-            environ={"RASTRO_DUCKDB_PATH": str(duckdb_path), **environ},
-            stdin=io.StringIO(stdin),
-            stdout=out,
-            stderr=err,
-        )
-        return cli.run(list(args), ctx), out.getvalue(), err.getvalue()
-
-    return run
-
-
-def assert_usage_error(result: tuple[int, str, str], *fragments: str) -> str:
-    code, out, err = result
-    assert (code, out) == (2, ""), (out, err)
-    [line] = err.splitlines()
-    assert line.startswith("rastro: error: ")
-    for fragment in fragments:
-        assert fragment in line, line
-    return line
 
 
 def in_snapshot(path: Path, query: str) -> list[tuple]:
@@ -222,7 +195,8 @@ def test_a_missing_snapshot_is_one_line_and_never_created(rastro, duckdb_path: P
     assert "within minutes" in line
     elsewhere = tmp_path / "analysts" / "snap.duckdb"
     assert_usage_error(
-        rastro("sql", "SELECT 1", RASTRO_ANALYTICS_PATH=str(elsewhere)), str(elsewhere)
+        rastro("sql", "SELECT 1", environ={"RASTRO_ANALYTICS_PATH": str(elsewhere)}),
+        str(elsewhere),
     )
     assert not duckdb_path.parent.exists() and not elsewhere.parent.exists()
 
@@ -236,7 +210,7 @@ def test_rastro_analytics_path_is_where_it_reads(rastro, snapshot_path, tmp_path
         "SELECT count(*) AS n FROM sites",
         "--format",
         "json",
-        RASTRO_ANALYTICS_PATH=str(moved),
+        environ={"RASTRO_ANALYTICS_PATH": str(moved)},
     )
     assert (code, json.loads(out)) == (0, [{"n": 2}])
 
@@ -300,7 +274,8 @@ def test_the_connection_itself_is_read_only(snapshot_path):
 
 def test_the_pipelines_file_is_never_opened(rastro, snapshot_path, duckdb_path: Path):
     assert_usage_error(
-        rastro("sql", "SELECT 1", RASTRO_ANALYTICS_PATH=str(duckdb_path)), "pipeline's own file"
+        rastro("sql", "SELECT 1", environ={"RASTRO_ANALYTICS_PATH": str(duckdb_path)}),
+        "pipeline's own file",
     )
 
 

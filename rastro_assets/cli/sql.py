@@ -45,7 +45,7 @@ from uuid import UUID
 import duckdb
 
 from rastro_assets.analytics.frames import NotTheSnapshot, SnapshotMissing, open_snapshot
-from rastro_assets.cli import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
+from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
 
 FORMATS = ("table", "csv", "json")
 OUTPUT_SUFFIX = ".parquet"

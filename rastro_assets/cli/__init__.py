@@ -1,0 +1,70 @@
+"""The `rastro` command: keys, sites, Meta connections, account links, the cadence, SQL.
+
+- `context`: what every command stands on (`Context`, `command()`,
+  `UsageError`, exit codes, the parser, token scrubbing); it imports no command.
+- `registry`: `keygen`, `site add`, `connect`, `link`, `unlink`.
+- `sql`: `sql`, one read-only query on the analytics snapshot.
+- `cadence`: `sync-now`, `status`, `plan`.
+- `tools`: `rotate-key`, `demo`, `fake-meta`.
+
+A new command lives in the module of its group (or a new one), which exposes
+its registrars in `REGISTRARS`; `registrars()` below lists every group.
+`main` is the console script.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import duckdb
+
+from rastro_assets.cli import cadence, registry, sql, tools
+from rastro_assets.cli.context import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    PROG,
+    Context,
+    Parser,
+    Registrar,
+    UsageError,
+)
+from rastro_assets.meta.errors import MetaError
+from rastro_assets.vault import SecretsKeyError
+from rastro_assets.warehouse.connection import WarehouseLocked
+from rastro_assets.warehouse.registry import RegistryError
+
+__all__ = ["Context", "build_parser", "main", "registrars", "run"]
+
+
+def registrars() -> list[Registrar]:
+    """Every subcommand, in the order `rastro --help` lists them."""
+    return [*registry.REGISTRARS, *sql.REGISTRARS, *cadence.REGISTRARS, *tools.REGISTRARS]
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog=PROG, description="Meta ad spend in DuckDB: keys, sites, connections and links."
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for register in registrars():
+        register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The console script `rastro`; returns the exit code."""
+    return run(argv, Context.from_process())
+
+
+def run(argv: Sequence[str] | None, ctx: Context) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.handler(args, ctx)
+    except SystemExit as exc:  # --help and friends
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except (UsageError, SecretsKeyError, WarehouseLocked, RegistryError, ValueError) as exc:
+        return ctx.fail(str(exc), EXIT_USAGE)
+    except MetaError as exc:
+        return ctx.fail(f"Meta: {exc}", EXIT_USAGE)
+    except duckdb.Error as exc:
+        return ctx.fail(f"the warehouse failed: {exc}", EXIT_FAILED)

@@ -1,0 +1,322 @@
+"""The HTTP session with the Graph: requests, retries with back-off, decoding, paging.
+
+The token travels only in the `Authorization` header, so no URL, message,
+repr or log line built here can contain it; Meta's own error messages are
+scrubbed too, in case Meta ever echoes it. httpx exceptions are converted to
+`MetaError` without their text or chain (`without_httpx_errors`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import random
+import ssl
+import time
+from collections.abc import Callable, Iterator, Mapping
+from decimal import Decimal
+from typing import Any, TypeVar
+from urllib.parse import urlencode
+
+import httpx
+import pyarrow as pa
+
+from rastro_assets.meta.errors import (
+    ErrorKind,
+    MalformedResponse,
+    MetaError,
+    TimedOut,
+    classify_error,
+)
+from rastro_assets.meta.insights_parse import InsightsPage
+from rastro_assets.meta.models import CallStats, Usage
+from rastro_assets.meta.usage import parse_usage
+
+log = logging.getLogger(__name__)
+
+BACKOFF_BASE_SECONDS = 1.0
+BACKOFF_CAP_SECONDS = 60.0
+
+T = TypeVar("T")
+# Reads an HTTP 200 body straight into a page; None: decode it with `json` as usual.
+PageReader = Callable[[bytes], InsightsPage | None]
+
+
+@functools.cache
+def _shared_ssl_context() -> ssl.SSLContext:
+    """One TLS context for every client of the process.
+
+    Building one loads the CA bundle (~40 ms of CPU); a wave builds a client per
+    account sync, hundreds per run.
+    """
+    return httpx.create_ssl_context()
+
+
+class _Secret:
+    """Holds the token so that no repr, `vars()` dump or f-string shows it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "<secret>"
+
+    __str__ = __repr__
+
+
+def check_token_text(token: str) -> None:
+    """ValueError unless `token` is one line of text without surrounding whitespace."""
+    if not isinstance(token, str) or not token.strip() or token != token.strip():
+        raise ValueError("the Meta access token is empty or has surrounding whitespace")
+    if any(ch in token for ch in "\r\n\0"):
+        raise ValueError("the Meta access token is not a single line")
+
+
+def without_httpx_errors(attempt: Callable[[], T], *, timed_out: str, failed: str) -> T:
+    """`attempt()`, with an httpx timeout as `TimedOut(timed_out)` and any other
+    httpx failure as a TRANSIENT `MetaError` (`failed`, plus the exception's class name).
+
+    Raised outside the `except` so the httpx exception (which holds the request,
+    Authorization header included) is not even its __context__.
+    """
+    failure: MetaError
+    try:
+        return attempt()
+    except httpx.TimeoutException:
+        failure = TimedOut(ErrorKind.TRANSIENT, timed_out)
+    except httpx.HTTPError as exc:
+        failure = MetaError(ErrorKind.TRANSIENT, f"{failed} ({type(exc).__name__})")
+    raise failure
+
+
+class GraphSession:
+    """One httpx client with its token, retries and what it spent (`stats`)."""
+
+    def __init__(
+        self,
+        token: str,
+        *,
+        base_url: str,
+        transport: httpx.BaseTransport | None = None,
+        timeout_seconds: float = 60,
+        max_retries: int = 3,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        check_token_text(token)
+        if max_retries < 0 or timeout_seconds <= 0:
+            raise ValueError("timeout_seconds must be positive, max_retries >= 0")
+        self._token = _Secret(token)
+        self.base_url = base_url.rstrip("/")
+        self.timeout_seconds = timeout_seconds
+        self._max_retries = max_retries
+        self.sleep = sleep
+        self._random = random.Random()
+        self.http = httpx.Client(
+            transport=transport,
+            verify=_shared_ssl_context(),
+            timeout=httpx.Timeout(timeout_seconds),
+            follow_redirects=False,
+            headers={"User-Agent": "rastro-assets"},
+        )
+        self.stats = CallStats()
+
+    def __repr__(self) -> str:
+        return f"GraphSession(base_url={self.base_url!r})"
+
+    def close(self) -> None:
+        self.http.close()
+
+    def scrub(self, text: str) -> str:
+        """`text` without the token, in case Meta echoes it."""
+        return text.replace(self._token.value, "[token]")
+
+    # -- paging ---------------------------------------------------------------
+
+    def pages(
+        self,
+        path: str,
+        params: Mapping[str, str],
+        *,
+        what: str,
+        retry_timeouts: bool = True,
+        read_page: PageReader | None = None,
+    ) -> Iterator[list[Any] | pa.Table]:
+        """Each page's `data`, following `after` cursors while `next` is given.
+
+        With `read_page`, a page it reads comes as its table; any other as the
+        `data` list `json` decoded.
+        """
+        after: str | None = None
+        next_url: str | None = None
+        seen: set[str] = set()
+        # The URL httpx would build from `params` (and `after`), encoded once: httpx
+        # re-checks every character of a merged query in Python, on every page.
+        first_url = f"{self._url(path)}?{urlencode(params)}" if params else self._url(path)
+        while True:
+            if next_url is not None:
+                url = next_url
+            elif after:
+                url = f"{first_url}{'&' if params else '?'}{urlencode({'after': after})}"
+            else:
+                url = first_url
+            body = self.call("GET", url, what=what, retry_timeouts=retry_timeouts,
+                             read_page=read_page)
+            if isinstance(body, InsightsPage):
+                yield body.table
+                next_link, cursor = body.next_url, body.after
+            else:
+                data = body.get("data")
+                if not isinstance(data, list):
+                    raise MalformedResponse(f"Meta answered {what} without a 'data' list")
+                yield data
+                paging = body.get("paging")
+                paging = paging if isinstance(paging, Mapping) else {}
+                next_link = paging.get("next")
+                cursors = paging.get("cursors")
+                cursor = cursors.get("after") if isinstance(cursors, Mapping) else None
+            if not next_link:
+                return
+            if isinstance(cursor, str) and cursor:
+                after, next_url = cursor, None
+                marker = cursor
+            else:
+                next_url = self._same_origin_next(next_link, what)
+                marker = next_url
+            if marker in seen:
+                raise MalformedResponse(f"Meta repeated a paging cursor during {what}")
+            seen.add(marker)
+
+    def _same_origin_next(self, next_url: Any, what: str) -> str:
+        """`paging.next` without any `access_token`, if it points at our Graph base."""
+        try:
+            url = httpx.URL(str(next_url))
+        except httpx.InvalidURL:
+            raise MalformedResponse(f"Meta gave an unreadable 'next' URL during {what}") from None
+        base = httpx.URL(self.base_url)
+        if (url.scheme, url.host, url.port) != (base.scheme, base.host, base.port):
+            raise MalformedResponse(
+                f"Meta's 'next' URL during {what} leaves {base.host}; not following it"
+            )
+        return str(url.copy_remove_param("access_token"))
+
+    def _url(self, path_or_url: str) -> str:
+        if path_or_url.startswith(("http://", "https://")):
+            return path_or_url
+        return f"{self.base_url}/{path_or_url}"
+
+    # -- requests and retries ---------------------------------------------------
+
+    def call(
+        self,
+        method: str,
+        path_or_url: str,
+        *,
+        what: str,
+        params: Mapping[str, str] | None = None,
+        data: Mapping[str, str] | None = None,
+        retry_timeouts: bool = True,
+        read_page: PageReader | None = None,
+    ) -> Any:
+        """The decoded body: a dict, or what `read_page` made of it."""
+        return self.retrying(
+            what,
+            lambda: self._once(method, self._url(path_or_url), params, data, what, read_page),
+            retry_timeouts=retry_timeouts,
+        )
+
+    def retrying(self, what: str, attempt: Callable[[], T], *, retry_timeouts: bool = True) -> T:
+        """`attempt()`, retried with back-off while it raises a TRANSIENT `MetaError`."""
+        retries = 0
+        while True:
+            try:
+                return attempt()
+            except MetaError as exc:
+                retryable = exc.kind is ErrorKind.TRANSIENT and (
+                    retry_timeouts or not isinstance(exc, TimedOut)
+                )
+                if not retryable or retries >= self._max_retries:
+                    raise
+                delay = self._backoff_seconds(retries)
+                retries += 1
+                log.warning("%s failed: %s; retry %d of %d in %.1fs",
+                            what, exc, retries, self._max_retries, delay)
+                self.sleep(delay)
+
+    def _backoff_seconds(self, retries: int) -> float:
+        ceiling = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2**retries)
+        return ceiling * self._random.uniform(0.5, 1.0)
+
+    def _once(
+        self,
+        method: str,
+        url: str,
+        params: Mapping[str, str] | None,
+        data: Mapping[str, str] | None,
+        what: str,
+        read_page: PageReader | None = None,
+    ) -> Any:
+        try:
+            response = without_httpx_errors(
+                lambda: self.http.request(
+                    method, url, params=params, data=data,
+                    headers={"Authorization": f"Bearer {self._token.value}"},
+                ),
+                timed_out=f"Meta did not answer {what} within {self.timeout_seconds:g}s",
+                failed=f"the connection to Meta failed during {what}",
+            )
+        except MetaError:
+            self.stats.record(Usage())
+            raise
+        usage = parse_usage(response.headers)
+        try:
+            body = self._decode(response, what, read_page)
+        except MetaError as exc:
+            if exc.kind is ErrorKind.THROTTLED:
+                usage = parse_usage(response.headers, throttled=True)
+                exc.regain_seconds = usage.regain_seconds
+            self.stats.record(usage)
+            raise
+        self.stats.record(usage)
+        return body
+
+    def _decode(
+        self, response: httpx.Response, what: str, read_page: PageReader | None = None
+    ) -> Any:
+        status = response.status_code
+        raw = response.content
+        content_type = response.headers.get("content-type", "").lower()
+        if not raw.strip():
+            raise MalformedResponse(
+                f"Meta answered HTTP {status} with an empty body to {what}", http_status=status
+            )
+        if "html" in content_type or raw.lstrip()[:1] == b"<":
+            raise MalformedResponse(
+                f"Meta answered HTTP {status} with an HTML page instead of JSON to {what}",
+                http_status=status,
+            )
+        if read_page is not None and status == 200:
+            page = read_page(raw)
+            if page is not None:
+                return page
+        try:
+            body = json.loads(raw, parse_float=Decimal)
+        except ValueError:
+            raise MalformedResponse(
+                f"Meta answered HTTP {status} with a body that is not valid JSON to {what}",
+                http_status=status,
+            ) from None
+        if isinstance(body, dict) and isinstance(body.get("error"), Mapping):
+            raise classify_error(body["error"], http_status=status, regain_seconds=None,
+                                 scrub=self.scrub)
+        if status >= 400:
+            kind = ErrorKind.TRANSIENT if status >= 500 else ErrorKind.OTHER
+            raise MetaError(kind, f"Meta answered HTTP {status} without an error object to {what}",
+                            http_status=status)
+        if not isinstance(body, dict):
+            raise MalformedResponse(
+                f"Meta answered {what} with JSON that is not an object", http_status=status
+            )
+        return body

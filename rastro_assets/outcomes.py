@@ -1,0 +1,97 @@
+"""The product's shared vocabulary: how a sync ended, what it read, and its error line.
+
+The contract names these values (`meta_sync_runs.outcome`, `.kind`, the
+`CODE: message` error codes, `rastro status`'s states, `rastro plan`'s
+kinds); the sync, the planner, the catalog sync and the CLI all speak them,
+so they are written once, here. Each enum is a `StrEnum`: its members are the
+contract's strings, as stored in DuckDB and printed in JSON.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+
+from rastro_assets.meta.errors import ErrorKind
+
+
+class Outcome(StrEnum):
+    """How one account sync ended (`meta_sync_runs.outcome`)."""
+
+    OK = "ok"
+    TOKEN = "token"
+    THROTTLED = "throttled"
+    PERMISSION = "permission"
+    KEY = "key"
+    OTHER = "other"
+
+
+class SyncKind(StrEnum):
+    """What a sync read (`meta_sync_runs.kind`)."""
+
+    BACKFILL = "backfill"
+    GAP = "gap"
+    LIVE = "live"
+    DAILY = "daily"
+    WEEKLY = "weekly"
+    MANUAL = "manual"
+
+
+class PlanKind(StrEnum):
+    """What the planner says an account reads next (`rastro plan`'s `kind`)."""
+
+    BACKFILL = "backfill"
+    GAP = "gap"
+    LIVE = "live"
+    DAILY = "daily"
+    WEEKLY = "weekly"
+    PAUSED = "paused"
+
+
+class AccountHealth(StrEnum):
+    """How an account is doing (`rastro status`'s `state`)."""
+
+    BACKFILLING = "backfilling"
+    LIVE = "live"
+    ERROR = "error"
+    PAUSED = "paused"
+
+
+ERROR_CODES: dict[Outcome, str] = {
+    Outcome.TOKEN: "META_TOKEN_INVALID",
+    Outcome.THROTTLED: "RATE_LIMITED",
+    Outcome.PERMISSION: "META_PERMISSION",
+    Outcome.KEY: "SECRETS_KEY_MISSING",
+    Outcome.OTHER: "META_UNAVAILABLE",
+}
+"""The contract's error code of each failed outcome."""
+
+OUTCOME_OF_ERROR_KIND: dict[ErrorKind, Outcome] = {
+    ErrorKind.TOKEN: Outcome.TOKEN,
+    ErrorKind.THROTTLED: Outcome.THROTTLED,
+    ErrorKind.PERMISSION: Outcome.PERMISSION,
+}
+"""The outcome a Meta failure ends a sync with; any other kind is `Outcome.OTHER`."""
+
+MAX_ERROR_CHARS = 300
+"""An error line is cut here: it is stored, shown by `rastro status` and in run logs."""
+
+RUN_TIMEOUT_ERROR = "RUN_TIMEOUT: the previous sync did not finish"
+
+_CODE_PREFIX = re.compile(r"^[A-Z][A-Z0-9_]*: ")
+
+
+def outcome_of(kind: ErrorKind) -> Outcome:
+    return OUTCOME_OF_ERROR_KIND.get(kind, Outcome.OTHER)
+
+
+def error_line(outcome: Outcome | str, message: str) -> str:
+    """The contract's `CODE: message` for a failed outcome, cut to `MAX_ERROR_CHARS`."""
+    return f"{ERROR_CODES[Outcome(outcome)]}: {message}"[:MAX_ERROR_CHARS]
+
+
+def coded(code: str, message: str | None, default: str) -> str:
+    """`message` if it already carries a code, else `CODE: message` (or `default`)."""
+    if message and _CODE_PREFIX.match(message):
+        return message
+    return f"{code}: {message or default}"

@@ -1,0 +1,172 @@
+"""`site_spend_daily`: each site's daily sums of the ad accounts it links, kept exact.
+
+A site-day row is rebuilt from `ad_spend_daily` whenever the account-day's
+ad rows change (by the spend writer, in its transaction) or a site starts
+linking an account that already has spend. The sums are checked against the
+columns' types, so an overflow is refused with the day and the figure named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import suppress
+from dataclasses import dataclass
+from datetime import date
+from decimal import Decimal
+
+import duckdb
+import pyarrow as pa
+
+from rastro_assets.warehouse.connection import register_arrow, transaction
+from rastro_assets.warehouse.errors import SpendInputError
+
+# The name of the (ad_account_id, day) view a rebuild covers, spelled out in the SQL below.
+SCOPE = "spend_scope"
+
+
+@dataclass(frozen=True)
+class DaySummary:
+    spend: Decimal
+    rows: int
+
+
+def rebuild_site_spend(
+    con: duckdb.DuckDBPyConnection,
+    ad_account_id: str,
+    days: Iterable[date] | None = None,
+    *,
+    site_ids: Iterable[str] | None = None,
+) -> None:
+    """Bring `site_spend_daily` back to the exact sums of `ad_spend_daily`.
+
+    Covers every site linking the account (or only those of `site_ids` that
+    link it) on `days` (every day either table has for the account when
+    None). A site-day with no ad rows ends with no row.
+    """
+    with transaction(con):
+        if days is None:
+            found = con.execute(
+                """
+                SELECT DISTINCT day FROM ad_spend_daily WHERE ad_account_id = ?
+                UNION SELECT DISTINCT day FROM site_spend_daily WHERE ad_account_id = ?
+                """,
+                [ad_account_id, ad_account_id],
+            ).fetchall()
+            days = [row[0] for row in found]
+        linked = con.execute(
+            "SELECT site_id FROM site_ad_accounts WHERE ad_account_id = ? ORDER BY site_id",
+            [ad_account_id],
+        ).fetchall()
+        sites = [row[0] for row in linked]
+        if site_ids is not None:
+            wanted = set(site_ids)
+            sites = [site for site in sites if site in wanted]
+        day_list = sorted(set(days))
+        if not (day_list and sites):
+            return
+        scope = pa.table({
+            "ad_account_id": pa.array([ad_account_id] * len(day_list), pa.string()),
+            "day": pa.array(day_list, pa.date32()),
+        })
+        register_arrow(con, SCOPE, scope)
+        try:
+            replace_site_spend(con, [ad_account_id], day_list[0], day_list[-1], sites=sites)
+        finally:
+            with suppress(duckdb.TransactionException):  # an aborted transaction drops it
+                con.unregister(SCOPE)
+
+
+def replace_site_spend(
+    con: duckdb.DuckDBPyConnection,
+    accounts: list[str],
+    first: date,
+    last: date,
+    *,
+    sites: list[str] | None = None,
+) -> dict[str, dict[date, DaySummary]]:
+    """Delete then re-insert the site rows of every account-day in the `SCOPE` view.
+
+    Runs inside the caller's transaction, with `SCOPE` registered. `accounts`
+    and `first`..`last` bound the scope, so DuckDB can skip row groups;
+    `sites` narrows the rebuild to those sites (every site linking the
+    account when None). The per-day totals inserted come back per account
+    through RETURNING (`ad_rows` counts the ad rows summed), which spares the
+    writer a separate query for its per-day summary.
+
+    Raises:
+        SpendInputError: a site-day's sum does not fit its column's type.
+    """
+    params = {"accounts": accounts, "first": first, "last": last, "sites": sites}
+    con.execute(
+        f"""
+        DELETE FROM site_spend_daily USING {SCOPE} s
+        WHERE site_spend_daily.ad_account_id = s.ad_account_id AND site_spend_daily.day = s.day
+          AND list_contains($accounts::VARCHAR[], site_spend_daily.ad_account_id)
+          AND site_spend_daily.day BETWEEN $first AND $last
+          AND ($sites::VARCHAR[] IS NULL OR list_contains($sites::VARCHAR[], site_id))
+        """,
+        params,
+    )
+    try:
+        inserted = con.execute(
+            f"""
+            INSERT INTO site_spend_daily (site_id, ad_account_id, day, spend, impressions,
+                                          clicks, conversations, ad_rows)
+            SELECT l.site_id, sums.*
+            FROM (
+                SELECT {_SITE_SUMS}
+                FROM ad_spend_daily
+                JOIN {SCOPE} USING (ad_account_id, day)
+                WHERE list_contains($accounts::VARCHAR[], ad_account_id)
+                  AND day BETWEEN $first AND $last
+                GROUP BY ad_account_id, day
+            ) sums
+            JOIN site_ad_accounts l USING (ad_account_id)
+            WHERE $sites::VARCHAR[] IS NULL OR list_contains($sites::VARCHAR[], l.site_id)
+            RETURNING site_id, ad_account_id, day, spend, ad_rows
+            """,
+            params,
+        ).fetchall()
+    except duckdb.InvalidInputException as exc:
+        message = str(exc)
+        if _OVERFLOW_MARK not in message:
+            raise
+        raise SpendInputError(message.split(_OVERFLOW_MARK, 1)[1]) from None
+    # Every site linking an account gets the same sums: report the first site's.
+    first_site: dict[str, str] = {}
+    for site_id, account, _, _, _ in inserted:
+        if site_id < first_site.get(account, "\uffff"):
+            first_site[account] = site_id
+    summaries: dict[str, dict[date, DaySummary]] = {}
+    for site_id, account, day, spend, ad_rows in inserted:
+        if site_id == first_site[account]:
+            summaries.setdefault(account, {})[day] = DaySummary(spend, int(ad_rows))
+    return summaries
+
+
+# DuckDB sums DECIMAL(18,4) as DECIMAL(38,4) and BIGINT as HUGEINT, so a day of
+# rows that each fit can still sum past `site_spend_daily`'s types. The check
+# rides in the insert itself: `error()` names the day and the figure, where
+# the cast would only say "out of range".
+_OVERFLOW_MARK = "site sum overflow: "
+_SPEND_SUM_RANGE = "-99999999999999.9999::DECIMAL(38,4) AND 99999999999999.9999::DECIMAL(38,4)"
+_COUNT_SUM_RANGE = "-9223372036854775808::HUGEINT AND 9223372036854775807::HUGEINT"
+
+
+def _checked_sum(column: str, allowed: str) -> str:
+    return (
+        f"CASE WHEN sum({column}) NOT BETWEEN {allowed}"
+        f" THEN error('{_OVERFLOW_MARK}' || ad_account_id || ' on ' || day::VARCHAR"
+        f" || ': the {column} of its ads sums to ' || sum({column})::VARCHAR"
+        f" || ', more than site_spend_daily.{column} holds')"
+        f" ELSE sum({column}) END"
+    )
+
+
+# A day's sums for `site_spend_daily`, each checked against its column's type.
+_SITE_SUMS = ", ".join([
+    "ad_account_id, day",
+    _checked_sum("spend", _SPEND_SUM_RANGE),
+    *(_checked_sum(name, _COUNT_SUM_RANGE) for name in ("impressions", "clicks", "conversations")),
+    "count(*)",
+])

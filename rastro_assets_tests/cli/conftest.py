@@ -1,0 +1,72 @@
+"""One way to run `rastro` in-process, and one way to check its usage errors."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Collection, Mapping
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from rastro_assets import cli
+from rastro_assets.cli.context import Context
+from rastro_assets.timekeeping import fixed_clock
+
+Rastro = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def rastro_environ(duckdb_path: Path) -> Mapping[str, str]:
+    """The environment every run sees (a module overrides this fixture to change it)."""
+    return {"RASTRO_DUCKDB_PATH": str(duckdb_path)}
+
+
+@pytest.fixture
+def never_printed() -> Collection[str]:
+    """Secrets no run may print on stdout or stderr (a module overrides this with its own)."""
+    return ()
+
+
+@pytest.fixture
+def rastro(
+    rastro_environ: Mapping[str, str], never_printed: Collection[str], now: datetime
+) -> Rastro:
+    """Run `rastro ARGS` in-process; (exit code, stdout, stderr).
+
+    `stdin` is what the command reads, `at` the instant its clock shows (the
+    pinned `now` by default), and `environ` adds to or overrides `rastro_environ`,
+    read at the call.
+    """
+
+    def run(
+        *args: str,
+        stdin: str = "",
+        at: datetime = now,
+        environ: Mapping[str, str] | None = None,
+    ) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        ctx = Context(
+            environ={**rastro_environ, **(environ or {})},
+            stdin=io.StringIO(stdin),
+            stdout=out,
+            stderr=err,
+            clock=fixed_clock(at),
+        )
+        code = cli.run(list(args), ctx)
+        for secret in never_printed:
+            assert secret not in out.getvalue() + err.getvalue()
+        return code, out.getvalue(), err.getvalue()
+
+    return run
+
+
+def assert_usage_error(result: tuple[int, str, str], *fragments: str) -> str:
+    """Exit 2, nothing on stdout, one `rastro: error:` line holding every fragment; the line."""
+    code, out, err = result
+    assert (code, out) == (2, ""), (out, err)
+    [line] = err.splitlines()
+    assert line.startswith("rastro: error: ")
+    for fragment in fragments:
+        assert fragment in line, line
+    return line
