@@ -478,18 +478,24 @@ def is_live_mark(run: SyncRun, started_on: date) -> bool:
 
 def is_daily_mark(run: SyncRun, started_on: date) -> bool:
     """A live mark that also read the catalog and the trailing `DAILY_DAYS`."""
-    return (
-        is_live_mark(run, started_on)
-        and run.catalog
-        and run.since <= started_on - timedelta(days=DAILY_DAYS - 1)
-    )
+    return is_live_mark(run, started_on) and _reads_daily(run, started_on)
 
 
 def is_weekly_mark(run: SyncRun, started_on: date) -> bool:
     """A live mark that also read the trailing `WEEKLY_DAYS`."""
-    return is_live_mark(run, started_on) and run.since <= started_on - timedelta(
-        days=WEEKLY_DAYS - 1
-    )
+    return is_live_mark(run, started_on) and _reads_weekly(run, started_on)
+
+
+_DAILY_SPAN = timedelta(days=DAILY_DAYS - 1)
+_WEEKLY_SPAN = timedelta(days=WEEKLY_DAYS - 1)
+
+
+def _reads_daily(run: SyncRun, started_on: date) -> bool:
+    return run.catalog and run.since <= started_on - _DAILY_SPAN
+
+
+def _reads_weekly(run: SyncRun, started_on: date) -> bool:
+    return run.since <= started_on - _WEEKLY_SPAN
 
 
 def _owed(
@@ -556,11 +562,13 @@ def _owed(
         if run.since is None or run.until is None:
             continue
         started_on = local(run.started_at)
+        # The sensors plan every account each tick: the daily and weekly rules are
+        # checked only on a live mark, once (is_daily_mark, is_weekly_mark).
         if is_live_mark(run, started_on):
             live_mark = run.started_at
-            if is_daily_mark(run, started_on):
+            if _reads_daily(run, started_on):
                 daily_mark = run.started_at
-            if is_weekly_mark(run, started_on):
+            if _reads_weekly(run, started_on):
                 weekly_mark = run.started_at
     slot = daily_slot(today, state.timezone)
     resync_owed = daily_mark is None or daily_mark < slot
