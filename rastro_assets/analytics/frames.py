@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from rastro_assets.settings import DEFAULT_DUCKDB_PATH, Settings
+from rastro_assets.settings import Settings
 
 if TYPE_CHECKING:
     import polars as pl
@@ -230,9 +230,9 @@ class Snapshot:
         *,
         environ: Mapping[str, str] | None = None,
     ) -> None:
-        env = dict(os.environ if environ is None else environ)
-        self.path = Path(path) if path is not None else Path(Settings.from_env(env).snapshot_path)
-        self.pipeline_path = env.get("RASTRO_DUCKDB_PATH") or DEFAULT_DUCKDB_PATH
+        settings = Settings.from_env(dict(os.environ if environ is None else environ))
+        self.path = Path(path) if path is not None else Path(settings.snapshot_path)
+        self.pipeline_path = settings.duckdb_path
 
     def __repr__(self) -> str:
         return f"Snapshot({str(self.path)!r})"

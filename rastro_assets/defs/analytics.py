@@ -13,18 +13,13 @@ import dagster as dg
 
 from rastro_assets.defs.publishing import ANALYTICS_SNAPSHOT, snapshot_metadata
 from rastro_assets.defs.resources import RastroResource
+from rastro_assets.defs.sensors import IN_FLIGHT_STATUSES, SENSOR_LOCK_WAIT_SECONDS
 from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, OWNERS, SITE_SPEND_DAILY
 from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS
 from rastro_assets.warehouse.connection import WarehouseLocked
 
 PUBLISH_TAG = "rastro/publish"
 PUBLISHER_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 60
-IN_FLIGHT = [
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-]
 
 
 @dg.asset(
@@ -72,13 +67,13 @@ publish_snapshot_job = dg.define_asset_job(
 )
 def analytics_publisher_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
     in_flight = context.instance.get_runs(
-        filters=dg.RunsFilter(statuses=IN_FLIGHT, tags={PUBLISH_TAG: "true"}), limit=1
+        filters=dg.RunsFilter(statuses=IN_FLIGHT_STATUSES, tags={PUBLISH_TAG: "true"}), limit=1
     )
     if in_flight:
         return dg.SkipReason("a publish is already queued or running")
     publisher = rastro.publisher()
     warehouse = publisher.warehouse
-    warehouse.lock_wait_seconds = 20.0
+    warehouse.lock_wait_seconds = SENSOR_LOCK_WAIT_SECONDS
     try:
         with warehouse.connect() as con:
             state = publisher.state(con)

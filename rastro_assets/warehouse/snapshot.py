@@ -163,12 +163,9 @@ def _create_stage(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(f"CREATE SCHEMA {STAGE}.publisher")
     con.execute(f"CREATE TABLE {STAGE}.publisher.format (version INTEGER)")
     con.execute(f"INSERT INTO {STAGE}.publisher.format VALUES (?)", [FORMAT_VERSION])
-    # The syncs whose writes the staging file holds, as they were when copied.
+    # One hash per finished sync whose writes the staging file holds.
     con.execute(f"CREATE TABLE {STAGE}.publisher.applied_runs (h UBIGINT)")
-    for table, columns in _COPIED.items():
-        con.execute(
-            f"CREATE TABLE {STAGE}.main.{table} AS SELECT {columns} FROM main.{table} LIMIT 0"
-        )
+    # The copied tables themselves are built whole by the first `_apply` (`_rebuild`).
     con.execute(
         f"CREATE TABLE {STAGE}.main.snapshot_info"
         " (published_at TIMESTAMPTZ, format_version INTEGER, note VARCHAR)"
