@@ -52,7 +52,7 @@ def account_today() -> date:
 
 def backfill_blocks(days: int = 90, block: int = 30) -> list[tuple[date, date]]:
     """The 90 days up to the account's today as the Dagster backfill runs them (30-day runs)."""
-    from rastro_assets.cadence import split_blocks
+    from rastro_assets.planner.cadence import split_blocks
 
     today = account_today()
     return split_blocks(today - timedelta(days=days - 1), today, block)
@@ -203,7 +203,7 @@ def linked_warehouse(directory: str | os.PathLike, sites: tuple[str, ...] = SITE
 def make_syncer(warehouse, base_url: str, transport_factory=None, page_size: int = 500):
     """A Syncer reaching `base_url` with a fixed clock at NOW (one new transport a client)."""
     from rastro_assets.meta.client import MetaClient
-    from rastro_assets.sync import Syncer
+    from rastro_assets.sync.syncer import Syncer
     from rastro_assets.timekeeping import fixed_clock
 
     def client(token: str) -> MetaClient:
@@ -216,7 +216,7 @@ def make_syncer(warehouse, base_url: str, transport_factory=None, page_size: int
 
 def run_backfill(syncer, blocks: list[tuple[date, date]], tag: str = "bench"):
     """Each block through `Syncer.sync`, as the backfill's runs do; the outcomes."""
-    from rastro_assets.sync import SyncRequest
+    from rastro_assets.sync.types import SyncRequest
 
     outcomes = []
     for index, (since, until) in enumerate(blocks):

@@ -81,8 +81,8 @@ def breakdown(base_url: str, blocks) -> None:
 
     import duckdb
 
-    from rastro_assets import sync
     from rastro_assets.meta import insights, session
+    from rastro_assets.sync import account, syncer
     from rastro_assets.warehouse import connection
 
     spent: dict[str, float] = {}
@@ -100,10 +100,10 @@ def breakdown(base_url: str, blocks) -> None:
     patches = [
         (session.GraphSession, "_once", "HTTP request + decode + usage headers"),
         (insights, "read_insights_page", nested),
-        (insights, "parse_insight_table", "parse pages json.loads decoded (Arrow)"),
-        (sync, "write_spend", "write_spend"),
-        (sync, "upsert_names_from_spend", "upsert_names_from_spend (catalog.py)"),
-        (sync.Syncer, "_catalog_after_spend", "catalog after spend (catalog_sync)"),
+        (insights, "parse_insight_table", "parse pages json.loads decoded (per-row reference)"),
+        (account, "write_spend_many", "write_spend_many"),
+        (account, "upsert_spend_names", "upsert_spend_names (catalog.py)"),
+        (syncer.Syncer, "catalog_after_spend", "catalog after spend (sync/catalog.py)"),
         (connection.duckdb, "connect", "duckdb.connect (opening the file)"),
     ]
     with contextlib.ExitStack() as stack:

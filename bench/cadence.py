@@ -43,8 +43,9 @@ from zoneinfo import ZoneInfo
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rastro_assets import cadence  # noqa: E402
 from rastro_assets.defs.wave import LIVE_RECORD_BLOCK_MINUTES  # noqa: E402
+from rastro_assets.planner import cadence  # noqa: E402
+from rastro_assets.planner.state import AccountState, SyncRun  # noqa: E402
 from rastro_assets.timekeeping import local_date  # noqa: E402
 
 TIMEZONES = [
@@ -64,11 +65,11 @@ START = datetime(2026, 11, 30, 0, 0, tzinfo=UTC)
 WAVE_SECONDS_PER_ACCOUNT = 0.05  # wall time a wave holds the cadence (4 syncs at once)
 
 
-def backfilled_state(index: int, now: datetime) -> cadence.AccountState:
+def backfilled_state(index: int, now: datetime) -> AccountState:
     timezone = TIMEZONES[index % len(TIMEZONES)]
     linked = now - timedelta(days=2)
     today = local_date(linked, timezone)
-    backfill = cadence.SyncRun(
+    backfill = SyncRun(
         run_id=f"b{index}",
         kind="backfill",
         since=today - timedelta(days=89),
@@ -78,7 +79,7 @@ def backfilled_state(index: int, now: datetime) -> cadence.AccountState:
         outcome="ok",
         catalog=True,
     )
-    return cadence.AccountState(
+    return AccountState(
         ad_account_id=f"act_{index + 1}",
         timezone=timezone,
         linked_at=linked,
@@ -124,7 +125,7 @@ def meta_calls(plan: cadence.Plan) -> int:
 def simulate(n_accounts: int, hours: int = 48) -> dict:
     """Tick the planner over `hours`; report the last 24 hours (a steady day)."""
     states = [backfilled_state(index, START) for index in range(n_accounts)]
-    runs: list[list[cadence.SyncRun]] = [list(state.runs) for state in states]
+    runs: list[list[SyncRun]] = [list(state.runs) for state in states]
     steady_from = START + timedelta(hours=hours - 24)
     next_check = [START] * n_accounts
     waves = 0
@@ -151,7 +152,7 @@ def simulate(n_accounts: int, hours: int = 48) -> dict:
                 wave_number += 1
                 busy_until = now + timedelta(seconds=len(due) * WAVE_SECONDS_PER_ACCOUNT)
                 for index, plan in due:
-                    run = cadence.SyncRun(
+                    run = SyncRun(
                         run_id=f"w{wave_number}",
                         kind=plan.kind,
                         since=plan.since,
@@ -163,7 +164,7 @@ def simulate(n_accounts: int, hours: int = 48) -> dict:
                     )
                     runs[index].append(run)
                     next_check[index] = now
-                    states[index] = cadence.AccountState(
+                    states[index] = AccountState(
                         **{**states[index].__dict__, "runs": runs[index]}
                     )
                     if now >= steady_from:

@@ -4,7 +4,7 @@
 sites) in one call, with reconciliation (deletions from complete days) and the site aggregate,
 over a warehouse already holding those days: 3% of the rows changed, 2% gone from the new read
 (deleted), 2% new (inserted). Timed from the Arrow table the client hands it (the
-`InsightsChunk.table` that `parse_insight_table` builds from Meta's pages, 500 rows a page;
+`InsightsChunk.table` that `read_insights_page` reads from Meta's pages, 500 rows a page;
 bench/backfill.py times that parsing) to the commit, so its checks of the table are included.
 
 The floor: a bare `INSERT INTO t SELECT <the six spend columns> FROM incoming` of the same Arrow
@@ -101,15 +101,21 @@ def as_pages(rows, page_size: int = 500):
 
 
 def parsed_table(rows, days):
-    """The chunk table the client builds from the rows' pages."""
+    """The chunk table the client builds from the rows' pages, read from their bytes."""
+    import json
+
     import pyarrow as pa
 
-    from rastro_assets.meta.insights_parse import parse_insight_table
+    from rastro_assets.meta.insights_parse import read_insights_page
     from rastro_assets.meta.models import insight_table
 
-    table = pa.concat_tables(
-        [parse_insight_table(page, days[0], days[-1]) for page in as_pages(rows)]
-    )
+    pages = [
+        read_insights_page(json.dumps({"data": page}).encode(), days[0], days[-1])
+        for page in as_pages(rows)
+    ]
+    if any(page is None for page in pages):
+        raise SystemExit("the byte reader refused a plain page")
+    table = pa.concat_tables([page.table for page in pages])
     if not table.equals(insight_table(rows)):
         raise SystemExit("the parsed pages differ from the rows")
     return table

@@ -25,6 +25,7 @@ from pathlib import Path
 import duckdb
 
 from rastro_assets.meta.fake.world import DEMO_TOKEN, FakeWorld
+from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault, generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
@@ -114,7 +115,9 @@ def prepare(
 def _demo_token_stored(con: duckdb.DuckDBPyConnection, vault: Vault) -> bool:
     """Whether the demo connection is active and `vault` opens its token as the demo token."""
     connection = registry.get_connection(con, DEMO_CONNECTION)
-    if connection is None or connection.status != registry.ACTIVE or not connection.sealed_token:
+    if connection is None or not connection.sealed_token:
+        return False
+    if connection.status != ConnectionStatus.ACTIVE:
         return False
     try:
         return vault.open(DEMO_CONNECTION, connection.sealed_token) == DEMO_TOKEN

@@ -48,6 +48,13 @@ class PlanKind(StrEnum):
     PAUSED = "paused"
 
 
+class ConnectionStatus(StrEnum):
+    """Whether a connection's token may be used (`meta_connections.status`)."""
+
+    ACTIVE = "active"
+    INVALID = "invalid"  # Meta refused it: every account it serves pauses
+
+
 class AccountHealth(StrEnum):
     """How an account is doing (`rastro status`'s `state`)."""
 

@@ -122,7 +122,7 @@ def syncer(warehouse: Warehouse, linked_world, fake_clock, secrets_key):
     """A Syncer reaching the fake in-process, with retries that do not sleep."""
     from rastro_assets.meta.client import MetaClient
     from rastro_assets.meta.fake.app import FakeGraphTransport
-    from rastro_assets.sync import Syncer
+    from rastro_assets.sync.syncer import Syncer
 
     def client(token: str) -> MetaClient:
         return MetaClient(

@@ -11,6 +11,7 @@ import pytest
 
 from rastro_assets import demo
 from rastro_assets.meta.fake import DEMO_TOKEN, FakeWorld
+from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
@@ -81,7 +82,7 @@ def test_prepare_links_the_fake_worlds_accounts(paths: demo.DemoPaths, now):
         assert account.created_at == now
     assert len({account.timezone for account in accounts}) == 3
     assert len({account.currency for account in accounts}) == 3
-    assert connection.status == registry.ACTIVE
+    assert connection.status == ConnectionStatus.ACTIVE
     vault = Vault.from_env({ENV_VAR: env[ENV_VAR]})
     assert vault.open(demo.DEMO_CONNECTION, connection.sealed_token) == DEMO_TOKEN
     assert DEMO_TOKEN.encode() not in paths.duckdb.read_bytes()
@@ -109,7 +110,7 @@ def test_a_paused_demo_connection_is_revived(paths: demo.DemoPaths, now):
         )
     demo.prepare(paths, now=now + timedelta(minutes=1), environ={})
     with Warehouse(paths.duckdb).connect(read_only=True) as con:
-        assert registry.get_connection(con, demo.DEMO_CONNECTION).status == registry.ACTIVE
+        assert registry.get_connection(con, demo.DEMO_CONNECTION).status == ConnectionStatus.ACTIVE
 
 
 def test_run_prepares_then_execs_dagster_dev(paths: demo.DemoPaths, monkeypatch, capsys):

@@ -2,9 +2,14 @@
 
 - Only `defs/` and `definitions.py` import Dagster (the CLI may reach `defs`
   lazily, as the top layer).
-- `meta/` imports nothing of ours above the leaves (settings, time, vault);
-  `warehouse/` nothing above `meta/` and the shared vocabulary.
+- The pure core is layered (`LAYERS`): `meta/` imports only the leaves (the
+  root modules of settings, time, vault, shared vocabulary, account ids and
+  the spend schema); `warehouse/` adds `meta/`; `planner/` and `sync/` add
+  `warehouse/`; none of them the analytics, the CLI or `defs/`.
+- Within `sync/`, the spend and the catalog know nothing of each other: the
+  syncer chains them.
 - No import circle, counting imports inside functions and for type checking.
+- No test module imports another (shared pieces live in helper modules).
 """
 
 from __future__ import annotations
@@ -12,18 +17,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "rastro_assets"
 
-LEAVES = {"settings", "timekeeping", "vault", "outcomes"}
+LEAVES = {"settings", "timekeeping", "vault", "outcomes", "accounts", "spend_schema"}
 DAGSTER_ALLOWED = ("rastro_assets.defs", "rastro_assets.definitions")
-
-# Imports that break a rule today and move with the `planner/` and `sync/` packages of
-# issue 14; listed so no new one appears. Each is (importer, imported).
-KNOWN_UPWARD = {
-    ("rastro_assets.warehouse.runs", "rastro_assets.cadence"),
-    ("rastro_assets.warehouse.retention", "rastro_assets.cadence"),
-}
-KNOWN_CIRCLES = [{"rastro_assets.sync", "rastro_assets.catalog_sync"}]
 
 
 def module_name(path: Path) -> str:
@@ -48,7 +47,7 @@ def imports_of(path: Path) -> set[str]:
             else:
                 module = node.module or ""
             found.add(module)
-            # `from rastro_assets import cadence` names a module too.
+            # `from rastro_assets.planner import cadence` names a module too.
             found.update(f"{module}.{alias.name}" for alias in node.names)
     return found
 
@@ -81,25 +80,55 @@ def test_only_defs_import_dagster():
     assert offenders == set()
 
 
-def test_meta_and_warehouse_import_no_higher_layer():
-    leaves = {f"rastro_assets.{leaf}" for leaf in LEAVES}
+# What each layer of the pure core may import of ours, besides the leaves.
+LAYERS = {
+    "rastro_assets.meta": ("rastro_assets.meta",),
+    "rastro_assets.warehouse": ("rastro_assets.warehouse", "rastro_assets.meta"),
+    "rastro_assets.planner": (
+        "rastro_assets.planner", "rastro_assets.warehouse", "rastro_assets.meta"
+    ),
+    "rastro_assets.sync": ("rastro_assets.sync", "rastro_assets.warehouse", "rastro_assets.meta"),
+}
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_a_layer_imports_nothing_above_it(layer):
+    allowed = (*LAYERS[layer], *(f"rastro_assets.{leaf}" for leaf in LEAVES))
+    wrong = {
+        (module, target)
+        for module, targets in graph().items()
+        if is_in(module, layer)
+        for target in targets
+        if not is_in(target, *allowed) and target != "rastro_assets"
+    }
+    assert wrong == set()
+
+
+def test_the_syncer_alone_chains_the_catalog_after_the_spend():
+    edges = graph()
+    assert "rastro_assets.sync.catalog" not in edges["rastro_assets.sync.account"]
+    assert "rastro_assets.sync.account" not in edges["rastro_assets.sync.catalog"]
+
+
+def test_no_test_module_imports_another():
+    tests = Path(__file__).resolve().parent
     wrong = set()
-    for module, targets in graph().items():
-        if is_in(module, "rastro_assets.meta"):
-            allowed = lambda target: is_in(target, "rastro_assets.meta", *leaves)  # noqa: E731
-        elif is_in(module, "rastro_assets.warehouse"):
-            allowed = lambda target: is_in(  # noqa: E731
-                target, "rastro_assets.warehouse", "rastro_assets.meta", *leaves
-            )
-        else:
-            continue
-        wrong |= {
-            (module, target)
-            for target in targets
-            if not allowed(target) and target != "rastro_assets"
-        }
-    assert wrong - KNOWN_UPWARD == set()
-    assert wrong >= KNOWN_UPWARD, "a known exception is gone: remove it from KNOWN_UPWARD"
+    for path in tests.rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            wrong |= {
+                (path.name, name)
+                for name in names
+                if name.startswith("rastro_assets_tests.")
+                and name.rpartition(".")[2].startswith("test_")
+            }
+    assert wrong == set()
 
 
 def test_no_import_circles():
@@ -136,5 +165,4 @@ def test_no_import_circles():
     for node in sorted(edges):
         if node not in index:
             visit(node)
-    unknown = [circle for circle in circles if circle not in KNOWN_CIRCLES]
-    assert unknown == []
+    assert circles == []

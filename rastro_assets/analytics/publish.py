@@ -32,11 +32,11 @@ from pathlib import Path
 import duckdb
 
 from rastro_assets.analytics.status import status_table
+from rastro_assets.planner.history import planned_accounts
 from rastro_assets.settings import Settings
 from rastro_assets.timekeeping import Clock, system_clock
 from rastro_assets.warehouse import snapshot
 from rastro_assets.warehouse.connection import Warehouse
-from rastro_assets.warehouse.runs import planned_accounts
 
 
 class PublishError(Exception):

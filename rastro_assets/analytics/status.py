@@ -7,9 +7,9 @@ from datetime import datetime
 
 import pyarrow as pa
 
-from rastro_assets import cadence
+from rastro_assets.planner import cadence
+from rastro_assets.planner.history import PlannedAccount
 from rastro_assets.timekeeping import local_date
-from rastro_assets.warehouse.runs import PlannedAccount
 from rastro_assets.warehouse.snapshot import STATUS_SCHEMA
 
 

@@ -1,7 +1,7 @@
 """`rastro sync-now`, `rastro status` and `rastro plan`: the cadence, seen from a shell.
 
-All three ask the planner the sensors use (`rastro_assets.cadence`), over the
-same state (`warehouse.runs.planned_accounts`), so what they print is what the
+All three ask the planner the sensors use (`rastro_assets.planner`), over the
+same state (`planner.history.planned_accounts`), so what they print is what the
 daemon does. `status` and `plan` only read: they open the warehouse read-only
 for as long as one query takes, and a warehouse that does not exist yet is an
 empty list, not a new file.
@@ -15,11 +15,12 @@ import os
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
-from rastro_assets import cadence
+from rastro_assets.accounts import normalize_account_id
 from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
+from rastro_assets.planner import cadence
+from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.timekeeping import zone
 from rastro_assets.warehouse import registry
-from rastro_assets.warehouse.runs import PlannedAccount, planned_accounts
 
 NO_VALUE = "-"
 MAX_ERROR_CHARS = 60
@@ -41,7 +42,7 @@ def add_sync_now(subparsers: Subparsers) -> None:
 
 
 def _sync_now(args: argparse.Namespace, ctx: Context) -> int:
-    ad_account_id = registry.normalize_account_id(args.ad_account_id)
+    ad_account_id = normalize_account_id(args.ad_account_id)
     warehouse = ctx.warehouse()
     if not os.path.exists(warehouse.path):
         # Nothing is linked in a warehouse that does not exist; do not create it.

@@ -11,8 +11,10 @@ import argparse
 import getpass
 from typing import TYPE_CHECKING
 
+from rastro_assets.accounts import normalize_account_id
 from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
 from rastro_assets.meta.errors import ErrorKind, MetaError
+from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.vault import generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.registry import LinkResult, RegistryError
@@ -93,7 +95,7 @@ def _connect(args: argparse.Namespace, ctx: Context) -> int:
         )
     if before is None:
         ctx.say(f"connection {connection_id} saved")
-    elif before.status != registry.ACTIVE:
+    elif before.status != ConnectionStatus.ACTIVE:
         ctx.say(f"connection {connection_id}: token replaced; {waiting} paused account(s) resume")
     else:
         ctx.say(f"connection {connection_id}: token replaced")
@@ -157,7 +159,7 @@ def add_link(subparsers: Subparsers) -> None:
 
 def _link(args: argparse.Namespace, ctx: Context) -> int:
     site_id = registry.validate_identifier("site id", args.site_id)
-    ad_account_id = registry.normalize_account_id(args.ad_account_id)
+    ad_account_id = normalize_account_id(args.ad_account_id)
     connection_id = registry.validate_identifier("connection id", args.connection)
     timezone = registry.validate_timezone(args.timezone) if args.timezone is not None else None
     currency = registry.normalize_currency(args.currency) if args.currency is not None else None
@@ -247,7 +249,7 @@ def add_unlink(subparsers: Subparsers) -> None:
 
 def _unlink(args: argparse.Namespace, ctx: Context) -> int:
     site_id = registry.validate_identifier("site id", args.site_id)
-    ad_account_id = registry.normalize_account_id(args.ad_account_id)
+    ad_account_id = normalize_account_id(args.ad_account_id)
     with ctx.warehouse().connect() as con:
         purged = registry.unlink_account(con, site_id, ad_account_id)
     if purged:

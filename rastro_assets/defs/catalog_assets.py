@@ -12,36 +12,24 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from rastro_assets.catalog_sync import (
-    CatalogOutcome,
-    CatalogRefused,
-    CatalogSyncer,
-    Preview,
-    ThumbnailOutcome,
-)
+from rastro_assets.accounts import normalize_account_id
 from rastro_assets.defs.partitions import account_partitions
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
-from rastro_assets.meta import make_client
-from rastro_assets.sync import SyncOutcome
-from rastro_assets.warehouse.connection import Warehouse
-from rastro_assets.warehouse.registry import normalize_account_id
+from rastro_assets.sync.types import (
+    CatalogOutcome,
+    CatalogRefused,
+    Preview,
+    SyncOutcome,
+    ThumbnailOutcome,
+)
 
 GROUP = "meta_catalog"
 OWNERS = ["team:data-engineering"]
 
 AD_CATALOG = dg.AssetKey("ad_catalog")
 AD_THUMBNAILS = dg.AssetKey("ad_thumbnails")
-
-
-def catalog_syncer(rastro: RastroResource) -> CatalogSyncer:
-    settings = rastro.settings()
-    return CatalogSyncer(
-        Warehouse(settings.duckdb_path),
-        lambda token: make_client(settings, token),
-        clock=rastro.clock(),
-    )
 
 
 def _account(context: dg.AssetExecutionContext) -> str:
@@ -81,7 +69,7 @@ def ad_catalog(context: dg.AssetExecutionContext, rastro: RastroResource) -> dg.
     """Reads the account's whole catalog from Meta and merges it into `ad_catalog`."""
     account = _account(context)
     try:
-        outcome = catalog_syncer(rastro).sync_catalog(account, full=True, run_id=context.run_id)
+        outcome = rastro.syncer().catalog.sync_catalog(account, full=True, run_id=context.run_id)
     except CatalogRefused as exc:
         raise dg.Failure(description=str(exc)) from None
     if not outcome.ok:
@@ -110,7 +98,7 @@ def ad_thumbnails(
     """Copies every missing or stale thumbnail of the account (at most 300 a run)."""
     account = _account(context)
     try:
-        outcome = catalog_syncer(rastro).sync_thumbnails(account, run_id=context.run_id)
+        outcome = rastro.syncer().catalog.sync_thumbnails(account, run_id=context.run_id)
     except CatalogRefused as exc:
         raise dg.Failure(description=str(exc)) from None
     if not outcome.ok:

@@ -4,12 +4,12 @@ from datetime import date
 
 import dagster as dg
 
-from rastro_assets import cadence
 from rastro_assets.defs.partitions import spend_partitions
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, SITE_SPEND_DAILY
+from rastro_assets.planner import cadence
+from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.warehouse.audit import site_spend_mismatches
-from rastro_assets.warehouse.runs import PlannedAccount, planned_accounts
 
 MAX_SHOWN_MISMATCHES = 20
 

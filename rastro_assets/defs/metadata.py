@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import dagster as dg
 
-from rastro_assets.sync import SyncOutcome
+from rastro_assets.sync.types import SyncOutcome
 
 CHART_WIDTH = 24
 

@@ -11,7 +11,7 @@ from datetime import date
 
 import dagster as dg
 
-from rastro_assets.warehouse.registry import normalize_account_id
+from rastro_assets.accounts import normalize_account_id
 
 ACCOUNT_PARTITIONS_NAME = "meta_ad_account"
 FIRST_DATE = "2024-01-01"

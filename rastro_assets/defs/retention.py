@@ -13,9 +13,9 @@ import dagster as dg
 
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, SITE_SPEND_DAILY
+from rastro_assets.planner.retention import prune_sync_runs
 from rastro_assets.settings import RETENTION
 from rastro_assets.warehouse.connection import WarehouseLocked
-from rastro_assets.warehouse.retention import prune_sync_runs
 
 RETENTION_SENSOR_SECONDS = RETENTION.sensor_seconds
 RUN_RETENTION = RETENTION.runs

@@ -12,7 +12,6 @@ from collections.abc import Iterable
 
 import dagster as dg
 
-from rastro_assets import cadence
 from rastro_assets.defs.checks import freshness_evaluation
 from rastro_assets.defs.dagster_private import (
     AssetGraphSubset,
@@ -32,10 +31,11 @@ from rastro_assets.defs.spend_assets import (
     SYNC_KIND_TAG,
 )
 from rastro_assets.defs.wave import WAVE_TAG, sync_wave_job
+from rastro_assets.planner import cadence
+from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS
 from rastro_assets.timekeeping import days_between
 from rastro_assets.warehouse.connection import WarehouseLocked
-from rastro_assets.warehouse.runs import PlannedAccount, planned_accounts
 
 ACCOUNTS_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 30
 CADENCE_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 60

@@ -14,7 +14,7 @@ from rastro_assets.defs.metadata import spend_metadata
 from rastro_assets.defs.partitions import account_date_ranges, spend_partition_key, spend_partitions
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.sync import SyncOutcome, SyncRefused, SyncRequest
+from rastro_assets.sync.types import SyncOutcome, SyncRefused, SyncRequest
 from rastro_assets.timekeeping import days_between
 
 GROUP = "meta_spend"

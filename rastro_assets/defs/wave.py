@@ -12,12 +12,12 @@ from datetime import date
 
 import dagster as dg
 
-from rastro_assets import cadence
 from rastro_assets.defs.catalog_assets import catalog_materializations
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend_assets import materializations
-from rastro_assets.sync import SyncOutcome, SyncRequest
+from rastro_assets.planner import cadence
+from rastro_assets.sync.types import SyncOutcome, SyncRequest
 from rastro_assets.timekeeping import zone
 
 WAVE_TAG = "rastro/wave"

@@ -16,6 +16,7 @@ from datetime import date
 
 import httpx
 
+from rastro_assets.accounts import normalize_account_id
 from rastro_assets.meta.errors import UNKNOWN_ALIAS_CODE, MetaError
 from rastro_assets.meta.insights import InsightsReader
 from rastro_assets.meta.models import (
@@ -39,16 +40,7 @@ AD_FIELDS = (
 ACCOUNT_FIELDS = "name,currency,timezone_name,timezone_offset_hours_utc,account_status"
 MAX_IDS_PER_CALL = 50
 
-_ACCOUNT_RE = re.compile(r"^(?:act_)?(\d+)$")
 _AD_ID_RE = re.compile(r"^\d+$")
-
-
-def normalize_account_id(ad_account_id: str) -> str:
-    """`act_<digits>` from `act_<digits>` or bare digits; ValueError otherwise."""
-    match = _ACCOUNT_RE.match(str(ad_account_id).strip())
-    if not match:
-        raise ValueError(f"not an ad account id: {ad_account_id!r:.40} (want act_<digits>)")
-    return f"act_{match.group(1)}"
 
 
 class MetaClient:

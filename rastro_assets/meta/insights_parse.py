@@ -1,16 +1,18 @@
 """Meta's insights pages into `INSIGHT_SCHEMA` tables, along two paths.
 
-1. Arrow: an HTTP 200 body is read from its bytes by pyarrow's JSON reader
-   (`read_insights_page`), or, when the reader refuses the bytes, the page
-   `json.loads` decoded is converted by `pa.array` (`parse_insight_table`);
-   either way `_plain_rows` checks every row with compute kernels.
-2. The checked per-row reference, `parse_insight_row`, for any page the Arrow
-   path is not sure of: it states every field rule and words every refusal.
+1. The byte reader, `read_insights_page`: an HTTP 200 body is read from its
+   bytes by pyarrow's JSON reader, and `_plain_rows` checks every row with
+   compute kernels. It reads the plain pages Meta sends and refuses (None)
+   any page it is not sure of.
+2. The checked per-row reference, `parse_insight_row`, for a page the byte
+   reader refuses: `parse_insight_table` takes the page `json.loads` decoded
+   row by row through it. It states every field rule and words every refusal.
 
-The Arrow path gives exactly what the reference gives, or refuses the page
-(the differential tests in `rastro_assets_tests/meta/test_parse_rows.py` and
-`test_parse_bytes.py` hold it to that). Every check raises `MalformedResponse`
-with a message naming the field, never echoing a whole body.
+The byte reader gives exactly what the reference gives, or refuses the page
+(the differential tests in `rastro_assets_tests/meta/test_insights_parse_bytes.py`
+hold it to that; `test_insights_parse.py` and `test_insights_parse_rows.py`
+state the reference's rules). Every check raises `MalformedResponse` with a
+message naming the field, never echoing a whole body.
 """
 
 from __future__ import annotations
@@ -27,21 +29,21 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from rastro_assets.meta.errors import MalformedResponse
-from rastro_assets.meta.models import (
-    INSIGHT_SCHEMA,
-    SPEND_QUANTUM,
-    SPEND_TYPE,
-    InsightRow,
-    insight_table,
-)
+from rastro_assets.meta.models import INSIGHT_SCHEMA, InsightRow, insight_table
 from rastro_assets.meta.values import int_or_none, text, valid_text
+from rastro_assets.spend_schema import (
+    COUNT_MAX,
+    COUNT_TYPE,
+    SPEND_INTEGER_DIGITS,
+    SPEND_QUANTUM,
+    SPEND_SCALE,
+    SPEND_TYPE,
+)
 
 MESSAGING_CONVERSATION_ACTION = "onsite_conversion.messaging_conversation_started_7d"
 
-# What the warehouse holds: BIGINT counts, DECIMAL(18,4) spend. A figure
-# beyond them is refused here, with the field named, rather than by the writer.
-MAX_COUNT = 2**63 - 1
-SPEND_DIGITS = 14  # integer digits DECIMAL(18,4) leaves
+# A figure beyond what the warehouse holds (`spend_schema`) is refused here,
+# with the field named, rather than by the writer.
 
 
 def _count(obj: Mapping[str, Any], key: str, what: str) -> int:
@@ -51,7 +53,7 @@ def _count(obj: Mapping[str, Any], key: str, what: str) -> int:
     number = int_or_none(value)
     if number is None or number < 0:
         raise MalformedResponse(f"{what} has a {key!r} that is not a whole count: {value!r:.40}")
-    if number > MAX_COUNT:
+    if number > COUNT_MAX:
         raise MalformedResponse(
             f"{what} has a {key!r} too large for a 64-bit integer: {value!r:.40}"
         )
@@ -68,7 +70,7 @@ def parse_spend(value: Any, what: str) -> Decimal:
         except (InvalidOperation, ValueError):
             raise MalformedResponse(f"{what} has a non-numeric spend: {value!r:.40}") from None
         if spend.is_finite():
-            if spend.adjusted() >= SPEND_DIGITS:
+            if spend.adjusted() >= SPEND_INTEGER_DIGITS:
                 raise MalformedResponse(
                     f"{what} has a spend too large for DECIMAL(18,4): {value!r:.40}"
                 )
@@ -100,7 +102,7 @@ def _conversations(row: Mapping[str, Any], what: str) -> int:
                 f"{action.get('value')!r:.40}"
             )
         total += value
-    if total > MAX_COUNT:
+    if total > COUNT_MAX:
         raise MalformedResponse(
             f"{what} has more messaging conversations than a 64-bit integer holds"
         )
@@ -153,23 +155,18 @@ def parse_insight_row(row: Any, since: date, until: date) -> InsightRow:
     )
 
 
-# A page as `json.loads` decodes it, with every value the columnar parser reads
-# as a string. Keys not named here are ignored; any other type of value makes
-# `pa.array` refuse the page, which then takes the per-row reference.
+# The row fields the byte reader reads, every one as a string (and the actions).
 _RAW_ACTION = pa.struct([("action_type", pa.string()), ("value", pa.string())])
 _ROW_TEXTS = (
     "ad_id", "date_start", "date_stop", "spend", "impressions", "clicks",
     "ad_name", "adset_id", "adset_name", "campaign_id", "campaign_name",
 )
-_RAW_ROW = pa.struct(
-    [(name, pa.string()) for name in _ROW_TEXTS] + [("actions", pa.list_(_RAW_ACTION))]
-)
 # The spend strings `parse_spend` accepts that a cast reads to the same value.
 # Its other spellings (" 1.5", "1e3", "+2", leading zeros past 14 digits) are
 # rare enough to leave to the per-row reference. RE2: `$` is the end of the text.
-_PLAIN_SPEND = r"^-?[0-9]{1,14}(\.[0-9]{1,4})?$"
+_PLAIN_SPEND = rf"^-?[0-9]{{1,{SPEND_INTEGER_DIGITS}}}(\.[0-9]{{1,{SPEND_SCALE}}})?$"
 _NULL_TEXT = pa.scalar(None, pa.string())
-_ZERO = pa.array([0], pa.int64())
+_ZERO = pa.array([0], COUNT_TYPE)
 
 # An insights body as Meta sends it, every key it may hold named. The reader
 # refuses any other key (at any depth, "error" included), a duplicated key,
@@ -207,29 +204,24 @@ class InsightsPage:
 def parse_insight_table(raw_rows: Any, since: date, until: date) -> pa.Table:
     """A page's `data`, as `json.loads` decodes it, as an `INSIGHT_SCHEMA` table in page order.
 
-    A plain page (what Meta sends: objects whose fields are strings, counts of
-    decimal digits, a spend with at most 4 decimals, ISO days inside the range)
-    is converted by Arrow in bulk and checked with compute kernels, as
-    `read_insights_page` does: no Python runs per row. Any other page, even
-    with one odd row, goes whole through `parse_insight_row`, the checked
-    reference, so its values and every error are the ones that gives.
+    The reference: every row, in order, goes through `parse_insight_row`, so
+    the values and every error are the ones it gives. The client takes this
+    path only for a body `read_insights_page` refuses; what that reads from
+    the bytes is what this gives for the decoded page.
     """
-    table = _plain_page(raw_rows, since, until)
-    if table is None:
-        table = insight_table([parse_insight_row(raw, since, until) for raw in raw_rows])
-    return table
+    return insight_table([parse_insight_row(raw, since, until) for raw in raw_rows])
 
 
 def read_insights_page(body: bytes, since: date, until: date) -> InsightsPage | None:
     """An HTTP 200 insights body read straight from its bytes, when that is sure to be exact.
 
     Arrow's JSON reader parses the bytes in C++ without the GIL and without
-    building Python objects; the rows then take `parse_insight_table`'s bulk
-    checks. None (read the body with `json.loads` and `parse_insight_table`,
-    as always) for anything that is not plain: a body that is not one JSON
-    object starting with `{`, any key or type outside `_BODY_SCHEMA`, a duplicated
-    key, invalid UTF-8, a lone surrogate, a null or odd row. What comes back is
-    then what the `json.loads` path would give.
+    building Python objects; `_plain_rows` then checks the rows with compute
+    kernels, no Python per row. None (read the body with `json.loads` and the
+    per-row reference, `parse_insight_table`) for anything that is not plain:
+    a body that is not one JSON object starting with `{`, any key or type
+    outside `_BODY_SCHEMA`, a duplicated key, invalid UTF-8, a lone surrogate,
+    a null or odd row. What comes back is then what the reference gives.
     """
     # `json` guesses UTF-16/32 from NULs in the first four bytes and skips a BOM.
     if body[:1] != b"{" or b"\x00" in body[:4] or len(body) >= _MAX_BODY_BYTES:
@@ -258,23 +250,10 @@ def read_insights_page(body: bytes, since: date, until: date) -> InsightsPage | 
     return InsightsPage(table, paging.get("next"), cursors.get("after"))
 
 
-def _plain_page(raw_rows: Any, since: date, until: date) -> pa.Table | None:
-    """The page's table when every row is plain, else None."""
-    if raw_rows.__class__ is not list:
-        return None
-    if not raw_rows:
-        return INSIGHT_SCHEMA.empty_table()
-    try:
-        raw = pa.array(raw_rows, _RAW_ROW)
-    except (pa.ArrowException, ValueError, TypeError, OverflowError):
-        return None
-    return _plain_rows(raw, since, until)
-
-
 def _plain_rows(raw: pa.StructArray, since: date, until: date) -> pa.Table | None:
     """The rows' table when every row is plain, else None (the caller reads them in Python).
 
-    `raw` holds at least `_RAW_ROW`'s fields, as strings (and a list of actions).
+    `raw` holds at least `_ROW_TEXTS` as strings and `actions` as a list of `_RAW_ACTION`.
     """
     if not len(raw):
         return INSIGHT_SCHEMA.empty_table()
@@ -334,7 +313,7 @@ def _plain_count(texts: pa.StringArray) -> pa.Array | None:
         texts = texts.fill_null("0")
     if not _all_true(pc.ascii_is_decimal(texts)):
         return None
-    return texts.cast(pa.int64())
+    return texts.cast(COUNT_TYPE)
 
 
 def _plain_conversations(actions: pa.ListArray) -> pa.Array | None:
@@ -356,7 +335,7 @@ def _plain_conversations(actions: pa.ListArray) -> pa.Array | None:
     if not _all_true(pc.ascii_is_decimal(counted)):
         return None
     per_entry = pc.replace_with_mask(
-        pa.repeat(_ZERO[0], len(entries)), messaging, counted.cast(pa.int64())
+        pa.repeat(_ZERO[0], len(entries)), messaging, counted.cast(COUNT_TYPE)
     )
     # A row's total is the difference of the running sums at its list's bounds.
     running = pa.concat_arrays([_ZERO, pc.cumulative_sum_checked(per_entry)])

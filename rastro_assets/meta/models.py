@@ -10,6 +10,14 @@ from operator import attrgetter
 
 import pyarrow as pa
 
+from rastro_assets.spend_schema import (
+    COUNT_MAX,
+    COUNT_TYPE,
+    SPEND_LIMIT,
+    SPEND_QUANTUM,
+    SPEND_TYPE,
+)
+
 CreativeType = str  # 'video' | 'image' | 'carousel' | 'other'
 # Every effective status an ad can have: the catalog and insights ask for all of them.
 EFFECTIVE_STATUSES = (
@@ -26,11 +34,6 @@ EFFECTIVE_STATUSES = (
     "PREAPPROVED",
     "WITH_ISSUES",
 )
-
-# What the warehouse holds: DECIMAL(18,4) spend, BIGINT counts.
-SPEND_TYPE = pa.decimal128(18, 4)
-SPEND_QUANTUM = Decimal("0.0001")
-SPEND_LIMIT = Decimal(10) ** 14  # DECIMAL(18,4) leaves 14 integer digits
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +76,9 @@ INSIGHT_SCHEMA = pa.schema(
         ("ad_id", pa.string()),
         ("day", pa.date32()),
         ("spend", SPEND_TYPE),
-        ("impressions", pa.int64()),
-        ("clicks", pa.int64()),
-        ("conversations", pa.int64()),
+        ("impressions", COUNT_TYPE),
+        ("clicks", COUNT_TYPE),
+        ("conversations", COUNT_TYPE),
         ("ad_name", pa.string()),
         ("adset_id", pa.string()),
         ("adset_name", pa.string()),
@@ -126,7 +129,7 @@ def first_unrepresentable(rows: Sequence[InsightRow]) -> str | None:
             return f"{where}: spend {spend} is too large for DECIMAL(18,4)"
         for figure in ("impressions", "clicks", "conversations"):
             value = getattr(row, figure)
-            if isinstance(value, bool) or not isinstance(value, int) or value.bit_length() > 63:
+            if isinstance(value, bool) or not isinstance(value, int) or abs(value) > COUNT_MAX:
                 return f"{where}: {figure} {value!r} is not a 64-bit integer"
     return None
 

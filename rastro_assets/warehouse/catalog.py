@@ -55,18 +55,22 @@ _NAMES_SCHEMA = pa.schema(INSIGHT_SCHEMA.field(name) for name in ("ad_id", "day"
 # out" and keeps the stored value. The thumbnail URL belongs to its creative:
 # when the creative changed, the new creative's URL (or its absence) replaces
 # the old one, so a stale URL is never downloaded under the new creative's id.
-_MERGE = """
-    MERGE INTO ad_catalog c
-    USING (SELECT *, ?::VARCHAR AS ad_account_id, ?::TIMESTAMPTZ AS updated_at FROM incoming_ads) i
-    ON c.ad_id = i.ad_id
-    WHEN MATCHED AND (?::BOOLEAN OR c.ad_account_id IS NULL OR c.ad_account_id = i.ad_account_id)
-    THEN UPDATE SET
+# What a read's names do to a stored ad, in both merges: a name Meta left out
+# keeps the stored one.
+_NAMES_SET = """
         ad_account_id = i.ad_account_id,
         ad_name = coalesce(i.ad_name, c.ad_name),
         adset_id = coalesce(i.adset_id, c.adset_id),
         adset_name = coalesce(i.adset_name, c.adset_name),
         campaign_id = coalesce(i.campaign_id, c.campaign_id),
-        campaign_name = coalesce(i.campaign_name, c.campaign_name),
+        campaign_name = coalesce(i.campaign_name, c.campaign_name)"""
+_MERGE = f"""
+    MERGE INTO ad_catalog c
+    USING (SELECT *, ?::VARCHAR AS ad_account_id, ?::TIMESTAMPTZ AS updated_at FROM incoming_ads) i
+    ON c.ad_id = i.ad_id
+    WHEN MATCHED AND (?::BOOLEAN OR c.ad_account_id IS NULL OR c.ad_account_id = i.ad_account_id)
+    THEN UPDATE SET
+        {_NAMES_SET},
         ad_status = coalesce(i.ad_status, c.ad_status),
         creative_type = coalesce(i.creative_type, c.creative_type),
         creative_id = coalesce(i.creative_id, c.creative_id),
@@ -311,12 +315,7 @@ _NAMES_MERGE = f"""
     ON c.ad_id = i.ad_id
     WHEN MATCHED AND {_TOUCHED}
     THEN UPDATE SET
-        ad_account_id = i.ad_account_id,
-        ad_name = coalesce(i.ad_name, c.ad_name),
-        adset_id = coalesce(i.adset_id, c.adset_id),
-        adset_name = coalesce(i.adset_name, c.adset_name),
-        campaign_id = coalesce(i.campaign_id, c.campaign_id),
-        campaign_name = coalesce(i.campaign_name, c.campaign_name),
+        {_NAMES_SET},
         updated_at = i.updated_at
     WHEN NOT MATCHED THEN INSERT
         (ad_id, ad_account_id, ad_name, adset_id, adset_name, campaign_id, campaign_name,

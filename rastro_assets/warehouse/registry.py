@@ -15,12 +15,11 @@ from enum import StrEnum
 
 import duckdb
 
+from rastro_assets.accounts import normalize_account_id
+from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.timekeeping import zone
 from rastro_assets.warehouse.connection import in_transaction, transaction
 from rastro_assets.warehouse.site_spend import rebuild_site_spend
-
-ACTIVE = "active"
-INVALID = "invalid"
 
 MAX_IDENTIFIER_CHARS = 128
 MARK_CONFLICT_ATTEMPTS = 5
@@ -28,7 +27,6 @@ MARK_CONFLICT_ATTEMPTS = 5
 RESTATED_INVALID = "the connection's token is invalid"
 MARK_CONFLICT_PAUSE_SECONDS = 0.01
 
-_ACCOUNT_ID = re.compile(r"(?:act_)?([0-9]+)")
 _CURRENCY = re.compile(r"[A-Z]{3}")
 _IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]*")
 
@@ -45,7 +43,7 @@ class LinkResult(StrEnum):
 @dataclass(frozen=True)
 class Connection:
     connection_id: str
-    status: str
+    status: ConnectionStatus
     sealed_token: bytes | None = field(repr=False)
     sealed_at: datetime | None
     invalid_since: datetime | None
@@ -64,17 +62,6 @@ class LinkedAccount:
     sites: tuple[str, ...]
     connection_status: str | None
     connection_sealed_at: datetime | None
-
-
-def normalize_account_id(raw: str) -> str:
-    """`act_<digits>` or bare digits, as `act_<digits>`; ValueError otherwise."""
-    text = raw.strip() if isinstance(raw, str) else ""
-    match = _ACCOUNT_ID.fullmatch(text)
-    if match is None:
-        raise ValueError(
-            f"ad account id {raw!r} is not act_<digits> or bare digits (for example act_1234567890)"
-        )
-    return f"act_{match[1]}"
 
 
 def normalize_currency(raw: str) -> str:
@@ -147,7 +134,7 @@ def save_connection(
                 sealed_token = excluded.sealed_token, sealed_at = excluded.sealed_at,
                 updated_at = excluded.updated_at
             """,
-            [connection_id, ACTIVE, sealed_token, now, now, now],
+            [connection_id, ConnectionStatus.ACTIVE, sealed_token, now, now, now],
         )
 
 
@@ -165,7 +152,7 @@ def get_connection(con: duckdb.DuckDBPyConnection, connection_id: str) -> Connec
 def _connection(row: tuple) -> Connection:
     return Connection(
         connection_id=row[0],
-        status=row[1],
+        status=ConnectionStatus(row[1]),
         sealed_token=bytes(row[2]) if row[2] is not None else None,
         sealed_at=row[3],
         invalid_since=row[4],
@@ -211,6 +198,7 @@ def mark_connection_invalid(
     if token_sealed_at is None:
         return False
     attempts = 1 if in_transaction(con) else MARK_CONFLICT_ATTEMPTS
+    invalid = ConnectionStatus.INVALID
     for attempt in range(1, attempts + 1):
         try:
             with transaction(con):
@@ -225,7 +213,7 @@ def mark_connection_invalid(
                         updated_at = ?
                     WHERE connection_id = ? AND sealed_at = ?
                     """,
-                    [INVALID, now, INVALID, message, message, RESTATED_INVALID, message, now,
+                    [invalid, now, invalid, message, message, RESTATED_INVALID, message, now,
                      connection_id, token_sealed_at],
                 ).fetchone()
             return bool(row and row[0])

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import duckdb
 
+from rastro_assets.spend_schema import COUNT_SQL, SPEND_SQL
+
 
 @dataclass(frozen=True)
 class Migration:
@@ -60,28 +62,28 @@ _V1 = (
         PRIMARY KEY (site_id, ad_account_id)
     )
     """,
-    """
+    f"""
     CREATE TABLE IF NOT EXISTS ad_spend_daily (
         ad_account_id VARCHAR NOT NULL,
         ad_id VARCHAR NOT NULL,
         day DATE NOT NULL,
-        spend DECIMAL(18, 4) NOT NULL,
-        impressions BIGINT NOT NULL,
-        clicks BIGINT NOT NULL,
-        conversations BIGINT NOT NULL,
+        spend {SPEND_SQL} NOT NULL,
+        impressions {COUNT_SQL} NOT NULL,
+        clicks {COUNT_SQL} NOT NULL,
+        conversations {COUNT_SQL} NOT NULL,
         synced_at TIMESTAMPTZ NOT NULL,
         PRIMARY KEY (ad_account_id, ad_id, day)
     )
     """,
-    """
+    f"""
     CREATE TABLE IF NOT EXISTS site_spend_daily (
         site_id VARCHAR NOT NULL,
         ad_account_id VARCHAR NOT NULL,
         day DATE NOT NULL,
-        spend DECIMAL(18, 4) NOT NULL,
-        impressions BIGINT NOT NULL,
-        clicks BIGINT NOT NULL,
-        conversations BIGINT NOT NULL,
+        spend {SPEND_SQL} NOT NULL,
+        impressions {COUNT_SQL} NOT NULL,
+        clicks {COUNT_SQL} NOT NULL,
+        conversations {COUNT_SQL} NOT NULL,
         ad_rows BIGINT,
         PRIMARY KEY (site_id, ad_account_id, day)
     )

@@ -17,6 +17,7 @@ from decimal import Decimal
 import duckdb
 import pyarrow as pa
 
+from rastro_assets.spend_schema import COUNT_MAX, COUNT_MIN, SPEND_MAX
 from rastro_assets.warehouse.connection import register_arrow, transaction
 from rastro_assets.warehouse.errors import SpendInputError
 
@@ -149,8 +150,8 @@ def replace_site_spend(
 # rides in the insert itself: `error()` names the day and the figure, where
 # the cast would only say "out of range".
 _OVERFLOW_MARK = "site sum overflow: "
-_SPEND_SUM_RANGE = "-99999999999999.9999::DECIMAL(38,4) AND 99999999999999.9999::DECIMAL(38,4)"
-_COUNT_SUM_RANGE = "-9223372036854775808::HUGEINT AND 9223372036854775807::HUGEINT"
+_SPEND_SUM_RANGE = f"-{SPEND_MAX}::DECIMAL(38,4) AND {SPEND_MAX}::DECIMAL(38,4)"
+_COUNT_SUM_RANGE = f"{COUNT_MIN}::HUGEINT AND {COUNT_MAX}::HUGEINT"
 
 
 def _checked_sum(column: str, allowed: str) -> str:

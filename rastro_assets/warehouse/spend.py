@@ -22,12 +22,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rastro_assets.meta.models import (
-    INSIGHT_SCHEMA,
-    SPEND_LIMIT,
-    InsightRow,
-    first_unrepresentable,
-)
+from rastro_assets.meta.models import INSIGHT_SCHEMA, InsightRow, first_unrepresentable
+from rastro_assets.spend_schema import SPEND_LIMIT
 from rastro_assets.warehouse.connection import register_arrow, transaction
 from rastro_assets.warehouse.errors import (
     AccountNotLinked,

@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 
 from rastro_assets.analytics.publish import Publisher
-from rastro_assets.sync import SyncRequest
+from rastro_assets.sync.types import SyncRequest
 
 WEEK = (date(2026, 11, 24), date(2026, 11, 30))
 

@@ -20,7 +20,7 @@ from rastro_assets.analytics.frames import (
 )
 from rastro_assets.analytics.publish import Publisher
 from rastro_assets.meta.fake.world import Figures
-from rastro_assets.sync import SyncRequest
+from rastro_assets.sync.types import SyncRequest
 from rastro_assets.warehouse import registry
 from rastro_assets_tests.analytics.helpers import WEEK, publish_week
 

@@ -13,7 +13,7 @@ import pytest
 
 from rastro_assets.analytics.publish import Publisher, PublishError
 from rastro_assets.meta.fake.world import Figures
-from rastro_assets.sync import SyncRequest
+from rastro_assets.sync.types import SyncRequest
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.snapshot import ANALYST_TABLES
 from rastro_assets_tests.analytics.analyst import Analyst

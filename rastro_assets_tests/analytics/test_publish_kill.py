@@ -29,7 +29,7 @@ import pytest
 
 from rastro_assets.analytics.publish import Publisher
 from rastro_assets.meta.fake.world import Figures
-from rastro_assets.sync import SyncRequest
+from rastro_assets.sync.types import SyncRequest
 from rastro_assets.warehouse.connection import register_arrow
 from rastro_assets_tests.analytics._publish_child import POINTS
 from rastro_assets_tests.analytics.analyst import Analyst

@@ -16,7 +16,7 @@ from rastro_assets.defs.catalog_assets import (
     catalog_materializations,
     preview_markdown,
 )
-from rastro_assets.sync import SyncRequest
+from rastro_assets.sync.types import SyncRequest
 from rastro_assets_tests.conftest import TOKEN
 from rastro_assets_tests.defs.conftest import TODAY
 
@@ -122,7 +122,7 @@ def test_a_daily_spend_sync_yields_catalog_events(syncer, linked_world):
 
 
 def test_the_preview_is_small_and_escapes_names():
-    from rastro_assets.catalog_sync import Preview
+    from rastro_assets.sync.types import Preview
 
     image = b"\x89PNG\r\n\x1a\nabc"
     text = preview_markdown([Preview("1", "Sale ](x) | 50%", "image/png", image)])

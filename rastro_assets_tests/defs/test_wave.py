@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
 from rastro_assets.defs.wave import sync_wave_job
-from rastro_assets.warehouse.runs import sync_runs_by_account
+from rastro_assets.planner.history import sync_runs_by_account
 from rastro_assets_tests.conftest import NOW
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.truth import assert_equals_truth

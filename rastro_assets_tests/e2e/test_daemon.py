@@ -20,15 +20,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rastro_assets import cadence
 from rastro_assets.analytics.publish import Publisher
 from rastro_assets.meta.fake.server import serve
 from rastro_assets.meta.fake.world import FakeWorld
+from rastro_assets.planner import cadence
+from rastro_assets.planner.history import planned_accounts
 from rastro_assets.timekeeping import local_date
 from rastro_assets.vault import Vault
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
-from rastro_assets.warehouse.runs import planned_accounts
 from rastro_assets_tests.analytics.analyst import Analyst
 from rastro_assets_tests.conftest import TOKEN
 from rastro_assets_tests.truth import assert_equals_truth

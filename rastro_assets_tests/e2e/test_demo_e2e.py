@@ -31,10 +31,10 @@ from typing import TypeVar
 import duckdb
 import pytest
 
-from rastro_assets import cadence
 from rastro_assets.demo import DEMO_LINKS, DEMO_SITES
 from rastro_assets.meta.fake.world import FakeWorld
-from rastro_assets.warehouse.runs import planned_accounts
+from rastro_assets.planner import cadence
+from rastro_assets.planner.history import planned_accounts
 
 pytestmark = [
     pytest.mark.slow,

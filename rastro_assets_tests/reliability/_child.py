@@ -22,7 +22,8 @@ from datetime import date, datetime
 
 def _sync(args: argparse.Namespace) -> int:
     from rastro_assets.meta.client import MetaClient
-    from rastro_assets.sync import Syncer, SyncRequest
+    from rastro_assets.sync.syncer import Syncer
+    from rastro_assets.sync.types import SyncRequest
     from rastro_assets.timekeeping import fixed_clock
     from rastro_assets.warehouse.connection import Warehouse
 
@@ -69,9 +70,10 @@ class _StallAfterDelete:
 
 
 def _stall(args: argparse.Namespace) -> int:
-    from rastro_assets import sync
     from rastro_assets.meta.fake.world import MutableClock
-    from rastro_assets.sync import Syncer, SyncRequest
+    from rastro_assets.sync import account
+    from rastro_assets.sync.syncer import Syncer
+    from rastro_assets.sync.types import SyncRequest
     from rastro_assets.warehouse.connection import Warehouse
     from rastro_assets_tests.conftest import TOKEN
     from rastro_assets_tests.reliability.helpers import build_world, client_factory, perturb
@@ -80,12 +82,12 @@ def _stall(args: argparse.Namespace) -> int:
     world = build_world(clock, TOKEN)
     since, until = date.fromisoformat(args.since), date.fromisoformat(args.until)
     perturb(world, args.account, since, until)
-    real_write = sync.write_spend
+    real_write = account.write_spend_many
 
     def stalling_write(con, *write_args, **kwargs):
         return real_write(_StallAfterDelete(con), *write_args, **kwargs)
 
-    sync.write_spend = stalling_write
+    account.write_spend_many = stalling_write
     syncer = Syncer(Warehouse(args.db), client_factory(world), clock=clock)
     outcome = syncer.sync(SyncRequest(args.account, since, until, kind="manual",
                                       run_id=args.run_id))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rastro_assets.meta.client import MetaClient
 from rastro_assets.meta.fake.world import Figures
-from rastro_assets.sync import Syncer
+from rastro_assets.sync.syncer import Syncer
 from rastro_assets.timekeeping import days_between
 from rastro_assets.warehouse.connection import Warehouse
 

@@ -28,13 +28,15 @@ from hypothesis import strategies as st
 
 from rastro_assets import cli
 from rastro_assets.meta.client import MetaClient
-from rastro_assets.meta.models import SPEND_TYPE, InsightRow, InsightsChunk, insight_table
-from rastro_assets.sync import Syncer, SyncRequest
+from rastro_assets.meta.models import InsightRow, InsightsChunk, insight_table
+from rastro_assets.planner.history import sync_runs_by_account
+from rastro_assets.spend_schema import SPEND_TYPE
+from rastro_assets.sync.syncer import Syncer
+from rastro_assets.sync.types import SyncRequest
 from rastro_assets.timekeeping import days_between
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse, transaction
-from rastro_assets.warehouse.runs import sync_runs_by_account
 from rastro_assets.warehouse.spend import write_spend
 from rastro_assets_tests.conftest import NOW, TOKEN
 from rastro_assets_tests.insight_rows import chunk_from_rows

@@ -24,13 +24,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rastro_assets import cadence
 from rastro_assets.meta.fake.app import FakeGraphTransport
 from rastro_assets.meta.fake.world import FakeWorld
-from rastro_assets.sync import Syncer, SyncRequest
+from rastro_assets.planner import cadence
+from rastro_assets.planner.history import planned_accounts, sync_runs_by_account
+from rastro_assets.sync.syncer import Syncer
+from rastro_assets.sync.types import SyncRequest
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse, WarehouseLocked
-from rastro_assets.warehouse.runs import planned_accounts, sync_runs_by_account
 from rastro_assets_tests.conftest import NOW, TOKEN
 from rastro_assets_tests.reliability.helpers import (
     check_integrity,

@@ -31,12 +31,13 @@ from rastro_assets.meta.fake.world import (
     FakeWorld,
     MutableClock,
 )
-from rastro_assets.sync import Syncer, SyncOutcome, SyncRequest
+from rastro_assets.planner.history import sync_runs_by_account
+from rastro_assets.sync.syncer import Syncer
+from rastro_assets.sync.types import SyncOutcome, SyncRequest
 from rastro_assets.timekeeping import days_between
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
-from rastro_assets.warehouse.runs import sync_runs_by_account
 from rastro_assets_tests.conftest import NOW, TOKEN
 from rastro_assets_tests.reliability.helpers import (
     build_world,

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from rastro_assets import cadence
 from rastro_assets.meta.fake.world import MutableClock
-from rastro_assets.sync import SyncRequest
-from rastro_assets.warehouse.runs import planned_accounts, sync_runs_by_account
+from rastro_assets.planner import cadence
+from rastro_assets.planner.history import planned_accounts, sync_runs_by_account
+from rastro_assets.sync.types import SyncRequest
 from rastro_assets_tests.conftest import NOW, TOKEN
 from rastro_assets_tests.reliability.helpers import (
     build_world,

@@ -23,13 +23,13 @@ import duckdb
 import pytest
 
 from rastro_assets import cli
-from rastro_assets.catalog_sync import CatalogSyncer
 from rastro_assets.defs.catalog_assets import ad_catalog, ad_thumbnails
 from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, spend_partition_key
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend_assets import meta_spend
 from rastro_assets.meta.fake.world import FakeWorld, MutableClock
-from rastro_assets.sync import SyncRequest
+from rastro_assets.sync.catalog import CatalogSyncer
+from rastro_assets.sync.types import SyncRequest
 from rastro_assets.vault import ENV_VAR, Vault
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse

@@ -50,22 +50,6 @@ def spend(con, account: str, now: datetime, *rows: tuple[str, date, str]) -> Non
 # validation ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("raw", "expected"),
-    [("act_123", "act_123"), ("123", "act_123"), (" act_9 ", "act_9"), ("0042", "act_0042")],
-)
-def test_account_ids_normalize(raw: str, expected: str):
-    assert registry.normalize_account_id(raw) == expected
-
-
-@pytest.mark.parametrize(
-    "raw", ["", " ", "act_", "act_12|2026-11-30", "act_1 2", "ACT_1", "act_-1", "1.5", "act_1x"]
-)
-def test_bad_account_ids_are_refused(raw: str):
-    with pytest.raises(ValueError, match="is not act_<digits> or bare digits"):
-        registry.normalize_account_id(raw)
-
-
 @pytest.mark.parametrize(("raw", "expected"), [("usd", "USD"), ("BRL", "BRL"), (" jpy ", "JPY")])
 def test_currencies_normalize(raw: str, expected: str):
     assert registry.normalize_currency(raw) == expected

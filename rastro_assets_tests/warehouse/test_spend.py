@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rastro_assets.meta.models import SPEND_TYPE, InsightRow, UnrepresentableRow, insight_table
+from rastro_assets.meta.models import InsightRow, UnrepresentableRow, insight_table
+from rastro_assets.spend_schema import SPEND_TYPE
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse, transaction
 from rastro_assets.warehouse.errors import AccountNotLinked
@@ -23,12 +24,7 @@ from rastro_assets_tests.warehouse.assertions import (
     spend_rows,
     synced_at,
 )
-
-D1, D2, D3 = date(2026, 11, 27), date(2026, 11, 28), date(2026, 11, 29)
-
-
-def row(ad: str, day: date, spend: str, impressions: int = 100, clicks: int = 3, convs: int = 1):
-    return InsightRow(ad, day, Decimal(spend), impressions, clicks, convs)
+from rastro_assets_tests.warehouse.spend_reads import D1, D2, D3, DAYS, ad_days, row
 
 
 def write(con, rows, *, days=None, complete=None, at: datetime, account: str = "act_1"):
@@ -338,17 +334,6 @@ def test_rebuild_repairs_a_damaged_site_table(con, now, linked_account):
 
 # a model of the writer, against random sequences of reads ----------------------
 
-ADS = ["a1", "a2", "a3", "a4"]
-DAYS = [D1, D2, D3]
-
-spends = st.decimals(
-    min_value=Decimal("0"), max_value=Decimal("99999999.9999"), places=4, allow_nan=False
-)
-ad_days = st.dictionaries(
-    st.tuples(st.sampled_from(ADS), st.sampled_from(DAYS)),
-    st.tuples(spends, st.integers(0, 10**9), st.integers(0, 10**6), st.integers(0, 1000)),
-    max_size=12,
-)
 reads = st.tuples(
     st.sets(st.sampled_from(DAYS), min_size=1), st.sets(st.sampled_from(DAYS)), ad_days
 )

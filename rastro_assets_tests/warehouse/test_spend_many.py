@@ -25,7 +25,7 @@ from rastro_assets_tests.warehouse.assertions import (
     spend_rows,
     synced_at,
 )
-from rastro_assets_tests.warehouse.test_spend import ADS, DAYS, ad_days, row
+from rastro_assets_tests.warehouse.spend_reads import ADS, DAYS, ad_days, row
 
 ACCOUNTS = ["act_1", "act_2", "act_3"]
 AT = datetime(2026, 12, 1, tzinfo=UTC)

@@ -7,7 +7,8 @@ from datetime import UTC, date, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rastro_assets.cadence import SyncRun, _first_missing, covered_days, first_unread_day
+from rastro_assets.planner.cadence import _first_missing, covered_days, first_unread_day
+from rastro_assets.planner.state import SyncRun
 
 BASE = date(2026, 3, 1)
 AT = datetime(2026, 3, 1, tzinfo=UTC)

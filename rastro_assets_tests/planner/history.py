@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 import pyarrow as pa
 
-from rastro_assets import cadence
+from rastro_assets.planner import cadence
 from rastro_assets.timekeeping import local_date
 
 LIVE = timedelta(minutes=45)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -30,10 +30,19 @@ from rastro_assets.outcomes import (
     ERROR_CODES,
     RUN_TIMEOUT_ERROR,
     AccountHealth,
+    ConnectionStatus,
     Outcome,
     PlanKind,
     coded,
 )
+from rastro_assets.planner.marks import (
+    DAILY_DAYS,
+    WEEKLY_DAYS,
+    is_live_mark,
+    reads_daily,
+    reads_weekly,
+)
+from rastro_assets.planner.state import OK, AccountState, SyncRun
 from rastro_assets.timekeeping import days_between, local_date, local_midnight, zone
 
 LIVE_INTERVAL = timedelta(minutes=45)
@@ -47,8 +56,6 @@ BACKFILL_DAYS = 90
 BACKFILL_BLOCK_DAYS = 30
 GAP_AFTER = timedelta(days=27)
 LIVE_DAYS = 2
-DAILY_DAYS = 7
-WEEKLY_DAYS = 28
 DAILY_HOUR = 4
 # Half a day of slack so a weekly that ran at 04:30 is due again at next
 # week's 04:00 slot instead of slipping a whole day.
@@ -59,39 +66,6 @@ TRUNCATED_DAY_TRIES = 3
 
 KINDS = tuple(PlanKind)
 STATES = tuple(AccountHealth)
-OK = Outcome.OK.value  # a plain str: compared with every run the planner reads
-
-
-@dataclass(frozen=True, slots=True)
-class SyncRun:
-    """One `meta_sync_runs` row of an account."""
-
-    run_id: str
-    kind: str
-    since: date | None
-    until: date | None
-    started_at: datetime
-    finished_at: datetime | None
-    outcome: str | None
-    error: str | None = None
-    catalog: bool = False
-    usage_pct: float | None = None
-    regain_at: datetime | None = None
-    incomplete_days: tuple[date, ...] = ()
-
-
-@dataclass(frozen=True)
-class AccountState:
-    """What the planner knows of one linked ad account."""
-
-    ad_account_id: str
-    timezone: str
-    linked_at: datetime
-    connection_status: str
-    connection_error: str | None
-    token_sealed_at: datetime | None
-    sync_requested_at: datetime | None
-    runs: Sequence[SyncRun]
 
 
 @dataclass(frozen=True)
@@ -200,6 +174,18 @@ def _first_instant_from(wall: datetime) -> datetime:
     return datetime.fromtimestamp(high, UTC)
 
 
+def _ok_reads_within(
+    runs: Iterable[SyncRun], since: date, until: date
+) -> Iterator[tuple[SyncRun, date, date]]:
+    """Each ok run that read days of [since, until], with the first and last of them."""
+    for run in runs:
+        if run.outcome != OK or run.since is None or run.until is None:
+            continue
+        first, last = max(run.since, since), min(run.until, until)
+        if first <= last:
+            yield run, first, last
+
+
 def covered_days(runs: Iterable[SyncRun], since: date, until: date) -> set[date]:
     """The days of [since, until] that ok runs have read.
 
@@ -211,12 +197,7 @@ def covered_days(runs: Iterable[SyncRun], since: date, until: date) -> set[date]
     if since > until:
         return covered
     tries: Counter[date] = Counter()
-    for run in runs:
-        if run.outcome != OK or run.since is None or run.until is None:
-            continue
-        first, last = max(run.since, since), min(run.until, until)
-        if first > last:
-            continue
+    for run, first, last in _ok_reads_within(runs, since, until):
         if not run.incomplete_days:
             covered.update(days_between(first, last))
             continue
@@ -257,12 +238,7 @@ def first_unread_day(runs: Sequence[SyncRun], since: date, until: date) -> date 
     needs the sets.
     """
     spans = []
-    for run in runs:
-        if run.outcome != OK or run.since is None or run.until is None:
-            continue
-        first, last = max(run.since, since), min(run.until, until)
-        if first > last:
-            continue
+    for run, first, last in _ok_reads_within(runs, since, until):
         if run.incomplete_days:
             return _first_missing(covered_days(runs, since, until), since, until)
         spans.append((first, last))
@@ -433,7 +409,7 @@ def _assess(state: AccountState, now: datetime) -> _Assessment:
             )
         return _Assessment(owed, progress, last_concluded, last_ok_finished_at)
 
-    if state.connection_status != "active":
+    if state.connection_status != ConnectionStatus.ACTIVE:
         # Every run would fail the same way until `rastro connect` seals a new
         # token; asking Meta again with the dead one only spends quota.
         problem = state.connection_error or "the token is no longer valid"
@@ -459,43 +435,6 @@ def _assess(state: AccountState, now: datetime) -> _Assessment:
     if hold is not None and hold > cadence_due:
         return result(hold, f"{what}; {why}")
     return result(cadence_due, what)
-
-
-# The marks the reference kept on an account (last live, daily and weekly read),
-# each recovered from the run that earned it. `warehouse.runs._MARK_COLUMNS` is the
-# SQL that over-approximates these three rules when it loads the planner's history.
-
-
-def is_live_mark(run: SyncRun, started_on: date) -> bool:
-    """A good read that covered its own local today (`started_on`)."""
-    return (
-        run.outcome == OK
-        and run.since is not None
-        and run.until is not None
-        and run.since <= started_on <= run.until
-    )
-
-
-def is_daily_mark(run: SyncRun, started_on: date) -> bool:
-    """A live mark that also read the catalog and the trailing `DAILY_DAYS`."""
-    return is_live_mark(run, started_on) and _reads_daily(run, started_on)
-
-
-def is_weekly_mark(run: SyncRun, started_on: date) -> bool:
-    """A live mark that also read the trailing `WEEKLY_DAYS`."""
-    return is_live_mark(run, started_on) and _reads_weekly(run, started_on)
-
-
-_DAILY_SPAN = timedelta(days=DAILY_DAYS - 1)
-_WEEKLY_SPAN = timedelta(days=WEEKLY_DAYS - 1)
-
-
-def _reads_daily(run: SyncRun, started_on: date) -> bool:
-    return run.catalog and run.since <= started_on - _DAILY_SPAN
-
-
-def _reads_weekly(run: SyncRun, started_on: date) -> bool:
-    return run.since <= started_on - _WEEKLY_SPAN
 
 
 def _owed(
@@ -566,9 +505,9 @@ def _owed(
         # checked only on a live mark, once (is_daily_mark, is_weekly_mark).
         if is_live_mark(run, started_on):
             live_mark = run.started_at
-            if _reads_daily(run, started_on):
+            if reads_daily(run, started_on):
                 daily_mark = run.started_at
-            if _reads_weekly(run, started_on):
+            if reads_weekly(run, started_on):
                 weekly_mark = run.started_at
     slot = daily_slot(today, state.timezone)
     resync_owed = daily_mark is None or daily_mark < slot

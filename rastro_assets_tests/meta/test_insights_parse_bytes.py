@@ -1,6 +1,7 @@
 """Insights pages read straight from their bytes (Arrow's JSON reader) answer exactly as
-`json.loads` and `parse_insight_table` do: the same table and paging, or, when the byte path
-is unsure, nothing, so the client takes the `json` path and gives that path's answer."""
+`json.loads` and the checked per-row reference (`parse_insight_table`) do: the same table
+and paging, or, when the byte reader is unsure, nothing, so the client takes the reference
+and gives its answer."""
 
 from __future__ import annotations
 
@@ -16,14 +17,16 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from rastro_assets.meta import client as client_module
-from rastro_assets.meta import insights, insights_parse
+from rastro_assets.meta import insights
 from rastro_assets.meta.errors import MetaError
 from rastro_assets.meta.insights_parse import parse_insight_table, read_insights_page
 from rastro_assets.meta.models import INSIGHT_SCHEMA
+from rastro_assets.spend_schema import COUNT_MAX
 from rastro_assets_tests.insight_rows import chunk_rows
 from rastro_assets_tests.meta.conftest import BASE_URL, BRL, JPY, TOKEN, ClientFactory, truth_rows
-from rastro_assets_tests.meta.test_parse_rows import (
+from rastro_assets_tests.meta.insight_pages import (
     MESSAGING,
+    PLAIN_PAGE,
     SINCE,
     UNTIL,
     odd_rows,
@@ -204,7 +207,8 @@ def bodies(draw) -> bytes:
 
 
 def by_json(body: bytes):
-    """The page as the `json` path reads it: (table, next, after), or the refusal."""
+    """The page as the client reads a body the byte reader refuses (`json.loads`, then the
+    per-row reference): (table, next, after), or the refusal."""
     try:
         page = json.loads(body, parse_float=Decimal)
     except (ValueError, RecursionError) as exc:
@@ -226,7 +230,7 @@ def by_json(body: bytes):
 
 
 def assert_same_page(body: bytes) -> bool:
-    """The byte path agrees with the `json` path; True when it read the page itself."""
+    """The byte reader agrees with the reference; True when it read the page itself."""
     page = read_insights_page(body, SINCE, UNTIL)
     if page is None:
         return False
@@ -261,13 +265,45 @@ def plain_bodies(draw) -> bytes:
     return json.dumps(page, ensure_ascii=ensure_ascii, indent=indent).encode()
 
 
+def messaging_total(body: bytes) -> int:
+    return sum(int(action["value"]) for row in json.loads(body)["data"]
+               for action in row.get("actions", ()) if action["action_type"] == MESSAGING)
+
+
 @settings(max_examples=200, deadline=None)
 @given(plain_bodies())
 def test_plain_bodies_are_read_from_their_bytes(body) -> None:
-    # Whenever the bulk checks take the decoded rows (they leave, say, conversations
-    # summing past 64 bits over a page to the per-row path), they take the bytes too.
-    in_bulk = insights_parse._plain_page(json.loads(body)["data"], SINCE, UNTIL) is not None
-    assert assert_same_page(body) == in_bulk, body[:300]
+    # A body as Meta sends it never takes the reference, but for one case the byte
+    # reader leaves to it: messaging conversations summing past 64 bits over the page
+    # (the kernels sum the page's at once; the reference words a row's refusal).
+    read = assert_same_page(body)
+    assert read == (messaging_total(body) <= COUNT_MAX), body[:300]
+
+
+def test_a_plain_page_from_bytes_is_the_references_table() -> None:
+    data = [{**row, "actions": [{key: action[key] for key in ("action_type", "value")}
+                                for action in row.get("actions", ())]} for row in PLAIN_PAGE]
+    body = json.dumps({"data": data, "paging": {"cursors": {"after": "QVFI"}, "next": NEXT}})
+    page = read_insights_page(body.encode(), SINCE, UNTIL)
+    assert page is not None
+    assert page.table.equals(parse_insight_table(data, SINCE, UNTIL))
+    assert (page.next_url, page.after) == (NEXT, "QVFI")
+    empty = read_insights_page(b'{"data":[]}', SINCE, UNTIL)
+    assert empty is not None and empty.table.equals(INSIGHT_SCHEMA.empty_table())
+
+
+@pytest.mark.parametrize("spoilt", [
+    {"spend": "1.23456"}, {"spend": "100000000000000"}, {"spend": "1e3"}, {"spend": " 1"},
+    {"impressions": "9223372036854775808"}, {"impressions": "-1"}, {"clicks": "1.0"},
+    {"ad_id": ""}, {"date_start": "2026-03-04", "date_stop": "2026-03-04"},
+    {"date_stop": "2026-03-02"}, {"date_start": "20260303", "date_stop": "20260303"},
+    {"actions": [{"action_type": MESSAGING, "value": "9223372036854775807"}] * 2},
+    {"actions": [{"action_type": MESSAGING}]},
+])
+def test_the_byte_reader_leaves_odd_rows_to_the_reference(spoilt) -> None:
+    # Refused or read otherwise by the reference: the byte reader never words a refusal.
+    body = json.dumps({"data": [PLAIN_PAGE[1], {**PLAIN_PAGE[1], **spoilt}]}).encode()
+    assert read_insights_page(body, SINCE, UNTIL) is None
 
 
 def test_the_byte_path_refuses_what_json_reads_differently() -> None:

@@ -10,12 +10,12 @@ from datetime import date, timedelta
 
 import pytest
 
-from rastro_assets import catalog_sync
-from rastro_assets.catalog_sync import CatalogRefused, CatalogSyncer
 from rastro_assets.meta.client import MetaClient
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.meta.models import Ad, CallStats, Thumbnail
-from rastro_assets.sync import SyncRequest
+from rastro_assets.sync import catalog as catalog_sync
+from rastro_assets.sync.catalog import CatalogSyncer
+from rastro_assets.sync.types import CatalogRefused, SyncRequest
 from rastro_assets.warehouse import registry
 from rastro_assets_tests.conftest import NOW, TOKEN
 

@@ -8,10 +8,11 @@ from decimal import Decimal
 import pytest
 
 from rastro_assets.meta.fake.world import Figures
-from rastro_assets.sync import SyncRefused, SyncRequest, _SpendWriter
+from rastro_assets.planner.history import sync_runs_by_account
+from rastro_assets.sync import reader
+from rastro_assets.sync.types import SyncRefused, SyncRequest
 from rastro_assets.timekeeping import days_between
 from rastro_assets.warehouse import registry
-from rastro_assets.warehouse.runs import sync_runs_by_account
 from rastro_assets_tests.conftest import TOKEN
 from rastro_assets_tests.truth import assert_equals_truth, stored_rows
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
@@ -192,7 +193,7 @@ def test_an_unexpected_error_ends_the_run_as_a_failure(syncer, warehouse):
 @pytest.fixture
 def small_batches(monkeypatch):
     """Every chunk its own batch, so writes go through the writer thread."""
-    monkeypatch.setattr(_SpendWriter, "FLUSH_ROWS", 1)
+    monkeypatch.setattr(reader, "BATCH_ROWS", 1)
 
 
 def test_batches_written_beside_the_read_equal_meta(

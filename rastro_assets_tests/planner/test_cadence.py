@@ -8,10 +8,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from rastro_assets import cadence
-from rastro_assets.cadence import (
-    AccountState,
-    SyncRun,
+from rastro_assets.outcomes import ERROR_CODES
+from rastro_assets.planner import cadence
+from rastro_assets.planner.cadence import (
     covered_days,
     daily_slot,
     plan,
@@ -19,7 +18,7 @@ from rastro_assets.cadence import (
     split_blocks,
     status,
 )
-from rastro_assets.outcomes import ERROR_CODES
+from rastro_assets.planner.state import AccountState, SyncRun
 
 DAY = timedelta(days=1)
 MIN = timedelta(minutes=1)

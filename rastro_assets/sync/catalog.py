@@ -1,8 +1,8 @@
 """The ad catalog and thumbnails of one account: read Meta, write the warehouse.
 
-Knows nothing of Dagster, like `Syncer`: the `ad_catalog` and `ad_thumbnails`
-assets and the spend sync (after a daily re-sync) call it the same way. The
-token is opened from the vault inside each call and never leaves it.
+The `ad_catalog` and `ad_thumbnails` assets and `Syncer` (after a spend
+sync) call it the same way. The token is opened from the vault inside each
+call and never leaves it.
 
 These reads write no `meta_sync_runs` row: that table is the spend planner's
 state, one row per spend sync, and a catalog read is no spend sync. A dead
@@ -14,24 +14,28 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import islice
 from typing import TypeVar
 
 from rastro_assets.meta.client import MetaClient
 from rastro_assets.meta.errors import ErrorKind, MetaError
-from rastro_assets.meta.models import Ad, Usage
-from rastro_assets.outcomes import Outcome, error_line, outcome_of
-from rastro_assets.sync import ClientFactory
-from rastro_assets.timekeeping import Clock, local_date
-from rastro_assets.vault import SecretsKeyError, Vault
+from rastro_assets.meta.models import Ad
+from rastro_assets.outcomes import ConnectionStatus, Outcome, error_line, outcome_of
+from rastro_assets.sync.types import (
+    CatalogOutcome,
+    CatalogRefused,
+    Preview,
+    ThumbnailOutcome,
+    Wiring,
+)
+from rastro_assets.timekeeping import local_date
+from rastro_assets.vault import SecretsKeyError
 from rastro_assets.warehouse import catalog as store
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse import thumbnails as pictures
-from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.errors import AccountNotLinked
 
 log = logging.getLogger(__name__)
@@ -62,80 +66,12 @@ _QUERY = re.compile(r"\?\S*")
 T = TypeVar("T")
 
 
-class CatalogRefused(ValueError):
-    """The request itself is wrong: the account is not linked to any site."""
-
-
-@dataclass
-class CatalogOutcome:
-    """How one catalog read ended. `error` is the contract's "CODE: message"."""
-
-    ad_account_id: str
-    full: bool
-    outcome: Outcome = Outcome.OK
-    error: str | None = None
-    ads_read: int = 0  # ads Meta answered with
-    added: int = 0
-    renamed: int = 0
-    status_changed: int = 0
-    skipped: int = 0  # filed under another account: left alone
-    asked_by_id: int = 0  # unnamed ads asked for by id (not full)
-    named_ids: list[str] = field(default_factory=list)  # the ads the by-id answer covered
-    total_ads: int = 0  # the account's catalog after a read that wrote (else not counted)
-    api_calls: int = 0
-    usage: Usage = field(default_factory=Usage)
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome == Outcome.OK
-
-
-@dataclass(frozen=True)
-class Preview:
-    ad_id: str
-    ad_name: str | None
-    content_type: str
-    image: bytes = field(repr=False)
-
-
-@dataclass
-class ThumbnailOutcome:
-    """How one thumbnail pass ended. Single images failing leave `outcome` ok."""
-
-    ad_account_id: str
-    outcome: Outcome = Outcome.OK
-    error: str | None = None
-    wanted: int = 0  # missing or stale pictures tried this run (capped)
-    fetched: int = 0  # stored
-    failed: int = 0  # left untouched, retried next run
-    removed: int = 0  # pictures of a replaced creative that has none
-    failures: list[str] = field(default_factory=list)  # the first few reasons, URLs cut
-    preview: list[Preview] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome == Outcome.OK
-
-
 class _Stop(Exception):
     """Ends a call early with the outcome already filled in."""
 
 
-class CatalogSyncer:
+class CatalogSyncer(Wiring):
     """Catalog reads and thumbnail copies against one warehouse and one way to Meta."""
-
-    def __init__(
-        self,
-        warehouse: Warehouse,
-        client_factory: ClientFactory,
-        *,
-        vault_factory: Callable[[], Vault] = Vault.from_env,
-        clock: Clock,
-    ) -> None:
-        self.warehouse = warehouse
-        self.client_factory = client_factory
-        self.vault_factory = vault_factory
-        self.clock = clock
 
     # -- catalog ------------------------------------------------------------------
 
@@ -262,7 +198,7 @@ class CatalogSyncer:
         with self.warehouse.connect() as con:
             _account, connection = self._account(con, ad_account_id)
             # A paused account's rows wait, untouched, for its new token.
-            if connection is not None and connection.status == "active":
+            if connection is not None and connection.status == ConnectionStatus.ACTIVE:
                 result.removed = pictures.drop_orphaned_thumbnails(con, ad_account_id)
             wanted = pictures.wanted_thumbnails(
                 con, ad_account_id, limit=MAX_THUMBNAILS_PER_RUN, only=only_ids
@@ -283,13 +219,10 @@ class CatalogSyncer:
             client.close()
         if not result.preview and result.ok:
             with self.warehouse.connect() as con:
-                result.preview = [
-                    Preview(s.ad_id, s.ad_name, s.content_type, s.image)
-                    for s in pictures.latest_thumbnails(
-                        con, ad_account_id, limit=PREVIEW_COUNT, content_types=PREVIEW_TYPES,
-                        max_bytes=PREVIEW_MAX_BYTES,
-                    )
-                ]
+                result.preview = pictures.latest_thumbnails(
+                    con, ad_account_id, limit=PREVIEW_COUNT, content_types=PREVIEW_TYPES,
+                    max_bytes=PREVIEW_MAX_BYTES,
+                )
         level = logging.WARNING if result.failed else logging.INFO
         log.log(level, "%s thumbnails (run %s): %d wanted, %d fetched, %d failed%s",
                 ad_account_id, run_id, result.wanted, result.fetched, result.failed,
@@ -364,7 +297,7 @@ class CatalogSyncer:
 
     def _client(self, connection, result: CatalogOutcome | ThumbnailOutcome) -> MetaClient:
         """A client with the connection's token, or `_Stop` with the outcome set."""
-        if connection is None or connection.status != "active":
+        if connection is None or connection.status != ConnectionStatus.ACTIVE:
             reason = (connection.last_error if connection else None) or "no valid token"
             self._fail(result, Outcome.TOKEN, f"{registry.RESTATED_INVALID}: {reason}")
             raise _Stop

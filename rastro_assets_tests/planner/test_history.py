@@ -1,7 +1,7 @@
 """The planner's reduced history gives the answers every row would give.
 
 `planned_accounts` loads only the runs the planner's answers depend on
-(`runs.planner_runs_by_account`); these histories check that plans, statuses and
+(`history.planner_runs_by_account`); these histories check that plans, statuses and
 freshness are those of the full history at instants from the newest run on.
 """
 
@@ -13,10 +13,10 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pytest
 
-from rastro_assets import cadence
+from rastro_assets.planner import cadence
+from rastro_assets.planner.history import planned_accounts
 from rastro_assets.warehouse import registry
-from rastro_assets.warehouse.runs import planned_accounts
-from rastro_assets_tests.warehouse.history import COLUMNS, History
+from rastro_assets_tests.planner.history import COLUMNS, History
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

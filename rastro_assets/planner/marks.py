@@ -1,0 +1,75 @@
+"""The marks the reference kept on an account, each recovered from the run that earned it.
+
+A good run that read its own local today is a live mark; the daily and weekly
+marks are live marks that also read the trailing days of the re-sync. The
+planner applies these rules to `SyncRun`s. The history loader (`history`) looks for
+candidates in SQL, with the predicate beside each rule: it over-approximates
+the rule on day numbers of `since`, `until` and the UTC day of the start (a
+run's local start day is within one day of that, so each bound gets a day of
+slack), and the loader then checks the rule itself (`MARK_RULES`).
+"""
+
+from __future__ import annotations
+
+from datetime import date, timedelta
+
+from rastro_assets.planner.state import OK, SyncRun
+
+DAILY_DAYS = 7
+WEEKLY_DAYS = 28
+
+_DAILY_SPAN = timedelta(days=DAILY_DAYS - 1)
+_WEEKLY_SPAN = timedelta(days=WEEKLY_DAYS - 1)
+_DAY_US = 86_400_000_000
+
+
+def is_live_mark(run: SyncRun, started_on: date) -> bool:
+    """A good read that covered its own local today (`started_on`)."""
+    return (
+        run.outcome == OK
+        and run.since is not None
+        and run.until is not None
+        and run.since <= started_on <= run.until
+    )
+
+
+_LIVE_SQL = f"""
+    outcome = 'ok' AND since - DATE '1970-01-01' <= epoch_us(started_at) // {_DAY_US} + 1
+        AND until - DATE '1970-01-01' >= epoch_us(started_at) // {_DAY_US} - 1"""
+
+
+def is_daily_mark(run: SyncRun, started_on: date) -> bool:
+    """A live mark that also read the catalog and the trailing `DAILY_DAYS`."""
+    return is_live_mark(run, started_on) and reads_daily(run, started_on)
+
+
+def reads_daily(run: SyncRun, started_on: date) -> bool:
+    """What `is_daily_mark` asks beyond a live mark, for a run already known to be one."""
+    return run.catalog and run.since <= started_on - _DAILY_SPAN
+
+
+_DAILY_SQL = f"""
+    outcome = 'ok' AND catalog
+        AND since - DATE '1970-01-01' <= epoch_us(started_at) // {_DAY_US} + 1 - {DAILY_DAYS - 1}
+        AND until - DATE '1970-01-01' >= epoch_us(started_at) // {_DAY_US} - 1"""
+
+
+def is_weekly_mark(run: SyncRun, started_on: date) -> bool:
+    """A live mark that also read the trailing `WEEKLY_DAYS`."""
+    return is_live_mark(run, started_on) and reads_weekly(run, started_on)
+
+
+def reads_weekly(run: SyncRun, started_on: date) -> bool:
+    """What `is_weekly_mark` asks beyond a live mark, for a run already known to be one."""
+    return run.since <= started_on - _WEEKLY_SPAN
+
+
+_WEEKLY_SQL = f"""
+    outcome = 'ok'
+        AND since - DATE '1970-01-01' <= epoch_us(started_at) // {_DAY_US} + 1 - {WEEKLY_DAYS - 1}
+        AND until - DATE '1970-01-01' >= epoch_us(started_at) // {_DAY_US} - 1"""
+
+MARK_RULES = {"live": is_live_mark, "daily": is_daily_mark, "weekly": is_weekly_mark}
+# A boolean expression over a `meta_sync_runs` row per mark, true for every run that
+# earns it (and for some that do not).
+MARK_SQL = {"live": _LIVE_SQL, "daily": _DAILY_SQL, "weekly": _WEEKLY_SQL}

@@ -1,0 +1,43 @@
+"""What the planner knows of one linked ad account: its connection and its sync runs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date, datetime
+
+from rastro_assets.outcomes import Outcome
+
+OK = Outcome.OK.value  # a plain str: compared with every run the planner reads
+
+
+@dataclass(frozen=True, slots=True)
+class SyncRun:
+    """One `meta_sync_runs` row of an account."""
+
+    run_id: str
+    kind: str
+    since: date | None
+    until: date | None
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str | None
+    error: str | None = None
+    catalog: bool = False
+    usage_pct: float | None = None
+    regain_at: datetime | None = None
+    incomplete_days: tuple[date, ...] = ()
+
+
+@dataclass(frozen=True)
+class AccountState:
+    """What the planner knows of one linked ad account."""
+
+    ad_account_id: str
+    timezone: str
+    linked_at: datetime
+    connection_status: str
+    connection_error: str | None
+    token_sealed_at: datetime | None
+    sync_requested_at: datetime | None
+    runs: Sequence[SyncRun]

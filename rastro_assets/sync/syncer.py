@@ -1,0 +1,190 @@
+"""The caller of the sync steps: one sync or a wave, the catalog chained after the spend.
+
+The assets, the live waves, the benchmarks and the tests all sync through
+`Syncer`. It owns the outcome: the spend's steps fill it in, and the catalog
+read after a spend that went well adds to it without changing how the spend
+ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, fields
+from datetime import datetime
+
+from rastro_assets.outcomes import Outcome, error_line
+from rastro_assets.sync.account import DeadTokens, SpendSync, Target, Unwritten
+from rastro_assets.sync.catalog import CatalogSyncer, safe_text
+from rastro_assets.sync.types import SyncOutcome, SyncRequest, WaveOutcome, Wiring
+from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.runs import SyncRunEnd, finish_sync_runs
+
+log = logging.getLogger(__name__)
+
+WAVE_WRITE_BATCH = 64
+"""Accounts whose reads a wave writes in one batch."""
+
+
+@dataclass
+class Syncer(Wiring):
+    """Runs syncs against one warehouse with one way of reaching Meta."""
+
+    # Made on each use, so a wiring changed after construction reaches every step.
+    @property
+    def spend(self) -> SpendSync:
+        return SpendSync(**self._wiring())
+
+    @property
+    def catalog(self) -> CatalogSyncer:
+        return CatalogSyncer(**self._wiring())
+
+    def _wiring(self) -> dict:
+        return {field.name: getattr(self, field.name) for field in fields(Wiring)}
+
+    def sync(self, request: SyncRequest, *, synced_at: datetime | None = None) -> SyncOutcome:
+        """Make the warehouse equal Meta for the request's account-days.
+
+        `synced_at` is the run's start: every row this sync writes carries it,
+        so one run's rows are one version whatever the retries.
+
+        Raises:
+            SyncRefused: the account is not linked, or the range is wrong.
+        """
+        started_at = synced_at or self.clock()
+        spend = self.spend
+        targets, refused = spend.start([request], started_at)
+        if refused:
+            raise refused[0][1]
+        [target] = targets
+        result, unwritten = spend.read(target, started_at, DeadTokens())
+        if unwritten is not None:
+            spend.write([unwritten], started_at)
+        with self.warehouse.connect() as con:
+            spend.mark_token(con, target, result)
+            finish_sync_runs(con, [spend.end(target, result)])
+        if result.ok:
+            self.catalog_after_spend(target, result)
+        return result
+
+    def sync_wave(
+        self, requests: Sequence[SyncRequest], *, synced_at: datetime, concurrency: int
+    ) -> WaveOutcome:
+        """Sync many accounts at once, as cheaply per account as the work allows.
+
+        One query finds every account and connection, one statement opens
+        every run's lease, reads that fit one batch are written
+        `WAVE_WRITE_BATCH` accounts at a time, and finished runs are closed in
+        batches: a wave of a thousand live syncs would otherwise spend most of
+        its time on per-account statements. The file is held for the wave (see
+        `Warehouse.held`). A token Meta refuses is marked dead at once, and
+        the wave's later syncs on that connection do not call Meta with it.
+        A sync that dies with the process leaves its run open until the
+        lease runs out, as any killed run does.
+        """
+        spend = self.spend
+        with self.warehouse.held():
+            targets, refused = spend.start(requests, synced_at)
+            dead = DeadTokens()
+            finished = _FinishedRuns(self.warehouse, spend)
+            outcomes: list[SyncOutcome | None] = [None] * len(targets)
+            try:
+                with ThreadPoolExecutor(max_workers=concurrency) as pool:
+
+                    def settle(target: Target, result: SyncOutcome) -> None:
+                        finished.add(target, result)
+                        if result.ok:
+                            pool.submit(self.catalog_after_spend, target, result)
+
+                    reads = {
+                        pool.submit(spend.read, target, synced_at, dead): index
+                        for index, target in enumerate(targets)
+                    }
+                    waiting: list[Unwritten] = []
+                    for done, future in enumerate(as_completed(reads), start=1):
+                        index = reads[future]
+                        result, unwritten = future.result()
+                        outcomes[index] = result
+                        if unwritten is None:
+                            settle(targets[index], result)
+                        else:
+                            waiting.append(unwritten)
+                        if waiting and (len(waiting) >= WAVE_WRITE_BATCH or done == len(reads)):
+                            # Written here while the pool goes on reading Meta.
+                            spend.write(waiting, synced_at)
+                            for read in waiting:
+                                settle(read.target, read.result)
+                            waiting = []
+            finally:
+                finished.flush()
+        return WaveOutcome(
+            outcomes=[outcome for outcome in outcomes if outcome is not None],
+            refused=[(request, str(exc)) for request, exc in refused],
+        )
+
+    def catalog_after_spend(self, target: Target, result: SyncOutcome) -> None:
+        """The full catalog and thumbnails when asked, else the unnamed ads with leads.
+
+        Runs after the spend run is recorded, so nothing here can change what
+        the spend sync reports; any failure, even an unexpected one, only
+        lands in `catalog_error`.
+        """
+        catalog = self.catalog
+        request = target.request
+        account, run_id = request.ad_account_id, request.run_id
+        try:
+            result.catalog = catalog.sync_catalog(
+                account,
+                full=request.catalog,
+                run_id=run_id,
+                known=(target.account, target.connection),
+            )
+            # Between full reads, only the ads just named by id can have a new
+            # picture with a fresh URL; older failures wait for the daily read.
+            only = None if request.catalog else result.catalog.named_ids
+            if result.catalog.ok and (only is None or only):
+                result.thumbnails = catalog.sync_thumbnails(account, run_id=run_id, only=only)
+            errors = [
+                part.error
+                for part in (result.catalog, result.thumbnails)
+                if part is not None and not part.ok
+            ]
+            result.catalog_error = "; ".join(e for e in errors if e) or None
+        except Exception as exc:  # noqa: BLE001 - the spend is written; the catalog is extra
+            result.catalog_error = error_line(
+                Outcome.OTHER,
+                f"the catalog read failed ({type(exc).__name__}: {safe_text(str(exc))})",
+            )
+        if result.catalog_error:
+            log.warning("%s catalog: %s", account, result.catalog_error)
+
+
+class _FinishedRuns:
+    """Closes a wave's finished runs' rows in batches; a refused token is marked at once."""
+
+    BATCH = 200
+
+    def __init__(self, warehouse: Warehouse, spend: SpendSync) -> None:
+        self._warehouse = warehouse
+        self._spend = spend
+        self._ends: list[tuple[str, str, SyncRunEnd]] = []
+        self._lock = threading.Lock()
+
+    def add(self, target: Target, result: SyncOutcome) -> None:
+        if result.token_rejected_by_meta:
+            with self._warehouse.connect() as con:
+                self._spend.mark_token(con, target, result)
+        with self._lock:
+            self._ends.append(self._spend.end(target, result))
+            full = len(self._ends) >= self.BATCH
+        if full:
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            ends, self._ends = self._ends, []
+            if ends:
+                with self._warehouse.connect() as con:
+                    finish_sync_runs(con, ends)
