@@ -37,6 +37,12 @@ class SyncKind(StrEnum):
     MANUAL = "manual"
 
 
+FILL_KINDS = (SyncKind.BACKFILL, SyncKind.GAP)
+"""Syncs that fill days never read: their last block, which reaches the account's local
+today, reads the full catalog and counts as the daily and weekly re-sync (the reference's
+`daily = backfilled || ...`)."""
+
+
 class PlanKind(StrEnum):
     """What the planner says an account reads next (`rastro plan`'s `kind`)."""
 

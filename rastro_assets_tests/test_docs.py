@@ -130,6 +130,15 @@ def test_the_scaled_instance_keeps_the_repos_queue_rules():
     assert "default_limit" in scaled["concurrency"]["pools"]
 
 
+def test_both_instances_monitor_runs_with_the_sensors_default_limit():
+    from rastro_assets.defs.wave import DEFAULT_MAX_RUNTIME_SECONDS
+
+    for instance in (load_yaml(REPO / "dagster.yaml"), load_yaml(DOCS / SCALED)):
+        monitoring = instance["run_monitoring"]
+        assert monitoring["enabled"] is True
+        assert monitoring["max_runtime_seconds"] == DEFAULT_MAX_RUNTIME_SECONDS
+
+
 def test_the_scaled_instance_holds_no_secret():
     text = (DOCS / SCALED).read_text()
     postgres = load_yaml(DOCS / SCALED)["storage"]["postgres"]["postgres_db"]

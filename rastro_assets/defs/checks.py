@@ -4,7 +4,7 @@ from datetime import date
 
 import dagster as dg
 
-from rastro_assets.defs.partitions import spend_partitions
+from rastro_assets.defs.partitions import spend_partition_key, spend_partitions
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, SITE_SPEND_DAILY
 from rastro_assets.planner import cadence
@@ -12,11 +12,48 @@ from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.warehouse.audit import site_spend_mismatches
 
 MAX_SHOWN_MISMATCHES = 20
+SUM_CHECK = "equals_sum_of_ad_spend"
+
+
+def sum_check_evaluations(con, account_days) -> list[dg.AssetCheckEvaluation]:
+    """`equals_sum_of_ad_spend` for each (account, day): how a wave reports the days it wrote.
+
+    A wave is no run of the asset, so its check would never run; each account-day it
+    records as materialized gets the check's evaluation beside its materialization.
+    """
+    days_by_account: dict[str, list[date]] = {}
+    for account, day in account_days:
+        days_by_account.setdefault(account, []).append(day)
+    evaluations = []
+    for account, days in days_by_account.items():
+        found: dict[date, list] = {}
+        for mismatch in site_spend_mismatches(con, account, days):
+            found.setdefault(mismatch[2], []).append(mismatch)
+        evaluations += [
+            dg.AssetCheckEvaluation(
+                asset_key=SITE_SPEND_DAILY,
+                check_name=SUM_CHECK,
+                passed=day not in found,
+                partition=spend_partition_key(account, day),
+                metadata=_mismatch_metadata(found.get(day, [])),
+            )
+            for day in days
+        ]
+    return evaluations
+
+
+def _mismatch_metadata(mismatches: list) -> dict:
+    return {
+        "mismatches": len(mismatches),
+        "examples": dg.MetadataValue.text(
+            "\n".join(map(str, mismatches[:MAX_SHOWN_MISMATCHES])) or "none"
+        ),
+    }
 
 
 @dg.asset_check(
     asset=SITE_SPEND_DAILY,
-    name="equals_sum_of_ad_spend",
+    name=SUM_CHECK,
     description="site_spend_daily equals the sums of ad_spend_daily over the site's links.",
     partitions_def=spend_partitions,
 )
@@ -31,15 +68,7 @@ def site_spend_equals_ad_sums(
             mismatches += site_spend_mismatches(
                 con, dims["account"], [date.fromisoformat(dims["date"])]
             )
-    return dg.AssetCheckResult(
-        passed=not mismatches,
-        metadata={
-            "mismatches": len(mismatches),
-            "examples": dg.MetadataValue.text(
-                "\n".join(map(str, mismatches[:MAX_SHOWN_MISMATCHES])) or "none"
-            ),
-        },
-    )
+    return dg.AssetCheckResult(passed=not mismatches, metadata=_mismatch_metadata(mismatches))
 
 
 ACCOUNTS_FRESH = "accounts_fresh"

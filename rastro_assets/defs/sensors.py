@@ -8,6 +8,7 @@ starts one wave run for all the live, daily and weekly syncs that are due.
 Both read `meta_sync_runs` through the planner: there is no cursor to drift.
 """
 
+import time
 from collections.abc import Iterable
 
 import dagster as dg
@@ -30,7 +31,13 @@ from rastro_assets.defs.spend_assets import (
     SITE_SPEND_DAILY,
     SYNC_KIND_TAG,
 )
-from rastro_assets.defs.wave import WAVE_TAG, sync_wave_job
+from rastro_assets.defs.wave import (
+    DEFAULT_MAX_RUNTIME_SECONDS,
+    MAX_RUNTIME_TAG,
+    PARTITION_RUN_MAX_RUNTIME_SECONDS,
+    WAVE_TAG,
+    sync_wave_job,
+)
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS
@@ -57,11 +64,24 @@ def load_accounts(rastro: RastroResource) -> list[PlannedAccount]:
         return planned_accounts(con)
 
 
-def busy_accounts(instance: dg.DagsterInstance) -> tuple[set[str], bool]:
-    """Accounts with a run or backfill in flight, and whether a wave is in flight."""
+def busy_accounts(
+    instance: dg.DagsterInstance, now: float | None = None
+) -> tuple[set[str], bool]:
+    """Accounts with a run or backfill in flight, and whether a wave is in flight.
+
+    A run started longer ago than its maximum runtime (`MAX_RUNTIME_TAG`) is
+    dead, whatever its status says: a killed run worker leaves its run
+    `STARTED`, and run monitoring fails it only at its next poll, or never
+    when monitoring is off. It must not stop the cadence meanwhile.
+    """
+    now = time.time() if now is None else now
     busy: set[str] = set()
     wave_in_flight = False
-    for run in instance.get_runs(filters=dg.RunsFilter(statuses=IN_FLIGHT_STATUSES)):
+    for record in instance.get_run_records(filters=dg.RunsFilter(statuses=IN_FLIGHT_STATUSES)):
+        run = record.dagster_run
+        limit = float(run.tags.get(MAX_RUNTIME_TAG) or DEFAULT_MAX_RUNTIME_SECONDS)
+        if record.start_time is not None and now - record.start_time > limit:
+            continue
         if run.tags.get(WAVE_TAG) == "true":
             wave_in_flight = True
         account = run.tags.get(ACCOUNT_TAG) or run.tags.get("dagster/partition/account")
@@ -85,7 +105,11 @@ def backfill_request(plan: cadence.Plan) -> dg.RunRequest:
         AssetGraphSubset(
             partitions_subsets_by_asset_key={AD_SPEND_DAILY: subset, SITE_SPEND_DAILY: subset}
         ),
-        tags={ACCOUNT_TAG: plan.ad_account_id, SYNC_KIND_TAG: plan.kind},
+        tags={
+            ACCOUNT_TAG: plan.ad_account_id,
+            SYNC_KIND_TAG: plan.kind,
+            MAX_RUNTIME_TAG: str(PARTITION_RUN_MAX_RUNTIME_SECONDS),
+        },
     )
 
 

@@ -14,6 +14,9 @@ from rastro_assets.defs.metadata import spend_metadata
 from rastro_assets.defs.partitions import account_date_ranges, spend_partition_key, spend_partitions
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
+from rastro_assets.outcomes import FILL_KINDS
+from rastro_assets.planner import cadence
+from rastro_assets.planner.history import planned_accounts
 from rastro_assets.sync.types import SyncOutcome, SyncRefused, SyncRequest
 from rastro_assets.timekeeping import days_between
 
@@ -94,6 +97,8 @@ def _sync_partitions(
     outcomes: list[SyncOutcome] = []
     for account, ranges in account_date_ranges(context.partition_keys).items():
         for since, until in ranges:
+            if kind in FILL_KINDS:
+                _wait_out_back_off(rastro, account)
             request = SyncRequest(account, since, until, kind=kind, run_id=context.run_id)
             context.log.info(
                 f"{account}: reading {since} .. {until} ({_days(since, until)} days)"
@@ -118,6 +123,27 @@ def _sync_partitions(
                 f"{outcome.api_calls} Meta calls"
             )
     return outcomes
+
+
+def _wait_out_back_off(rastro: RastroResource, account: str) -> None:
+    """Refuse a fill's block while the account's back-off holds, as any sync would wait.
+
+    A partition backfill launches its blocks one after another: without this,
+    a block that ended throttled or above 75 % of Meta's usage would be followed
+    at once by the next. The refused block reads nothing and records no sync; the
+    days stay owed, and `meta_accounts` starts them again when the planner says so.
+    """
+    now = rastro.clock()()
+    with rastro.warehouse().connect() as con:
+        found = planned_accounts(con, [account])
+    if not found:
+        return  # unlinked: the sync refuses it with its own message
+    owed = cadence.plan(found[0].state, now)
+    if owed.kind in FILL_KINDS and not owed.is_due(now):
+        raise dg.Failure(
+            description=f"{account}: this block waits until {owed.due_at:%Y-%m-%d %H:%M %Z}: "
+            f"{owed.reason}"
+        )
 
 
 def _backfill_position(context: dg.AssetExecutionContext, account: str, since: date) -> str:

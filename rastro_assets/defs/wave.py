@@ -13,6 +13,7 @@ from datetime import date
 import dagster as dg
 
 from rastro_assets.defs.catalog_assets import catalog_materializations
+from rastro_assets.defs.checks import sum_check_evaluations
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend_assets import materializations
@@ -22,6 +23,14 @@ from rastro_assets.timekeeping import zone
 
 WAVE_TAG = "rastro/wave"
 WAVE_CONCURRENCY = 4
+# Run monitoring (`dagster.yaml`) fails a run that outlives this tag; the sensors
+# also stop waiting for it then (`sensors.busy_accounts`).
+MAX_RUNTIME_TAG = "dagster/max_runtime"
+# A sync's lease: by then the planner takes the wave's accounts again, and the
+# spend writer refuses what the old wave still writes.
+WAVE_MAX_RUNTIME_SECONDS = int(cadence.LEASE.total_seconds())
+PARTITION_RUN_MAX_RUNTIME_SECONDS = 60 * 60  # 30 days of one account
+DEFAULT_MAX_RUNTIME_SECONDS = 2 * 60 * 60  # dagster.yaml's max_runtime_seconds: any other run
 
 
 class WaveSync(dg.Config):
@@ -101,11 +110,11 @@ def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: Rastro
     # synced fine are summed up in one line and the run's metadata.
     outcomes = wave.outcomes
     failed = recorded = rows_written = rows_deleted = 0
+    checked = []
     for outcome in outcomes:
-        for event in [
-            *materializations(outcome, days_worth_recording(outcome)),
-            *catalog_materializations(outcome),
-        ]:
+        days = days_worth_recording(outcome)
+        checked += [(outcome.request.ad_account_id, day) for day in days]
+        for event in [*materializations(outcome, days), *catalog_materializations(outcome)]:
             context.log_event(event)
             recorded += 1
         if outcome.catalog_error:
@@ -116,6 +125,10 @@ def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: Rastro
         else:
             failed += 1
             context.log.warning(f"{outcome.request.ad_account_id}: {outcome.error}")
+    if checked:
+        with rastro.warehouse().connect(read_only=True) as con:
+            for evaluation in sum_check_evaluations(con, checked):
+                context.log_event(evaluation)
     context.log.info(
         f"{len(outcomes) - failed} of {len(requests)} accounts synced: {rows_written} rows "
         f"written, {rows_deleted} deleted; {failed} failed, {len(wave.refused)} skipped"
@@ -139,7 +152,7 @@ def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: Rastro
 @dg.job(
     name="meta_sync_wave",
     description="Live, daily and weekly syncs of every account due at one sensor tick.",
-    tags={WAVE_TAG: "true"},
+    tags={WAVE_TAG: "true", MAX_RUNTIME_TAG: str(WAVE_MAX_RUNTIME_SECONDS)},
 )
 def sync_wave_job():
     sync_wave()

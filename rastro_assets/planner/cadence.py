@@ -252,6 +252,10 @@ def first_unread_day(runs: Sequence[SyncRun], since: date, until: date) -> date 
     return cursor if cursor <= until else None
 
 
+def _local_time(instant: datetime, timezone: str) -> str:
+    return f"{instant.astimezone(zone(timezone)):%Y-%m-%d %H:%M} {timezone}"
+
+
 def _span(delta: timedelta) -> str:
     minutes = max(round(delta.total_seconds() / 60), 0)
     hours, minutes = divmod(minutes, 60)
@@ -333,8 +337,16 @@ def status(state: AccountState, now: datetime) -> AccountStatus:
     else:
         failed = isinstance(concluded, _Failure)
         state_name = "error" if failed else "backfilling" if assessment.progress else "live"
-        # An ok run may carry a note too (META_TRUNCATED, RATE_LIMITED).
+        # An ok run may carry a note too (META_TRUNCATED), or be waited on for
+        # Meta's usage: the reference shows that wait as RATE_LIMITED.
         last_error = None if concluded is None else concluded.error
+        usage = concluded.usage_pct if isinstance(concluded, SyncRun) else None
+        busy = usage is not None and usage > USAGE_BACKOFF_PCT
+        if busy and last_error is None and owed.due_at is not None and owed.due_at > now:
+            last_error = (
+                f"{ERROR_CODES[Outcome.THROTTLED]}: backing off until "
+                f"{_local_time(owed.due_at, state.timezone)}: Meta usage at {usage:g}%"
+            )
     return AccountStatus(
         ad_account_id=state.ad_account_id,
         state=state_name,
@@ -365,6 +377,8 @@ def _assess(state: AccountState, now: datetime) -> _Assessment:
 
     # One pass over the history: the run in flight, the failures since the
     # last good run, and the last run that came to an end (dead ones too).
+    # A run that outlived its lease is re-taken at once, as the reference's
+    # loop does: its RUN_TIMEOUT is shown, but it is no failure to back off from.
     in_flight: SyncRun | None = None
     failures: list[_Failure] = []
     last_concluded: SyncRun | _Failure | None = None
@@ -373,7 +387,10 @@ def _assess(state: AccountState, now: datetime) -> _Assessment:
             if now - run.started_at < LEASE:
                 in_flight = run
                 continue
-            failure = _Failure(run, Outcome.OTHER, run.started_at + LEASE, RUN_TIMEOUT_ERROR)
+            last_concluded = _Failure(
+                run, Outcome.OTHER, run.started_at + LEASE, RUN_TIMEOUT_ERROR
+            )
+            continue
         elif run.outcome == OK:
             failures = []
             last_concluded = run
@@ -431,6 +448,9 @@ def _assess(state: AccountState, now: datetime) -> _Assessment:
     if runs and after_latest(state.token_sealed_at):
         return result(now, f"{what}; a new token was connected")
 
+    if isinstance(last_concluded, _Failure) and last_concluded.error == RUN_TIMEOUT_ERROR:
+        retake = min(cadence_due, last_concluded.ended_at)
+        return result(retake, f"{what}; re-taken: {RUN_TIMEOUT_ERROR}")
     hold, why = _hold(state, failures, last_concluded)
     if hold is not None and hold > cadence_due:
         return result(hold, f"{what}; {why}")

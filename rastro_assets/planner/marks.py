@@ -1,7 +1,9 @@
 """The marks the reference kept on an account, each recovered from the run that earned it.
 
 A good run that read its own local today is a live mark; the daily and weekly
-marks are live marks that also read the trailing days of the re-sync. The
+marks are live marks that also read the trailing days of the re-sync, or that
+ended a backfill or gap fill (its last block reaches today, and the reference
+counts a finished fill as both re-syncs). The
 planner applies these rules to `SyncRun`s. The history loader (`history`) looks for
 candidates in SQL, with the predicate beside each rule: it over-approximates
 the rule on day numbers of `since`, `until` and the UTC day of the start (a
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from datetime import date, timedelta
 
+from rastro_assets.outcomes import FILL_KINDS
 from rastro_assets.planner.state import OK, SyncRun
 
 DAILY_DAYS = 7
@@ -21,6 +24,9 @@ WEEKLY_DAYS = 28
 _DAILY_SPAN = timedelta(days=DAILY_DAYS - 1)
 _WEEKLY_SPAN = timedelta(days=WEEKLY_DAYS - 1)
 _DAY_US = 86_400_000_000
+# The local start day, over-approximated: the UTC start day plus one.
+_START_DAY = f"epoch_us(started_at) // {_DAY_US} + 1"
+_FILL_SQL = "kind IN ({})".format(", ".join(f"'{kind}'" for kind in FILL_KINDS))
 
 
 def is_live_mark(run: SyncRun, started_on: date) -> bool:
@@ -34,39 +40,41 @@ def is_live_mark(run: SyncRun, started_on: date) -> bool:
 
 
 _LIVE_SQL = f"""
-    outcome = 'ok' AND since - DATE '1970-01-01' <= epoch_us(started_at) // {_DAY_US} + 1
+    outcome = 'ok' AND since - DATE '1970-01-01' <= {_START_DAY}
         AND until - DATE '1970-01-01' >= epoch_us(started_at) // {_DAY_US} - 1"""
 
 
 def is_daily_mark(run: SyncRun, started_on: date) -> bool:
-    """A live mark that also read the catalog and the trailing `DAILY_DAYS`."""
+    """A live mark that also read the catalog and the trailing `DAILY_DAYS`, or ended a fill."""
     return is_live_mark(run, started_on) and reads_daily(run, started_on)
 
 
 def reads_daily(run: SyncRun, started_on: date) -> bool:
     """What `is_daily_mark` asks beyond a live mark, for a run already known to be one."""
-    return run.catalog and run.since <= started_on - _DAILY_SPAN
+    return run.catalog and (run.kind in FILL_KINDS or run.since <= started_on - _DAILY_SPAN)
 
 
 _DAILY_SQL = f"""
     outcome = 'ok' AND catalog
-        AND since - DATE '1970-01-01' <= epoch_us(started_at) // {_DAY_US} + 1 - {DAILY_DAYS - 1}
+        AND ({_FILL_SQL}
+            OR since - DATE '1970-01-01' <= {_START_DAY} - {DAILY_DAYS - 1})
         AND until - DATE '1970-01-01' >= epoch_us(started_at) // {_DAY_US} - 1"""
 
 
 def is_weekly_mark(run: SyncRun, started_on: date) -> bool:
-    """A live mark that also read the trailing `WEEKLY_DAYS`."""
+    """A live mark that also read the trailing `WEEKLY_DAYS`, or ended a fill."""
     return is_live_mark(run, started_on) and reads_weekly(run, started_on)
 
 
 def reads_weekly(run: SyncRun, started_on: date) -> bool:
     """What `is_weekly_mark` asks beyond a live mark, for a run already known to be one."""
-    return run.since <= started_on - _WEEKLY_SPAN
+    return run.kind in FILL_KINDS or run.since <= started_on - _WEEKLY_SPAN
 
 
 _WEEKLY_SQL = f"""
     outcome = 'ok'
-        AND since - DATE '1970-01-01' <= epoch_us(started_at) // {_DAY_US} + 1 - {WEEKLY_DAYS - 1}
+        AND ({_FILL_SQL}
+            OR since - DATE '1970-01-01' <= {_START_DAY} - {WEEKLY_DAYS - 1})
         AND until - DATE '1970-01-01' >= epoch_us(started_at) // {_DAY_US} - 1"""
 
 MARK_RULES = {"live": is_live_mark, "daily": is_daily_mark, "weekly": is_weekly_mark}

@@ -13,11 +13,18 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from dataclasses import dataclass, replace
+from datetime import date, datetime, timedelta
 
 from rastro_assets.meta.errors import MetaError
-from rastro_assets.outcomes import ConnectionStatus, Outcome, error_line, outcome_of
+from rastro_assets.outcomes import (
+    FILL_KINDS,
+    MAX_ERROR_CHARS,
+    ConnectionStatus,
+    Outcome,
+    error_line,
+    outcome_of,
+)
 from rastro_assets.sync.reader import SpendBatch, read_spend
 from rastro_assets.sync.types import SyncOutcome, SyncRefused, SyncRequest, Wiring
 from rastro_assets.timekeeping import local_date
@@ -25,7 +32,7 @@ from rastro_assets.vault import SecretsKeyError
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.catalog import upsert_spend_names
 from rastro_assets.warehouse.connection import transaction
-from rastro_assets.warehouse.errors import AccountNotLinked
+from rastro_assets.warehouse.errors import AccountNotLinked, AccountTakenOver, WriteRefusal
 from rastro_assets.warehouse.runs import (
     SyncRunEnd,
     SyncRunStart,
@@ -104,6 +111,7 @@ class SpendSync(Wiring):
                 except SyncRefused as exc:
                     refused.append((request, exc))
                     continue
+                request = _with_catalog_if_last_block(request, local_date(now, account.timezone))
                 targets.append(Target(request, account, connections.get(account.connection_id)))
             start_sync_runs(
                 con,
@@ -240,8 +248,11 @@ class SpendSync(Wiring):
         except MetaError as exc:
             outcome = outcome_of(exc.kind)
             result.token_rejected_by_meta = outcome == Outcome.TOKEN
-            self._fail(result, outcome, str(exc), regain_seconds=exc.regain_seconds)
-        except (AccountNotLinked, SpendInputError) as exc:
+            # A throttle that names no wait of its own waits for the longest
+            # one Meta announced earlier in this read (the reference does too).
+            regain = exc.regain_seconds or client.stats.usage.regain_seconds
+            self._fail(result, outcome, str(exc), regain_seconds=regain)
+        except (AccountNotLinked, AccountTakenOver, SpendInputError) as exc:
             self._fail_write(result, exc)
         finally:
             writer.shutdown()
@@ -254,7 +265,7 @@ class SpendSync(Wiring):
 
     def _write_batches(
         self, reads: Sequence[tuple[str, SpendBatch]], synced_at: datetime
-    ) -> list[SpendWriteResult | SpendInputError | AccountNotLinked]:
+    ) -> list[SpendWriteResult | WriteRefusal]:
         """The one spend write: the figures, then the names the same reads brought.
 
         Names are kept as they arrive: an ad is named long before the daily
@@ -277,8 +288,13 @@ class SpendSync(Wiring):
             )
         return answers
 
-    def _fail_write(self, result: SyncOutcome, exc: AccountNotLinked | SpendInputError) -> None:
-        if isinstance(exc, AccountNotLinked):
+    def _fail_write(self, result: SyncOutcome, exc: WriteRefusal) -> None:
+        if isinstance(exc, AccountTakenOver):
+            # The contract's code for a run that lost its hold on the account.
+            result.outcome = Outcome.OTHER
+            result.error = f"RUN_TIMEOUT: {exc}"[:MAX_ERROR_CHARS]
+            log.warning("%s %s", result.request.ad_account_id, result.error)
+        elif isinstance(exc, AccountNotLinked):
             self._fail(
                 result, Outcome.OTHER, "the account was unlinked during the sync; nothing kept"
             )
@@ -367,7 +383,19 @@ def note_incomplete(result: SyncOutcome) -> None:
         result.error = (
             f"META_TRUNCATED: {days} could not be read completely, even by an async "
             "report; their old rows were kept"
-        )
+        )[:MAX_ERROR_CHARS]
+
+
+def _with_catalog_if_last_block(request: SyncRequest, today: date) -> SyncRequest:
+    """A fill's block that reaches the account's local today is its last: it reads the catalog.
+
+    The planner then counts it as the daily and weekly re-sync (`planner.marks`),
+    so a new account's backfill is not followed by a 7- or 28-day read of days
+    it has just read.
+    """
+    if request.kind in FILL_KINDS and request.until >= today and not request.catalog:
+        return replace(request, catalog=True)
+    return request
 
 
 def _linked(

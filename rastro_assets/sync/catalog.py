@@ -41,7 +41,7 @@ from rastro_assets.warehouse.errors import AccountNotLinked
 log = logging.getLogger(__name__)
 
 CATALOG_BATCH = 500  # ads merged per transaction while the listing streams in
-MISSING_NAMES_LOOKBACK_DAYS = 7
+MISSING_NAMES_LOOKBACK_DAYS = 7  # days before local today: 8 days in all, as the reference
 MAX_MISSING_NAMES = 50
 MAX_THUMBNAILS_PER_RUN = 300
 THUMBNAIL_CONCURRENCY = 8
@@ -86,7 +86,7 @@ class CatalogSyncer(Wiring):
         """Bring the account's catalog up to date with Meta.
 
         `full`: page through every ad of every status. Otherwise ask by id for
-        the ads that brought leads in the last 7 account-local days but have
+        the ads that brought leads since 7 days before local today but have
         no name yet (at most 50), and touch Meta only if there are any.
 
         `known`: the account and connection as the caller just read them (a
@@ -102,7 +102,7 @@ class CatalogSyncer(Wiring):
             missing: list[str] = []
             if not full:
                 since = local_date(now, account.timezone) - timedelta(
-                    days=MISSING_NAMES_LOOKBACK_DAYS - 1
+                    days=MISSING_NAMES_LOOKBACK_DAYS
                 )
                 missing = store.missing_ad_names(con, ad_account_id, since, limit=MAX_MISSING_NAMES)
                 if not missing:

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, fields
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from rastro_assets.outcomes import Outcome, error_line
 from rastro_assets.sync.account import DeadTokens, SpendSync, Target, Unwritten
@@ -62,10 +62,13 @@ class Syncer(Wiring):
         result, unwritten = spend.read(target, started_at, DeadTokens())
         if unwritten is not None:
             spend.write([unwritten], started_at)
+        full_catalog = result.ok and target.request.catalog
+        if full_catalog:
+            self.catalog_after_spend(target, result)
         with self.warehouse.connect() as con:
             spend.mark_token(con, target, result)
             finish_sync_runs(con, [spend.end(target, result)])
-        if result.ok:
+        if result.ok and not full_catalog:
             self.catalog_after_spend(target, result)
         return result
 
@@ -94,6 +97,9 @@ class Syncer(Wiring):
                 with ThreadPoolExecutor(max_workers=concurrency) as pool:
 
                     def settle(target: Target, result: SyncOutcome) -> None:
+                        if result.ok and target.request.catalog:
+                            pool.submit(self._catalog_then_end, target, result, finished)
+                            return
                         finished.add(target, result)
                         if result.ok:
                             pool.submit(self.catalog_after_spend, target, result)
@@ -124,12 +130,21 @@ class Syncer(Wiring):
             refused=[(request, str(exc)) for request, exc in refused],
         )
 
+    def _catalog_then_end(
+        self, target: Target, result: SyncOutcome, finished: _FinishedRuns
+    ) -> None:
+        self.catalog_after_spend(target, result)
+        finished.add(target, result)
+
     def catalog_after_spend(self, target: Target, result: SyncOutcome) -> None:
         """The full catalog and thumbnails when asked, else the unnamed ads with leads.
 
-        Runs after the spend run is recorded, so nothing here can change what
-        the spend sync reports; any failure, even an unexpected one, only
-        lands in `catalog_error`.
+        A full catalog read belongs to its run (a daily re-sync, a fill's last
+        block): it runs before the run's row is closed, its Meta usage counts
+        toward the run's back-off, and its failure is the run's, so the re-sync
+        is not marked done and is retried after the usual back-off. The names
+        of unnamed ads are a courtesy of a live sync: their failure only lands
+        in `catalog_error`.
         """
         catalog = self.catalog
         request = target.request
@@ -152,13 +167,31 @@ class Syncer(Wiring):
                 if part is not None and not part.ok
             ]
             result.catalog_error = "; ".join(e for e in errors if e) or None
+            failed = next((p for p in (result.catalog, result.thumbnails) if p and not p.ok), None)
+            failure = (failed.outcome, failed.error) if failed else None
         except Exception as exc:  # noqa: BLE001 - the spend is written; the catalog is extra
             result.catalog_error = error_line(
                 Outcome.OTHER,
                 f"the catalog read failed ({type(exc).__name__}: {safe_text(str(exc))})",
             )
+            failure = (Outcome.OTHER, result.catalog_error)
         if result.catalog_error:
             log.warning("%s catalog: %s", account, result.catalog_error)
+        if request.catalog:
+            self._charge_to_run(result, failure)
+
+    def _charge_to_run(
+        self, result: SyncOutcome, failure: tuple[Outcome, str | None] | None
+    ) -> None:
+        """Make the full catalog read's usage and failure the run's own."""
+        if result.catalog is not None:
+            result.api_calls += result.catalog.api_calls
+            result.usage = result.usage.merge(result.catalog.usage)
+            if result.catalog.usage.regain_seconds:
+                regain_at = self.clock() + timedelta(seconds=result.catalog.usage.regain_seconds)
+                result.regain_at = max(filter(None, (result.regain_at, regain_at)))
+        if failure is not None:
+            result.outcome, result.error = failure
 
 
 class _FinishedRuns:

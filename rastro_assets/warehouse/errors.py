@@ -2,7 +2,8 @@
 
 A refused write wrote nothing. `AccountNotLinked` is any writer's: the unlink
 purge may have run meanwhile, and a late write would leave orphans nobody
-ever deletes. `SpendInputError` is the spend read's own fault.
+ever deletes. `AccountTakenOver` is a spend write of a run that no longer
+holds its account. `SpendInputError` is the spend read's own fault.
 """
 
 from __future__ import annotations
@@ -17,6 +18,19 @@ class AccountNotLinked(Exception):
 
 class SpendInputError(ValueError):
     """The read itself is inconsistent or not representable: nothing was written."""
+
+
+class AccountTakenOver(Exception):
+    """A sync of the account started after this write's run: this run's write is refused.
+
+    One writer per account (the reference's `heldLink`): a run whose lease ran
+    out and was taken again, or a hand-launched run beside a wave, must never
+    interleave its rows with the run that holds the account now.
+    """
+
+
+WriteRefusal = SpendInputError | AccountNotLinked | AccountTakenOver
+"""Why a spend write of one account was refused (and wrote nothing)."""
 
 
 def not_linked(ad_account_id: str) -> AccountNotLinked:

@@ -26,8 +26,9 @@ from rastro_assets.meta.models import INSIGHT_SCHEMA, InsightRow, first_unrepres
 from rastro_assets.spend_schema import SPEND_LIMIT
 from rastro_assets.warehouse.connection import register_arrow, transaction
 from rastro_assets.warehouse.errors import (
-    AccountNotLinked,
+    AccountTakenOver,
     SpendInputError,
+    WriteRefusal,
     not_linked,
     read_columns,
 )
@@ -109,7 +110,7 @@ def write_spend(
 
 def write_spend_many(
     con: duckdb.DuckDBPyConnection, writes: Sequence[SpendWrite], *, synced_at: datetime
-) -> list[SpendWriteResult | SpendInputError | AccountNotLinked]:
+) -> list[SpendWriteResult | WriteRefusal]:
     """Write several accounts' reads at once: one transaction, one set of statements.
 
     A live wave writes a few dozen rows for each of hundreds of accounts; a
@@ -127,7 +128,7 @@ def write_spend_many(
     if len(set(accounts)) < len(accounts):
         # The same account twice would match its own rows twice: write one at a time.
         return [_write_alone(con, write, synced_at) for write in writes]
-    answers: list[SpendWriteResult | SpendInputError | AccountNotLinked | None] = [None] * len(
+    answers: list[SpendWriteResult | WriteRefusal | None] = [None] * len(
         writes
     )
     batch: dict[str, _Read] = {}
@@ -169,24 +170,30 @@ class _Read:
 
 def _write_alone(
     con: duckdb.DuckDBPyConnection, write: SpendWrite, synced_at: datetime
-) -> SpendWriteResult | SpendInputError | AccountNotLinked:
+) -> SpendWriteResult | WriteRefusal:
     [answer] = write_spend_many(con, [write], synced_at=synced_at)
     return answer
 
 
 def _write_batch(
     con: duckdb.DuckDBPyConnection, batch: dict[str, _Read], synced_at: datetime
-) -> dict[str, SpendWriteResult | SpendInputError | AccountNotLinked]:
+) -> dict[str, SpendWriteResult | WriteRefusal]:
     """The batch's statements, inside the caller's transaction."""
-    answers: dict[str, SpendWriteResult | SpendInputError | AccountNotLinked] = {}
+    answers: dict[str, SpendWriteResult | WriteRefusal] = {}
     _register(con, batch)
     try:
         refused = set()
         stored = 0
-        for account, sites, repeated, rows_stored in con.execute(
-            _CHECKS, _bounds(batch)
+        for account, sites, repeated, rows_stored, newer in con.execute(
+            _CHECKS, {**_bounds(batch), "synced_at": synced_at}
         ).fetchall():
-            if repeated:
+            if newer:
+                answers[account] = AccountTakenOver(
+                    f"{account}: a sync that started after this run's holds the account now; "
+                    "nothing of this run was written"
+                )
+                refused.add(account)
+            elif repeated:
                 answers[account] = SpendInputError(
                     f"the read repeats an ad-day: {_first_duplicate(batch[account].table)}"
                 )
@@ -315,10 +322,12 @@ def _bounds(batch: dict[str, _Read]) -> dict[str, object]:
     }
 
 
-# Per account: the sites linking it, the ad-days its read repeats, and the rows
+# Per account: the sites linking it, the ad-days its read repeats, the rows
 # already stored between the batch's first and last day (none: the writer only
 # inserts; counting over the bounds rather than the scope's days is cheaper and
-# can only miss that shortcut, never take it wrongly).
+# can only miss that shortcut, never take it wrongly), and the syncs of it that
+# started after this write's run (`synced_at` is its run's start): any, and the
+# account is no longer this run's to write.
 _CHECKS = """
     WITH links AS (
         SELECT ad_account_id, list(site_id ORDER BY site_id) AS sites
@@ -335,12 +344,18 @@ _CHECKS = """
         FROM ad_spend_daily
         WHERE list_contains($accounts::VARCHAR[], ad_account_id) AND day BETWEEN $first AND $last
         GROUP BY ad_account_id
+    ), newer AS (
+        SELECT ad_account_id, count(*) AS n
+        FROM meta_sync_runs
+        WHERE started_at > $synced_at AND list_contains($accounts::VARCHAR[], ad_account_id)
+        GROUP BY ad_account_id
     )
-    SELECT a.ad_account_id, l.sites, coalesce(r.n, 0), coalesce(s.n, 0)
+    SELECT a.ad_account_id, l.sites, coalesce(r.n, 0), coalesce(s.n, 0), coalesce(w.n, 0)
     FROM (SELECT unnest($accounts::VARCHAR[]) AS ad_account_id) a
     LEFT JOIN links l USING (ad_account_id)
     LEFT JOIN repeats r USING (ad_account_id)
     LEFT JOIN stored s USING (ad_account_id)
+    LEFT JOIN newer w USING (ad_account_id)
 """
 
 _INSERT = """

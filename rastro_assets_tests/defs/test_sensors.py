@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import date, timedelta
 
 import dagster as dg
@@ -156,6 +157,36 @@ def test_no_wave_while_the_previous_wave_runs(instance, rastro, warehouse):
     skip = evaluate(meta_cadence_sensor, instance, rastro)
     assert isinstance(skip, dg.SkipReason)
     assert "previous wave" in skip.skip_message
+
+
+def test_a_run_older_than_its_max_runtime_blocks_nothing(instance):
+    from rastro_assets.defs.sensors import busy_accounts
+    from rastro_assets.defs.wave import MAX_RUNTIME_TAG
+
+    for run_id, tags in (
+        ("w1", {WAVE_TAG: "true", MAX_RUNTIME_TAG: "900"}),
+        ("m1", {ACCOUNT_TAG: "act_202"}),  # the instance's default limit: 2 h
+    ):
+        instance.add_run(dg.DagsterRun(job_name="j", run_id=run_id, tags=tags,
+                                       status=dg.DagsterRunStatus.NOT_STARTED))
+        instance.handle_new_event(_run_started_event(run_id))
+    now = time.time()
+    assert busy_accounts(instance, now) == ({"act_202"}, True)
+    assert busy_accounts(instance, now + 901) == ({"act_202"}, False)  # the wave worker died
+    assert busy_accounts(instance, now + 7201) == (set(), False)
+
+
+def _run_started_event(run_id: str):
+    return dg.EventLogEntry(
+        error_info=None,
+        level="debug",
+        user_message="",
+        run_id=run_id,
+        timestamp=time.time(),
+        dagster_event=dg.DagsterEvent(
+            event_type_value=dg.DagsterEventType.RUN_START.value, job_name="j"
+        ),
+    )
 
 
 def test_an_account_with_a_run_in_flight_is_left_out_of_the_wave(instance, rastro, warehouse):

@@ -197,3 +197,33 @@ def test_a_backfill_run_says_which_block_it_reads(instance, rastro, linked_world
         f"act_101: reading {second} .. {second + timedelta(days=29)} (30 days),"
         " block 2 of 3 of backfill bf90"
     ]
+
+
+def test_a_fills_next_block_waits_out_the_back_off_of_the_last(
+    instance, rastro, rastro_at, warehouse, linked_world
+):
+    from rastro_assets.defs.spend_assets import SYNC_KIND_TAG
+    from rastro_assets_tests.conftest import NOW
+
+    backfill = {SYNC_KIND_TAG: "backfill"}
+    first = materialize_range(instance, rastro, "act_101", TODAY - timedelta(days=59),
+                              TODAY - timedelta(days=30), tags=backfill)
+    assert first.success
+    with warehouse.connect() as con:  # the block ended with Meta's usage above 75 %
+        con.execute("UPDATE meta_sync_runs SET usage_pct = 90 WHERE ad_account_id = 'act_101'")
+        runs = con.execute("SELECT count(*) FROM meta_sync_runs").fetchone()[0]
+    calls = linked_world.calls["insights"]
+    later = rastro_at(NOW + timedelta(minutes=20))
+    second = materialize_range(instance, later, "act_101", TODAY - timedelta(days=29), TODAY,
+                               tags=backfill, raise_on_error=False)
+    assert not second.success
+    [failure] = [event for event in second.all_events if event.is_step_failure]
+    message = failure.step_failure_data.user_failure_data.description
+    assert "this block waits until" in message and "Meta usage at 90%" in message
+    assert linked_world.calls["insights"] == calls
+    with warehouse.connect() as con:
+        assert con.execute("SELECT count(*) FROM meta_sync_runs").fetchone()[0] == runs
+    # An hour after the block ended, the next one reads.
+    after = rastro_at(NOW + timedelta(minutes=62))
+    assert materialize_range(instance, after, "act_101", TODAY - timedelta(days=29), TODAY,
+                             tags=backfill).success

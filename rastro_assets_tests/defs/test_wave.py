@@ -93,3 +93,33 @@ def test_live_waves_record_changed_days_once_per_three_local_hours(
     assert f"act_101|{TODAY}" in spend_materializations(
         run_wave(instance, rastro_at(next_block), [live("act_101")])
     )
+
+
+def test_the_sum_check_is_evaluated_for_each_partition_a_wave_records(
+    instance, rastro, warehouse, linked_world
+):
+    from rastro_assets.defs.checks import SUM_CHECK, sum_check_evaluations
+    from rastro_assets.defs.spend_assets import SITE_SPEND_DAILY
+
+    result = run_wave(instance, rastro, [live("act_101"), live("act_202")])
+    evaluations = [
+        event.event_specific_data
+        for event in result.all_events
+        if event.event_type_value == "ASSET_CHECK_EVALUATION"
+    ]
+    assert {(e.asset_key, e.check_name, e.passed) for e in evaluations} == {
+        (SITE_SPEND_DAILY, SUM_CHECK, True)
+    }
+    assert sorted(e.partition for e in evaluations) == sorted(spend_materializations(result))
+    with warehouse.connect() as con:  # a site-day that no longer sums its ad rows fails
+        con.execute(
+            "UPDATE site_spend_daily SET spend = spend + 1 "
+            "WHERE ad_account_id = 'act_101' AND day = ?",
+            [TODAY],
+        )
+        checked = sum_check_evaluations(con, [("act_101", TODAY), ("act_202", TODAY)])
+    assert [(e.partition, e.passed) for e in checked] == [
+        (f"act_101|{TODAY}", False),
+        (f"act_202|{TODAY}", True),
+    ]
+    assert checked[0].metadata["mismatches"].value >= 1

@@ -194,6 +194,14 @@ def test_the_daemon_backfills_syncs_pauses_and_resumes_while_analysts_read(daemo
             assert_equals_truth(
                 con, world, ACCOUNT, today - timedelta(days=89), today - timedelta(days=2)
             )
+        # The backfill's last run read the catalog and counts as the daily and weekly re-sync.
+        with warehouse.connect() as con:
+            [account] = planned_accounts(con)
+            catalog = con.execute(
+                "SELECT ad_id FROM ad_catalog WHERE ad_account_id = ?", [ACCOUNT]
+            ).fetchall()
+        assert {ad_id for (ad_id,) in catalog} == set(world.accounts[ACCOUNT].ads)
+        assert cadence.plan(account.state, datetime.now(UTC)).kind == "live"
         reader = Analyst(snapshot_path, read_only=True)
         backfilled_view = reader.query(spend_rows)
 
@@ -205,6 +213,7 @@ def test_the_daemon_backfills_syncs_pauses_and_resumes_while_analysts_read(daemo
                 120,
             )
             assert outcome == "ok"
+        assert runs(warehouse, "daily") == runs(warehouse, "weekly") == []
         with warehouse.connect() as con:
             [[last_ok]] = con.execute(
                 "SELECT max(finished_at) FROM meta_sync_runs WHERE outcome = 'ok'"

@@ -211,6 +211,35 @@ def test_the_backfill_that_ends_today_counts_as_live_daily_and_weekly():
     assert (owed.kind, owed.due_at) == ("live", LINKED + MIN + 45 * MIN)
 
 
+@pytest.mark.parametrize("kind", ["backfill", "gap"])
+def test_a_fills_short_last_block_with_the_catalog_counts_as_daily_and_weekly(kind):
+    # 91 days in blocks of 30: the last block is today alone, read after the 04:00 slot.
+    today = d("2026-01-05")
+    blocks = [
+        run(today - 90 * DAY, today - 61 * DAY, utc(2026, 1, 5, 5), kind=kind),
+        run(today - 60 * DAY, today - 31 * DAY, utc(2026, 1, 5, 5, 5), kind=kind),
+        run(today - 30 * DAY, today - DAY, utc(2026, 1, 5, 5, 10), kind=kind),
+        run(today, today, utc(2026, 1, 5, 5, 15), kind=kind, catalog=True),
+    ]
+    now = utc(2026, 1, 5, 5, 30)
+    owed = plan(account(blocks, linked=utc(2026, 1, 5, 4, 50)), now)
+    assert (owed.kind, owed.catalog) == ("live", False)
+    assert owed.due_at == utc(2026, 1, 5, 5, 15) + 45 * MIN
+    # The next day's daily is a 7-day read, not the 28-day weekly.
+    tomorrow = plan(account(blocks, linked=utc(2026, 1, 5, 4, 50)), utc(2026, 1, 6, 4, 1))
+    assert (tomorrow.kind, tomorrow.since) == ("daily", d("2026-01-06") - 6 * DAY)
+
+
+def test_a_fills_last_block_without_the_catalog_leaves_the_daily_owed():
+    today = d("2026-01-05")
+    blocks = [
+        run(today - 89 * DAY, today - DAY, utc(2026, 1, 5, 5), kind="backfill", catalog=True),
+        run(today, today, utc(2026, 1, 5, 5, 15), kind="backfill"),
+    ]
+    owed = plan(account(blocks, linked=utc(2026, 1, 5, 4, 50)), utc(2026, 1, 5, 5, 30))
+    assert (owed.kind, owed.catalog) == ("daily", True)
+
+
 def test_daily_resync_from_04_00_once_a_local_day():
     base = [backfill_done(), run(d("2026-01-01"), d("2026-01-02"), utc(2026, 1, 2, 3, 20))]
     before = plan(account(base), utc(2026, 1, 2, 3, 59))
@@ -451,7 +480,6 @@ def test_heavy_usage_makes_the_next_sync_wait(usage, regain, wait):
         started,
         usage_pct=usage,
         regain_at=None if regain is None else started + 2 * MIN + regain,
-        error="RATE_LIMITED: backing off" if wait else None,
     )
     history = [backfill_done(), daily_at(utc(2026, 1, 2, 4)), busy]
     owed = plan(account(history), started + 10 * MIN)
@@ -462,7 +490,13 @@ def test_heavy_usage_makes_the_next_sync_wait(usage, regain, wait):
         assert owed.due_at >= started + 2 * MIN + HOUR
         assert f"{usage:g}%" in owed.reason
         report = status(account(history), started + 10 * MIN)
-        assert (report.state, report.last_error) == ("live", "RATE_LIMITED: backing off")
+        due = owed.due_at.strftime("%Y-%m-%d %H:%M")
+        assert (report.state, report.last_error) == (
+            "live",
+            f"RATE_LIMITED: backing off until {due} UTC: Meta usage at {usage:g}%",
+        )
+        # Once the wait is over, the note is gone.
+        assert status(account(history), owed.due_at).last_error is None
 
 
 # --- token, sync now, lease -------------------------------------------------
@@ -550,18 +584,22 @@ def test_a_running_sync_holds_a_lease_then_times_out():
     assert not owed.is_due(started + 10 * MIN)
     assert status(account(history), started + 10 * MIN).state == "live"
 
+    # The lease ran out: the run is re-taken at once (the reference's loop), not backed off.
     owed = plan(account(history), started + 15 * MIN)
-    assert owed.due_at == started + 15 * MIN + 15 * MIN
+    assert owed.is_due(started + 15 * MIN)
     assert "RUN_TIMEOUT: the previous sync did not finish" in owed.reason
     report = status(account(history), started + 15 * MIN)
     assert (report.state, report.last_error) == (
         "error",
         "RUN_TIMEOUT: the previous sync did not finish",
     )
-    # A second dead run doubles the wait like any failure.
-    again = run(None, None, started + 30 * MIN, outcome=None, finished=None)
-    owed = plan(account([*history, again]), started + 50 * MIN)
-    assert owed.due_at == started + 45 * MIN + 30 * MIN
+    # A second dead run is re-taken at once too, and a timeout adds no failure to a streak.
+    again = run(None, None, started + 15 * MIN, outcome=None, finished=None)
+    assert not plan(account([*history, again]), started + 29 * MIN).is_due(started + 29 * MIN)
+    assert plan(account([*history, again]), started + 30 * MIN).is_due(started + 30 * MIN)
+    after = failed(started + 40 * MIN)
+    owed = plan(account([*history, again, after]), started + 41 * MIN)
+    assert owed.due_at == after.finished_at + 15 * MIN  # the first failure's wait
 
 
 def test_a_dead_run_before_a_good_one_is_forgotten():

@@ -13,7 +13,7 @@ from rastro_assets.sync import reader
 from rastro_assets.sync.types import SyncRefused, SyncRequest
 from rastro_assets.timekeeping import days_between
 from rastro_assets.warehouse import registry
-from rastro_assets_tests.conftest import TOKEN
+from rastro_assets_tests.conftest import TOKEN, record_sync_run
 from rastro_assets_tests.truth import assert_equals_truth, stored_rows
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
 
@@ -255,3 +255,54 @@ def test_a_wave_writes_its_accounts_together_and_equals_meta(
     for account in ("act_101", "act_202"):
         [_, run] = runs[account]
         assert (run.run_id, run.outcome, run.finished_at is not None) == ("w2", "ok", True)
+
+
+def test_a_long_truncation_note_is_cut_like_every_error(syncer, warehouse, linked_world):
+    linked_world.row_cap = 1  # every day needs an async report, and every report fails
+    linked_world.fail("async", "job_failed", times=None)
+    since, until = SAO_PAULO_TODAY - timedelta(days=29), SAO_PAULO_TODAY
+    outcome = syncer.sync(SyncRequest("act_101", since, until, run_id="t1"))
+    assert outcome.ok and len(outcome.incomplete_days) == 30
+    assert outcome.error.startswith("META_TRUNCATED: ") and len(outcome.error) == 300
+    with warehouse.connect() as con:
+        [run] = sync_runs_by_account(con)["act_101"]
+    assert run.error == outcome.error
+
+
+def test_a_throttle_without_a_wait_keeps_the_wait_announced_earlier_in_the_read(
+    syncer, warehouse, linked_world, fake_clock
+):
+    for _ in range(1200):  # the account's window is full: its reset is a wait to regain access
+        linked_world.record_call("warm-up", "act_101")
+    linked_world.fail("insights_page", "throttled", regain_minutes=0)
+    outcome = syncer.sync(SyncRequest("act_101", *week(), run_id="r1"))
+    assert outcome.outcome == "throttled"
+    announced = outcome.usage.regain_seconds
+    assert announced and outcome.regain_at == fake_clock() + timedelta(seconds=announced)
+    with warehouse.connect() as con:
+        [run] = sync_runs_by_account(con)["act_101"]
+    assert run.regain_at == outcome.regain_at
+
+
+def test_a_run_that_no_longer_holds_its_account_writes_nothing(
+    syncer, warehouse, linked_world, now
+):
+    since, until = week()
+    with warehouse.connect() as con:  # a sync of act_101 started after this run did
+        record_sync_run(con, "newer", "act_101", "manual", since, until,
+                        now + timedelta(minutes=1))
+    wave = syncer.sync_wave(
+        [SyncRequest("act_101", since, until, kind="daily", run_id="w1"),
+         SyncRequest("act_202", *week(TOKYO_TODAY), kind="daily", run_id="w1")],
+        synced_at=now,
+        concurrency=2,
+    )
+    taken, other = sorted(wave.outcomes, key=lambda outcome: outcome.request.ad_account_id)
+    assert taken.outcome == "other" and taken.error.startswith("RUN_TIMEOUT: ")
+    assert other.ok
+    with warehouse.connect() as con:
+        assert stored_rows(con, "act_101", since, until) == set()
+        assert_equals_truth(con, linked_world, "act_202", *week(TOKYO_TODAY))
+        assert_site_spend_exact(con)
+        runs = {run.run_id: run for run in sync_runs_by_account(con)["act_101"]}
+    assert runs["w1"].error == taken.error

@@ -229,7 +229,7 @@ def test_an_ad_filed_under_another_account_is_not_asked_for(catalog, warehouse, 
         con.execute("INSERT INTO ad_catalog (ad_id, ad_account_id) VALUES (?, 'act_202')",
                     [theirs])
     add_leads(warehouse, "s1", [theirs, ours])
-    add_leads(warehouse, "s1", [old], TODAY - timedelta(days=7))  # older than 7 days
+    add_leads(warehouse, "s1", [old], TODAY - timedelta(days=8))  # before the 8 local days
     outcome = catalog.sync_catalog("act_101", full=False, run_id="r1")
     assert outcome.asked_by_id == 1 and outcome.named_ids == [ours]
     assert set(catalog_rows(warehouse, "act_101")) == {ours}
@@ -448,24 +448,55 @@ def test_a_failing_thumbnail_download_never_fails_the_spend_sync(syncer, warehou
     ]
 
 
-def test_a_failing_catalog_read_never_fails_the_spend_sync(syncer, warehouse, linked_world):
+def test_a_failing_full_catalog_read_fails_its_run_and_keeps_the_spend(
+    syncer, warehouse, linked_world
+):
     linked_world.fail("ads", "permission")
-    outcome = syncer.sync(SyncRequest("act_202", TODAY, TODAY, catalog=True, run_id="d1"))
-    assert outcome.ok
-    assert outcome.catalog_error.startswith("META_PERMISSION: ")
+    request = SyncRequest("act_202", TODAY, TODAY, kind="daily", catalog=True, run_id="d1")
+    outcome = syncer.sync(request)
+    assert outcome.outcome == "permission"
+    assert outcome.error.startswith("META_PERMISSION: ") and outcome.error == outcome.catalog_error
     assert outcome.thumbnails is None
-    assert rows(warehouse, "SELECT outcome FROM meta_sync_runs WHERE run_id = 'd1'") == [("ok",)]
+    assert rows(warehouse, "SELECT outcome, error FROM meta_sync_runs WHERE run_id = 'd1'") == [
+        ("permission", outcome.error)
+    ]
+    spend = "SELECT count(*) FROM ad_spend_daily WHERE ad_account_id = 'act_202'"
+    assert rows(warehouse, spend)[0][0] == len(linked_world.truth("act_202", TODAY))
 
 
-def test_an_unexpected_catalog_crash_never_fails_the_spend_sync(syncer, monkeypatch):
+def test_the_full_catalog_reads_usage_counts_toward_the_runs_back_off(
+    syncer, warehouse, linked_world
+):
+    for _ in range(899):  # the spend read ends at 75.0 % of the hourly calls, the catalog over
+        linked_world.record_call("warm-up", "act_202")
+    request = SyncRequest("act_202", TODAY, TODAY, kind="daily", catalog=True, run_id="d1")
+    outcome = syncer.sync(request)
+    assert outcome.ok
+    assert outcome.api_calls > outcome.catalog.api_calls > 0
+    usage = rows(warehouse, "SELECT usage_pct FROM meta_sync_runs WHERE run_id = 'd1'")[0][0]
+    assert usage == outcome.catalog.usage.pct > 75
+
+
+def test_an_unexpected_catalog_crash_fails_the_full_read_without_leaking_a_url(
+    syncer, monkeypatch
+):
     def crash(*args, **kwargs):
         raise RuntimeError("boom at https://cdn.test/x.png?sig=secret")
 
     monkeypatch.setattr(CatalogSyncer, "sync_catalog", crash)
     outcome = syncer.sync(SyncRequest("act_202", TODAY, TODAY, catalog=True))
-    assert outcome.ok
-    assert outcome.catalog_error.startswith("META_UNAVAILABLE: ")
-    assert "sig=" not in outcome.catalog_error
+    assert outcome.outcome == "other"
+    assert outcome.error.startswith("META_UNAVAILABLE: ") and "sig=" not in outcome.error
+
+
+def test_failing_names_of_a_live_sync_never_fail_it(syncer, warehouse, linked_world):
+    silent = linked_world.add_ad("act_101", name="No spend yet",
+                                 delivers_from=TODAY + timedelta(days=30))
+    add_leads(warehouse, "s1", [silent.ad_id])
+    linked_world.fail("ads_by_id", "http5xx_html", times=None)
+    outcome = syncer.sync(SyncRequest("act_101", TODAY, TODAY, kind="live", run_id="l1"))
+    assert outcome.ok and outcome.catalog_error.startswith("META_UNAVAILABLE: ")
+    assert rows(warehouse, "SELECT outcome FROM meta_sync_runs WHERE run_id = 'l1'") == [("ok",)]
 
 
 def test_a_live_sync_names_unnamed_ads_with_leads(syncer, warehouse, linked_world):
@@ -478,3 +509,31 @@ def test_a_live_sync_names_unnamed_ads_with_leads(syncer, warehouse, linked_worl
     assert catalog_rows(warehouse, "act_101")[silent.ad_id][0] == "No spend yet"
     assert thumbnails(warehouse)[silent.ad_id][1] == linked_world.thumbnail_bytes(silent.ad_id)
     assert linked_world.calls["ads"] == 0  # no full read between daily re-syncs
+
+
+# -- a fill's last block ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["backfill", "gap"])
+def test_the_block_of_a_fill_that_reaches_today_reads_the_full_catalog(
+    syncer, warehouse, linked_world, kind
+):
+    earlier = SyncRequest("act_101", TODAY - timedelta(days=40), TODAY - timedelta(days=11),
+                          kind=kind, run_id="b1")
+    last = SyncRequest("act_101", TODAY - timedelta(days=10), TODAY, kind=kind, run_id="b2")
+    first = syncer.sync(earlier)
+    assert first.ok and first.catalog is not None and not first.catalog.full
+    assert linked_world.calls["ads"] == 0
+    outcome = syncer.sync(last)
+    assert outcome.ok and outcome.request.catalog and outcome.catalog.full
+    assert linked_world.calls["ads"] == 1
+    assert set(catalog_rows(warehouse, "act_101")) == set(linked_world.accounts["act_101"].ads)
+    flags = rows(warehouse, "SELECT run_id, catalog FROM meta_sync_runs ORDER BY run_id")
+    assert flags == [("b1", False), ("b2", True)]
+
+
+def test_unnamed_ads_are_looked_for_over_8_local_days(catalog, warehouse, linked_world):
+    edge = linked_world.add_ad("act_101").ad_id
+    add_leads(warehouse, "s1", [edge], TODAY - timedelta(days=7))  # the reference's dayStart - 7
+    outcome = catalog.sync_catalog("act_101", full=False, run_id="r1")
+    assert outcome.named_ids == [edge]
