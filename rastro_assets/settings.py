@@ -20,6 +20,9 @@ DEFAULT_ANALYTICS_LAG_SECONDS = 300
 
 # Operators may make the sensors tick faster (tests, demos); read once, when the code loads.
 SENSOR_INTERVAL_OVERRIDE_SECONDS = int(os.environ.get("RASTRO_SENSOR_INTERVAL_SECONDS") or 0)
+# How long a started sync holds its account (the reference's 15 minutes); a test or
+# demo that kills runs may shorten it. Read once, when the code loads.
+SYNC_LEASE_SECONDS = int(os.environ.get("RASTRO_SYNC_LEASE_SECONDS") or 15 * 60)
 
 
 @dataclass(frozen=True)

@@ -43,10 +43,11 @@ from rastro_assets.planner.marks import (
     reads_weekly,
 )
 from rastro_assets.planner.state import OK, AccountState, SyncRun
+from rastro_assets.settings import SYNC_LEASE_SECONDS
 from rastro_assets.timekeeping import days_between, local_date, local_midnight, zone
 
 LIVE_INTERVAL = timedelta(minutes=45)
-LEASE = timedelta(minutes=15)
+LEASE = timedelta(seconds=SYNC_LEASE_SECONDS)
 RETRY_BASE = timedelta(minutes=15)
 RETRY_MAX = timedelta(hours=6)
 PERMISSION_RETRY = timedelta(hours=6)

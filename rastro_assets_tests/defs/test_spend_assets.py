@@ -206,15 +206,15 @@ def test_a_fills_next_block_waits_out_the_back_off_of_the_last(
     from rastro_assets_tests.conftest import NOW
 
     backfill = {SYNC_KIND_TAG: "backfill"}
-    first = materialize_range(instance, rastro, "act_101", TODAY - timedelta(days=59),
-                              TODAY - timedelta(days=30), tags=backfill)
+    first = materialize_range(instance, rastro, "act_101", TODAY - timedelta(days=5),
+                              TODAY - timedelta(days=3), tags=backfill)
     assert first.success
     with warehouse.connect() as con:  # the block ended with Meta's usage above 75 %
         con.execute("UPDATE meta_sync_runs SET usage_pct = 90 WHERE ad_account_id = 'act_101'")
         runs = con.execute("SELECT count(*) FROM meta_sync_runs").fetchone()[0]
     calls = linked_world.calls["insights"]
     later = rastro_at(NOW + timedelta(minutes=20))
-    second = materialize_range(instance, later, "act_101", TODAY - timedelta(days=29), TODAY,
+    second = materialize_range(instance, later, "act_101", TODAY - timedelta(days=2), TODAY,
                                tags=backfill, raise_on_error=False)
     assert not second.success
     [failure] = [event for event in second.all_events if event.is_step_failure]
@@ -225,5 +225,5 @@ def test_a_fills_next_block_waits_out_the_back_off_of_the_last(
         assert con.execute("SELECT count(*) FROM meta_sync_runs").fetchone()[0] == runs
     # An hour after the block ended, the next one reads.
     after = rastro_at(NOW + timedelta(minutes=62))
-    assert materialize_range(instance, after, "act_101", TODAY - timedelta(days=29), TODAY,
+    assert materialize_range(instance, after, "act_101", TODAY - timedelta(days=2), TODAY,
                              tags=backfill).success

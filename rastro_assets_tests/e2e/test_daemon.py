@@ -40,6 +40,8 @@ ACCOUNT = "act_777"
 NEW_TOKEN = "EAAnewTOKENq81ZrW0pLx3Tm5Yc"
 POLL_SECONDS = 1.0
 LAG_SECONDS = 30
+LEASE_SECONDS = 30  # a killed wave's accounts are taken again this long after it started
+MONITOR_SECONDS = 5
 
 
 def instance_yaml(home: Path) -> dict:
@@ -48,6 +50,7 @@ def instance_yaml(home: Path) -> dict:
     config["storage"] = {"sqlite": {"base_dir": str(home / "storage")}}
     config["local_artifact_storage"]["config"]["base_dir"] = str(home)
     config["compute_logs"]["config"]["base_dir"] = str(home / "logs")
+    config["run_monitoring"]["poll_interval_seconds"] = MONITOR_SECONDS
     return config
 
 
@@ -88,28 +91,51 @@ def daemon_world(tmp_path, secrets_key):
             "RASTRO_META_GRAPH_URL": server.base_url,
             "RASTRO_SECRETS_KEY": secrets_key,
             "RASTRO_SENSOR_INTERVAL_SECONDS": "5",
+            "RASTRO_SYNC_LEASE_SECONDS": str(LEASE_SECONDS),
             "RASTRO_ANALYTICS_PATH": str(snapshot_path),
             "RASTRO_ANALYTICS_LAG_SECONDS": str(LAG_SECONDS),
         }
-        daemon = subprocess.Popen(
-            [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", "workspace.yaml"],
-            cwd=REPO,
-            env=env,
-            stdout=(tmp_path / "daemon.log").open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        daemon = Daemon(env, tmp_path / "daemon.log")
+        daemon.start()
         try:
             # Read-write, as DBeaver and `duckdb FILE` open by default: it locks the file it
             # opened, which later publishes replace rather than write.
             with Analyst(snapshot_path, read_only=False) as writer:
-                yield world, warehouse, vault, home, tmp_path / "daemon.log", writer
+                yield world, warehouse, vault, home, daemon, writer
         finally:
-            os.killpg(daemon.pid, signal.SIGTERM)
-            try:
-                daemon.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(daemon.pid, signal.SIGKILL)
+            daemon.stop()
+
+
+class Daemon:
+    """`dagster-daemon run` from the repo root, in a process group of its own."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env, self.log = env, log
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", "workspace.yaml"],
+            cwd=REPO,
+            env=self.env,
+            stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def kill(self) -> None:
+        """SIGKILL the daemon with its code servers and run workers: nothing ends cleanly."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill()
 
 
 def account_status(warehouse: Warehouse) -> cadence.AccountStatus:
@@ -173,7 +199,8 @@ def busy_skips(home: Path) -> list[str]:
 
 
 def test_the_daemon_backfills_syncs_pauses_and_resumes_while_analysts_read(daemon_world):
-    world, warehouse, vault, home, log, writer = daemon_world
+    world, warehouse, vault, home, daemon, writer = daemon_world
+    log = daemon.log
     snapshot_path = Path(warehouse.path).with_name("analytics.duckdb")
     spend_rows = "SELECT count(*) FROM ad_spend_daily"
     assert writer.query(spend_rows) == [[0]]
@@ -201,7 +228,16 @@ def test_the_daemon_backfills_syncs_pauses_and_resumes_while_analysts_read(daemo
                 "SELECT ad_id FROM ad_catalog WHERE ad_account_id = ?", [ACCOUNT]
             ).fetchall()
         assert {ad_id for (ad_id,) in catalog} == set(world.accounts[ACCOUNT].ads)
-        assert cadence.plan(account.state, datetime.now(UTC)).kind == "live"
+        now = datetime.now(UTC)
+        assert cadence.plan(account.state, now).kind == "live"
+        # Nor does a 7- or 28-day read follow within the hour (unless a new local day's
+        # 04:00 slot falls inside it: that daily is owed).
+        local_today = local_date(now, "Pacific/Auckland")
+        slot = cadence.daily_slot(local_today, "Pacific/Auckland")
+        if slot <= now:
+            slot = cadence.daily_slot(local_today + timedelta(days=1), "Pacific/Auckland")
+        horizon = min(now + timedelta(minutes=59), slot - timedelta(minutes=1))
+        assert cadence.plan(account.state, horizon).kind == "live"
         reader = Analyst(snapshot_path, read_only=True)
         backfilled_view = reader.query(spend_rows)
 
@@ -240,6 +276,28 @@ def test_the_daemon_backfills_syncs_pauses_and_resumes_while_analysts_read(daemo
         assert outcome == "ok"
         assert account_status(warehouse).state == "live"
         assert busy_skips(home) == []
+
+        # SIGKILL the daemon and the wave's run worker while the wave waits on Meta: once the
+        # lease and a monitoring poll are past, the cadence goes on by itself.
+        world.server_stall_seconds = 300
+        world.fail("insights", "timeout", times=None, account=ACCOUNT)
+        asked = world.calls["insights"]
+        sync_now(warehouse)
+        wait_for("a wave stalled on Meta", lambda: world.calls["insights"] > asked, 120)
+        daemon.kill()
+        killed_at = datetime.now(UTC)
+        world.clear_failures()
+        daemon.start()
+        outcome = wait_for(
+            "a wave after the kill", lambda: wave_outcome_after(warehouse, killed_at), 180
+        )
+        assert outcome == "ok"
+        resumed_in = (datetime.now(UTC) - killed_at).total_seconds()
+        print(f"waves resumed {resumed_in:.0f} s after the kill (lease {LEASE_SECONDS} s)")
+        assert resumed_in <= LEASE_SECONDS + MONITOR_SECONDS + 60
+        today = local_date(datetime.now(UTC), "Pacific/Auckland")
+        with warehouse.connect() as con:
+            assert_equals_truth(con, world, ACCOUNT, today - timedelta(days=1), today)
         # The analysts' sessions never moved: each still reads the copy it opened.
         assert writer.query(spend_rows) == [[0]]
         assert reader.query(spend_rows) == backfilled_view
