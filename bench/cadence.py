@@ -265,11 +265,16 @@ def measure_waves(sizes: list[int], kinds: list[str]) -> dict:
             # is in one, once where half are; the model weighs them as the day does.
             off_block = recording_instant(clock() + timedelta(hours=1), most=False)
             in_block = recording_instant(off_block + timedelta(minutes=60))
-            for kind in kinds:
+            for day, kind in enumerate(kinds):
+                # Each kind a day later, at the same local times: time never runs back, or
+                # the spend writer would refuse a wave that started before the last one.
+                later = timedelta(days=day)
                 for size in sizes:
                     # The first wave writes every row; the cadence's steady state is the
                     # next one, 45 minutes on, where only what Meta changed is written.
-                    for label, instant in [(kind, off_block), (f"{kind}+recording", in_block)]:
+                    for label, instant in [
+                        (kind, off_block + later), (f"{kind}+recording", in_block + later)
+                    ]:
                         if kind == "daily" and label != kind:
                             continue
                         clock.set(instant - cadence.LIVE_INTERVAL)

@@ -131,7 +131,11 @@ def test_run_server_serves_the_same_demo_world_in_another_process() -> None:
         assert remote and set(remote) == set(local)
     finally:
         process.terminate()
-        process.wait(timeout=10)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # seen once on a loaded machine: never hang the suite
+            process.kill()
+            process.wait(timeout=10)
 
 
 def test_server_answers_unknown_paths_like_meta(world: FakeWorld) -> None:
