@@ -138,10 +138,30 @@ def prerender(world) -> None:
     server.handle = handle
 
 
+def wave_account(index: int) -> str:
+    """The id of the `index`th account of a wave world (bench/latency.py)."""
+    return f"act_{7_000_000 + index}"
+
+
+def add_wave_accounts(world, n_accounts: int, n_ads: int) -> None:
+    """`n_accounts` more accounts of `n_ads` ads each, every ad ACTIVE and delivering."""
+    for index in range(n_accounts):
+        account = world.add_account(
+            wave_account(index), timezone=TIMEZONE, currency=CURRENCY, n_ads=n_ads, token=TOKEN
+        )
+        for ad in account.ads.values():
+            ad.effective_status = "ACTIVE"
+            ad.delivers_until = None
+
+
 def _serve_main(args: argparse.Namespace) -> None:
     from rastro_assets.meta.fake.server import serve
 
     world = build_world(args.ads, args.row_cap)
+    add_wave_accounts(world, args.wave_accounts, args.wave_ads)
+    # Meta's latency (bench/latency.py); zero unless asked, so other benches are unchanged.
+    world.request_delay_seconds = args.delay_ms / 1000
+    world.async_report_seconds = args.async_seconds
     prerender(world)
     with serve(world) as server:
         print(f"PORT {server.port}", flush=True)
@@ -155,11 +175,25 @@ class Server:
 
 
 @contextlib.contextmanager
-def serve_world(n_ads: int, row_cap: int) -> Iterator[Server]:
-    """The fake Graph for `n_ads` ads in a child process on loopback."""
+def serve_world(
+    n_ads: int,
+    row_cap: int,
+    *,
+    delay_ms: float = 0.0,
+    async_seconds: float = 0.0,
+    wave_accounts: int = 0,
+    wave_ads: int = 20,
+) -> Iterator[Server]:
+    """The fake Graph for `n_ads` ads in a child process on loopback.
+
+    `delay_ms` holds every answer back (Meta's latency), `async_seconds` is how long an
+    async report runs, and `wave_accounts` adds accounts of `wave_ads` ads each.
+    """
     process = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve()), "serve", "--ads", str(n_ads),
-         "--row-cap", str(row_cap)],
+         "--row-cap", str(row_cap), "--delay-ms", str(delay_ms),
+         "--async-seconds", str(async_seconds), "--wave-accounts", str(wave_accounts),
+         "--wave-ads", str(wave_ads)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -200,7 +234,8 @@ def linked_warehouse(directory: str | os.PathLike, sites: tuple[str, ...] = SITE
     return warehouse, vault
 
 
-def make_syncer(warehouse, base_url: str, transport_factory=None, page_size: int = 500):
+def make_syncer(warehouse, base_url: str, transport_factory=None, page_size: int = 500,
+                **client_options):
     """A Syncer reaching `base_url` with a fixed clock at NOW (one new transport a client)."""
     from rastro_assets.meta.client import MetaClient
     from rastro_assets.sync.syncer import Syncer
@@ -209,7 +244,8 @@ def make_syncer(warehouse, base_url: str, transport_factory=None, page_size: int
     def client(token: str) -> MetaClient:
         transport = transport_factory() if transport_factory else None
         return MetaClient(token, base_url=base_url, transport=transport, page_size=page_size,
-                          sleep=lambda seconds: None, async_poll_seconds=0)
+                          sleep=lambda seconds: None,
+                          **({"async_poll_seconds": 0} | client_options))
 
     return Syncer(warehouse, client, clock=fixed_clock(NOW))
 
@@ -230,6 +266,15 @@ def run_backfill(syncer, blocks: list[tuple[date, date]], tag: str = "bench"):
     return outcomes
 
 
+def link_wave_accounts(warehouse, n_accounts: int, site: str = SITES[0]) -> None:
+    """Link the wave world's first `n_accounts` accounts to `site` through connection c1."""
+    from rastro_assets.warehouse import registry
+
+    with warehouse.connect() as con:
+        for index in range(n_accounts):
+            registry.link_account(con, site, wave_account(index), "c1", TIMEZONE, CURRENCY, NOW)
+
+
 def tempdir() -> tempfile.TemporaryDirectory:
     return tempfile.TemporaryDirectory(prefix="rastro-bench-")
 
@@ -240,4 +285,8 @@ if __name__ == "__main__":
     serve_parser = sub.add_parser("serve", help="serve the bench world on loopback")
     serve_parser.add_argument("--ads", type=int, default=2000)
     serve_parser.add_argument("--row-cap", type=int, default=5000)
+    serve_parser.add_argument("--delay-ms", type=float, default=0.0)
+    serve_parser.add_argument("--async-seconds", type=float, default=0.0)
+    serve_parser.add_argument("--wave-accounts", type=int, default=0)
+    serve_parser.add_argument("--wave-ads", type=int, default=20)
     _serve_main(parser.parse_args())

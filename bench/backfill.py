@@ -63,15 +63,17 @@ def sync_once(base_url: str, blocks, log: list | None = None) -> tuple[float, in
 
 
 def floor_once(requests: list) -> tuple[float, int]:
-    """(seconds, rows) of downloading the same requests and json.loads on them."""
+    """(seconds, insights rows) of downloading the same requests and json.loads on them."""
     rows = 0
     started = time.perf_counter()
     with httpx.Client(timeout=60, headers={"User-Agent": "rastro-assets"}) as http:
         auth = {"Authorization": f"Bearer {_world.TOKEN}"}
         for method, url, body in requests:
             response = http.request(method, url, headers=auth, content=body or None)
+            if not response.headers.get("content-type", "").startswith("application/json"):
+                continue  # a thumbnail the last block fetched with the catalog: downloaded only
             data = json.loads(response.content).get("data")
-            rows += len(data) if isinstance(data, list) else 0
+            rows += len(data) if isinstance(data, list) and "/insights" in url else 0
     return time.perf_counter() - started, rows
 
 

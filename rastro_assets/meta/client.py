@@ -18,7 +18,11 @@ import httpx
 
 from rastro_assets.accounts import normalize_account_id
 from rastro_assets.meta.errors import UNKNOWN_ALIAS_CODE, MetaError
-from rastro_assets.meta.insights import InsightsReader
+from rastro_assets.meta.insights import (
+    RANGE_CONCURRENCY,
+    TARGET_ROWS_PER_RANGE,
+    InsightsReader,
+)
 from rastro_assets.meta.models import (
     EFFECTIVE_STATUSES,
     Ad,
@@ -57,6 +61,8 @@ class MetaClient:
         sleep: how to wait (injected so tests never wait).
         async_poll_seconds: the wait between polls of an async report job.
         async_timeout_seconds: how long to wait for an async report job.
+        range_concurrency: insights ranges of one read in flight at once.
+        range_rows: rows an insights range sized from a known rate aims at.
     """
 
     def __init__(
@@ -71,6 +77,8 @@ class MetaClient:
         sleep: Callable[[float], None] = time.sleep,
         async_poll_seconds: float = 2.0,
         async_timeout_seconds: float = 600,
+        range_concurrency: int = RANGE_CONCURRENCY,
+        range_rows: int = TARGET_ROWS_PER_RANGE,
     ) -> None:
         check_token_text(token)
         if page_size < 1 or max_retries < 0 or timeout_seconds <= 0:
@@ -82,7 +90,8 @@ class MetaClient:
         self._page_size = page_size
         self._insights = InsightsReader(
             self._session, page_size=page_size, async_poll_seconds=async_poll_seconds,
-            async_timeout_seconds=async_timeout_seconds,
+            async_timeout_seconds=async_timeout_seconds, range_concurrency=range_concurrency,
+            range_rows=range_rows,
         )
 
     @property
@@ -104,21 +113,26 @@ class MetaClient:
 
     # -- public API -------------------------------------------------------
 
-    def insights(self, ad_account_id: str, since: date, until: date) -> Iterator[InsightsChunk]:
+    def insights(
+        self, ad_account_id: str, since: date, until: date, *, rows_per_day: int | None = None
+    ) -> Iterator[InsightsChunk]:
         """Every ad-day of [since, until], as chunks in date order.
 
-        Each day is covered by exactly one chunk. The whole range is tried
-        first; when Meta says it is too much (or does not answer in time) the
-        range is halved, down to single days, and a single day that is still
-        too much runs as an async report job. A chunk is `complete` only if
-        every page was read; a day whose async job failed or timed out comes
-        back incomplete. Any other failure raises `MetaError`, and the chunks
-        already yielded stay valid.
+        Each day is covered by exactly one chunk. Ranges are sized from
+        `rows_per_day` (the most rows a day of the account held lately) and
+        from each answer; with nothing known the whole range is tried first.
+        When Meta says a range is too much (or does not answer in time) it is
+        split, down to single days, and a single day that is still too much
+        runs as an async report job. A few ranges are read at once. A chunk is
+        `complete` only if every page was read; a day whose async job failed
+        or timed out comes back incomplete. Any other failure starts no more
+        ranges (a throttle also stops those in flight) and raises `MetaError`
+        after the chunks read completely, which stay valid.
         """
         act = normalize_account_id(ad_account_id)
         if since > until:
             raise ValueError(f"since {since} is after until {until}")
-        return self._insights.chunks(act, since, until)
+        return self._insights.chunks(act, since, until, rows_per_day=rows_per_day)
 
     def ads(self, ad_account_id: str) -> Iterator[Ad]:
         """The account's whole catalog, every effective status, paged."""

@@ -1,17 +1,23 @@
-"""Reading insights: range halving, async report jobs, and the chunks they make.
+"""Reading insights: sized ranges read side by side, async report jobs, the chunks they make.
 
-The whole range is asked first; when Meta says it is too much (or does not
-answer in time) the range is halved down to single days, and a single day
-that is still too much runs as an async report job.
+A range is sized from the rows per day the account is known to hold (its history,
+then each answer) so that Meta answers it; with nothing known the whole range is
+asked. When Meta says a range is too much (or does not answer in time) it is split,
+down to single days, and a single day that is still too much runs as an async report
+job. Real Meta answers a page in a second or so: a few ranges of a read are in flight
+at once, each paged one page after another.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from datetime import date, timedelta
 
 import pyarrow as pa
@@ -33,6 +39,8 @@ ASYNC_DONE = "Job Completed"
 ASYNC_GAVE_UP = frozenset({"Job Failed", "Job Skipped"})
 
 _NODE_ID_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+Range = tuple[date, date]
 
 
 def _by_day_and_ad(pages: list[pa.Table]) -> pa.Table:
@@ -65,6 +73,75 @@ def _by_day_and_ad(pages: list[pa.Table]) -> pa.Table:
                                                        ("ad_id", "ascending")])
 
 
+TARGET_ROWS_PER_RANGE = 2_000
+"""Rows a range sized from an account's history aims at: four pages of 500. Meta names no
+cap, so this is a guess meant to sit below it (the fake refuses above 5,000); a refusal
+corrects it for the rest of the read. Pages cost the same however the days are grouped,
+so small ranges cost little more than a short last page each, and a backfill's ranges are
+many enough to read side by side."""
+RANGE_CONCURRENCY = 4
+"""Ranges of one read in flight at once; pages within a range stay one after another."""
+USAGE_CEILING_PCT = 75.0
+"""Above this share of any Meta limit, an account's ranges are read one at a time (the
+planner backs off above the same share: planner.cadence.USAGE_BACKOFF_PCT)."""
+
+
+class RangeSizer:
+    """How many days one insights request asks for, from what is known of the account.
+
+    Known: the most rows one day held (from the warehouse's history, then from each
+    answer), and whether Meta refused a range of this read. Unrefused, a range aims at
+    `target_rows`; once refused, at the most rows Meta answered in one range of this
+    read (at least one day), so no later range of the read is refused. With no rate
+    known, the whole range is asked (a small account reads in one request); when it is
+    refused, its first day alone is read next, whose rows per day size the rest.
+    """
+
+    def __init__(self, rows_per_day: int | None = None,
+                 target_rows: int = TARGET_ROWS_PER_RANGE) -> None:
+        self.rows_per_day = rows_per_day if rows_per_day and rows_per_day > 0 else None
+        self._target_rows = target_rows
+        self._answered_rows = 0
+        self._refused = False
+
+    def learn_answer(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        busiest = pc.max(pc.value_counts(table["day"]).field("counts")).as_py()
+        self.rows_per_day = max(self.rows_per_day or 0, busiest)
+        self._answered_rows = max(self._answered_rows, table.num_rows)
+
+    def learn_refusal(self) -> None:
+        self._refused = True
+
+    def days_per_range(self) -> int | None:
+        """Days a request may ask for; None: nothing is known, ask the whole range."""
+        if self.rows_per_day is None:
+            return None
+        limit = self._answered_rows if self._refused else self._target_rows
+        return max(1, limit // self.rows_per_day)
+
+    def split(self, since: date, until: date) -> list[Range]:
+        days = self.days_per_range()
+        if days is None:
+            return [(since, until)]
+        ranges = []
+        start = since
+        while start <= until:
+            end = min(until, start + timedelta(days=days - 1))
+            ranges.append((start, end))
+            start = end + timedelta(days=1)
+        return ranges
+
+
+class _Refused(Exception):
+    """Meta said a range is too much (or did not answer it in time)."""
+
+
+class _Stopped(Exception):
+    """Another range of the read was throttled: this one stops between pages."""
+
+
 class InsightsReader:
     """Insights of one session, read `page_size` rows a page.
 
@@ -73,6 +150,8 @@ class InsightsReader:
         page_size: `limit` asked for on each page.
         async_poll_seconds: the wait between polls of an async report job.
         async_timeout_seconds: how long to wait for an async report job.
+        range_concurrency: ranges of one read in flight at once.
+        range_rows: rows a range sized from a known rate aims at.
     """
 
     def __init__(
@@ -82,36 +161,50 @@ class InsightsReader:
         page_size: int,
         async_poll_seconds: float,
         async_timeout_seconds: float,
+        range_concurrency: int = RANGE_CONCURRENCY,
+        range_rows: int = TARGET_ROWS_PER_RANGE,
     ) -> None:
+        if range_concurrency < 1 or range_rows < 1:
+            raise ValueError("range_concurrency and range_rows must be at least 1")
+        self._range_rows = range_rows
         self._session = session
         self._page_size = page_size
         self._async_poll_seconds = async_poll_seconds
         self._async_timeout_seconds = async_timeout_seconds
+        self.range_concurrency = range_concurrency
 
-    def chunks(self, act: str, since: date, until: date) -> Iterator[InsightsChunk]:
-        """Every ad-day of [since, until] of `act` (normalized), as chunks in date order."""
-        return self._insights_range(act, since, until)
+    def chunks(
+        self, act: str, since: date, until: date, *, rows_per_day: int | None = None
+    ) -> Iterator[InsightsChunk]:
+        """Every ad-day of [since, until] of `act` (normalized), as chunks in date order.
 
-    def _insights_range(self, act: str, since: date, until: date) -> Iterator[InsightsChunk]:
+        `rows_per_day`: the most rows a day of this account held lately, which sizes
+        the ranges asked (None: unknown).
+        """
+        sizer = RangeSizer(rows_per_day, target_rows=self._range_rows)
+        return _RangeRead(self, act, sizer).run(since, until)
+
+    def _read_range(self, act: str, since: date, until: date,
+                    stop: threading.Event) -> InsightsChunk:
+        """One range's complete chunk; `_Refused` when Meta says it is too much."""
         try:
-            table = self._read_insights(act, since, until)
+            table = self._read_insights(act, since, until, stop)
         except MetaError as exc:
             if not (exc.kind is ErrorKind.TOO_MUCH_DATA or isinstance(exc, TimedOut)):
                 raise
-            reason = str(exc)
-        else:
-            yield InsightsChunk(since=since, until=until, table=table, complete=True)
-            return
-        if since == until:
-            log.info("%s %s is too much for one request (%s); running an async report",
-                     act, since, reason)
-            yield self._read_async(act, since)
-            return
-        middle = since + timedelta(days=(until - since).days // 2)
-        log.info("%s %s..%s is too much for one request (%s); splitting",
-                 act, since, until, reason)
-        yield from self._insights_range(act, since, middle)
-        yield from self._insights_range(act, middle + timedelta(days=1), until)
+            if since == until:
+                log.info("%s %s is too much for one request (%s); running an async report",
+                         act, since, exc)
+                return self._read_async(act, since, stop)
+            log.info("%s %s..%s is too much for one request (%s); splitting",
+                     act, since, until, exc)
+            raise _Refused(str(exc)) from None
+        return InsightsChunk(since=since, until=until, table=table, complete=True)
+
+    @property
+    def busy(self) -> bool:
+        """The peak usage seen is above the ceiling: read one range at a time."""
+        return self._session.stats.usage.pct > USAGE_CEILING_PCT
 
     def _insights_params(self, since: date, until: date) -> dict[str, str]:
         return {
@@ -128,13 +221,16 @@ class InsightsReader:
             ),
         }
 
-    def _read_insights(self, act: str, since: date, until: date) -> pa.Table:
+    def _read_insights(self, act: str, since: date, until: date,
+                       stop: threading.Event) -> pa.Table:
         params = self._insights_params(since, until) | {"limit": str(self._page_size)}
         pages: list[pa.Table] = []
         what = f"GET {act}/insights {since}..{until}"
         for page in self._session.pages(f"{act}/insights", params, what=what,
                                         retry_timeouts=False,
                                         read_page=self._page_reader(since, until)):
+            if stop.is_set():
+                raise _Stopped
             pages.append(
                 page if isinstance(page, pa.Table)
                 else parse_insight_table(page, since, until)
@@ -145,7 +241,7 @@ class InsightsReader:
     def _page_reader(since: date, until: date) -> PageReader:
         return lambda body: read_insights_page(body, since, until)
 
-    def _read_async(self, act: str, day: date) -> InsightsChunk:
+    def _read_async(self, act: str, day: date, stop: threading.Event) -> InsightsChunk:
         def incomplete(pages: Sequence[pa.Table] = ()) -> InsightsChunk:
             return InsightsChunk(
                 since=day, until=day, table=_by_day_and_ad(list(pages)), complete=False
@@ -189,6 +285,8 @@ class InsightsReader:
                 return incomplete()
             self._session.sleep(self._async_poll_seconds)
             waited_seconds += self._async_poll_seconds
+            if stop.is_set():
+                raise _Stopped
 
         pages: list[pa.Table] = []
         try:
@@ -206,3 +304,117 @@ class InsightsReader:
             log.warning("%s could not be read in full: %s", what, exc)
             return incomplete(pages)
         return InsightsChunk(since=day, until=day, table=_by_day_and_ad(pages), complete=True)
+
+class _RangeRead:
+    """One read's ranges: sized, read up to `range_concurrency` at a time, yielded in order.
+
+    Ranges wait in date order; a refused one is split (by the sizer once it knows a
+    rate, else its first day apart) and its parts go back in their place. After the
+    first failure no range starts; a throttle also stops the ranges in flight between
+    pages (the account's budget is spent), while after any other failure they finish,
+    so what they read is kept. What was read completely is yielded, in date order,
+    before the failure is raised.
+    """
+
+    def __init__(self, reader: InsightsReader, act: str, sizer: RangeSizer) -> None:
+        self._reader = reader
+        self._act = act
+        self._sizer = sizer
+        self._stop = threading.Event()
+        self._pending: list[Range] = []
+        self._done: dict[date, InsightsChunk] = {}
+        self._failure: BaseException | None = None
+
+    def run(self, since: date, until: date) -> Iterator[InsightsChunk]:
+        self._pending = [(since, until)]
+        cursor = since
+        in_flight: dict[Future[tuple[InsightsChunk | None, BaseException | None]], Range] = {}
+        executor: ThreadPoolExecutor | None = None
+        try:
+            while True:
+                while self._may_launch(cursor, len(in_flight)):
+                    piece = self._take()
+                    width = self._width()
+                    if width == 1 or (executor is None and not self._pending and not in_flight):
+                        self._settle(piece, *self._attempt(piece))
+                        continue
+                    if executor is None:
+                        executor = ThreadPoolExecutor(
+                            self._reader.range_concurrency, thread_name_prefix="rastro-range"
+                        )
+                    in_flight[executor.submit(self._attempt, piece)] = piece
+                while cursor in self._done:
+                    chunk = self._done.pop(cursor)
+                    cursor = chunk.until + timedelta(days=1)
+                    yield chunk
+                if not in_flight:
+                    if self._failure is not None or not self._pending:
+                        break
+                    continue
+                finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    self._settle(in_flight.pop(future), *future.result())
+        finally:
+            self._stop.set()
+            if executor is not None:
+                executor.shutdown(wait=True, cancel_futures=True)
+        if self._failure is not None:
+            for start in sorted(self._done):
+                yield self._done.pop(start)
+            raise self._failure
+
+    def _width(self) -> int:
+        if self._reader.busy or self._sizer.rows_per_day is None:
+            # Nothing sizes the ranges yet: side by side they would be refused together.
+            return 1
+        return self._reader.range_concurrency
+
+    def _may_launch(self, cursor: date, in_flight: int) -> bool:
+        if not self._pending or self._failure is not None:
+            return False
+        if self._pending[0][0] == cursor:
+            return True  # the range every later chunk waits for
+        return in_flight < self._width() and len(self._done) < 2 * self._width()
+
+    def _take(self) -> Range:
+        since, until = self._pending.pop(0)
+        first, *rest = self._sizer.split(since, until)
+        self._pending[0:0] = rest
+        return first
+
+    def _attempt(self, piece: Range) -> tuple[InsightsChunk | None, BaseException | None]:
+        try:
+            return self._reader._read_range(self._act, *piece, self._stop), None
+        except Exception as exc:  # noqa: BLE001 - settled (and raised) by the reading thread
+            return None, exc
+
+    def _settle(self, piece: Range, chunk: InsightsChunk | None,
+                error: BaseException | None) -> None:
+        if chunk is not None:
+            if chunk.complete:
+                self._sizer.learn_answer(chunk.table)
+            self._done[chunk.since] = chunk
+        elif isinstance(error, _Refused):
+            self._sizer.learn_refusal()
+            self._put_back(self._smaller(piece))
+        elif isinstance(error, _Stopped):
+            pass
+        elif self._failure is None:
+            self._failure = error
+            if isinstance(error, MetaError) and error.kind is ErrorKind.THROTTLED:
+                self._stop.set()
+
+    def _smaller(self, piece: Range) -> list[Range]:
+        since, until = piece
+        if self._sizer.rows_per_day is None:
+            # One day is the least Meta can be asked for; its answer sizes the rest.
+            return [(since, since), (since + timedelta(days=1), until)]
+        parts = self._sizer.split(since, until)
+        if len(parts) > 1:
+            return parts
+        middle = since + timedelta(days=(until - since).days // 2)
+        return [(since, middle), (middle + timedelta(days=1), until)]
+
+    def _put_back(self, parts: list[Range]) -> None:
+        at = bisect.bisect_left(self._pending, parts[0])
+        self._pending[at:at] = parts

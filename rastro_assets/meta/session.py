@@ -13,6 +13,7 @@ import json
 import logging
 import random
 import ssl
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
@@ -122,6 +123,8 @@ class GraphSession:
             headers={"User-Agent": "rastro-assets"},
         )
         self.stats = CallStats()
+        # The ranges of one insights read share this session from a few threads.
+        self._stats_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"GraphSession(base_url={self.base_url!r})"
@@ -268,7 +271,7 @@ class GraphSession:
                 failed=f"the connection to Meta failed during {what}",
             )
         except MetaError:
-            self.stats.record(Usage())
+            self._record(Usage())
             raise
         usage = parse_usage(response.headers)
         try:
@@ -277,10 +280,14 @@ class GraphSession:
             if exc.kind is ErrorKind.THROTTLED:
                 usage = parse_usage(response.headers, throttled=True)
                 exc.regain_seconds = usage.regain_seconds
-            self.stats.record(usage)
+            self._record(usage)
             raise
-        self.stats.record(usage)
+        self._record(usage)
         return body
+
+    def _record(self, usage: Usage) -> None:
+        with self._stats_lock:
+            self.stats.record(usage)
 
     def _decode(
         self, response: httpx.Response, what: str, read_page: PageReader | None = None

@@ -56,19 +56,25 @@ class SpendBatch:
 
 
 def read_spend(
-    client: MetaClient, ad_account_id: str, since: date, until: date
+    client: MetaClient,
+    ad_account_id: str,
+    since: date,
+    until: date,
+    *,
+    rows_per_day: int | None = None,
 ) -> Iterator[SpendBatch]:
     """Yield the account's ad-days for `since`..`until` in batches, as Meta answers.
 
-    Should the read fail, the chunks read completely before the failure come
-    first, as a batch that is not `whole`, and then the `MetaError`: what was
-    read completely is as true as any other read.
+    `rows_per_day` (the most rows a day of the account held lately) sizes the
+    ranges asked of Meta. Should the read fail, the chunks read completely
+    before the failure come first, as a batch that is not `whole`, and then
+    the `MetaError`: what was read completely is as true as any other read.
     """
     pending: list[InsightsChunk] = []
     pending_rows = 0
     yielded = False
     try:
-        for chunk in client.insights(ad_account_id, since, until):
+        for chunk in client.insights(ad_account_id, since, until, rows_per_day=rows_per_day):
             pending.append(chunk)
             pending_rows += chunk.table.num_rows
             if pending_rows >= BATCH_ROWS:

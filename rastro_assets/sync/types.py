@@ -102,6 +102,7 @@ class SyncOutcome:
 
     request: SyncRequest
     timezone: str = "UTC"
+    currency: str | None = None  # the account's, as linked: the unit of every spend figure
     started_at: datetime | None = None
     outcome: Outcome = Outcome.OK
     error: str | None = None

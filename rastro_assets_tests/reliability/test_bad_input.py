@@ -462,7 +462,7 @@ def test_a_writer_refusal_finishes_the_run_with_a_classified_outcome(bench):
     class Client:
         stats = MetaClient("x", base_url=GRAPH).stats
 
-        def insights(self, ad_account_id, since, until):
+        def insights(self, ad_account_id, since, until, *, rows_per_day=None):
             row = InsightRow("1001", SINCE, Decimal(1), 1, 1, 0)
             table = chunk_from_rows(since, until, [row], complete=True).table
             spend = pa.array([Decimal("100000000000000")], pa.decimal128(38, 4))

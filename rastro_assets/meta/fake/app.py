@@ -629,13 +629,16 @@ def _start_job(request: _Request, account: FakeAccount, outcome: str) -> dict[st
     return {"report_run_id": job.run_id}
 
 
-def _job_state(job: ReportJob) -> tuple[str, int]:
+def _job_state(job: ReportJob, now: float) -> tuple[str, int]:
     if job.polls <= 1:
         return "Job Not Started", 0
     if job.outcome == "skipped":
         return "Job Skipped", 0
     if job.outcome == "stuck" or job.polls < ASYNC_POLLS_TO_FINISH:
         return "Job Running", min(99, 100 * (job.polls - 1) // ASYNC_POLLS_TO_FINISH)
+    elapsed = now - job.started
+    if elapsed < job.duration_seconds:
+        return "Job Running", min(99, int(100 * elapsed / job.duration_seconds))
     if job.outcome == "failed":
         return "Job Failed", 0
     return "Job Completed", 100
@@ -645,7 +648,7 @@ def _job_state(job: ReportJob) -> tuple[str, int]:
 def _report_status(request: _Request, job: ReportJob) -> dict[str, Any]:
     world = request.world
     job.polls += 1
-    status, percent = _job_state(job)
+    status, percent = _job_state(job, world.monotonic())
     if status == "Job Completed" and job.rows is None:
         job.rows = world.rows(world.accounts[job.ad_account_id], job.since, job.until,
                               job.statuses)
@@ -670,7 +673,7 @@ def _report_status(request: _Request, job: ReportJob) -> dict[str, Any]:
 
 def _report_rows(request: _Request, job: ReportJob) -> dict[str, Any]:
     if job.rows is None:
-        status, _ = _job_state(job)
+        status, _ = _job_state(job, request.world.monotonic())
         raise _Answer(_error(request, 400, 100,
                              f"(#100) The report is not ready: its status is {status}"))
     account = request.world.accounts[job.ad_account_id]

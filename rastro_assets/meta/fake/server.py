@@ -2,7 +2,8 @@
 
 The same `handle()` as the in-process transport answers; this module only
 carries bytes. Faults become what a client would see from a real network: a
-"timeout" stalls without answering, "dropped" sends half a body and closes.
+"timeout" stalls without answering, "dropped" sends half a body and closes. The world's
+`request_delay_seconds` holds every answer back that long, as Meta's latency would.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class _Handler(BaseHTTPRequestHandler):
             body,
             cdn_base=origin + SERVER_CDN_PREFIX,
         )
+        delay = self.server.world.request_delay_seconds
+        if delay > 0:
+            # Outside the world's lock: requests in flight wait side by side, as at Meta.
+            self.server.world.sleep(delay)
         if answer.fault == "timeout":
             time.sleep(self.server.world.server_stall_seconds)
             self._hang_up()

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
@@ -297,6 +298,8 @@ class ReportJob:
     statuses: frozenset[str]
     outcome: str  # "complete" | "failed" | "skipped" | "stuck"
     polls: int = 0
+    started: float = 0.0  # the world's monotonic reading when the job was made
+    duration_seconds: float = 0.0  # how long it runs before it can complete
     rows: list[tuple[FakeAd, date, Figures]] | None = None
 
 
@@ -362,6 +365,12 @@ class FakeWorld:
         self.row_cap = row_cap
         self.max_page_size = MAX_PAGE_SIZE
         self.server_stall_seconds = SERVER_STALL_SECONDS
+        # Real Meta answers a page in 0.3-2 s and an async report in seconds to minutes.
+        # Benchmarks set these; at zero (the default) the fake answers at once.
+        self.request_delay_seconds = 0.0
+        self.async_report_seconds = 0.0
+        self.sleep: Callable[[float], None] = time.sleep
+        self.monotonic: Callable[[], float] = time.monotonic
         self.accounts: dict[str, FakeAccount] = {}
         self.calls: Counter[str] = Counter()
         self.lock = threading.RLock()
@@ -800,7 +809,8 @@ class FakeWorld:
 
     def new_job(self, **kwargs: Any) -> ReportJob:
         run_id = str(6120000000000000 + len(self._jobs) + 1)
-        job = ReportJob(run_id=run_id, **kwargs)
+        job = ReportJob(run_id=run_id, started=self.monotonic(),
+                        duration_seconds=self.async_report_seconds, **kwargs)
         self._jobs[run_id] = job
         return job
 
