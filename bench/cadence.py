@@ -22,7 +22,12 @@ in a recording block x their extra) / N,
 and storage at steady state with retention = the latest materialization of
 each account-day partition (two assets) plus its sync rows.
 
-Run: .venv/bin/python bench/cadence.py [--quick]
+Part 1 also simulates a mixed population, a share of it idle (no spend today or
+yesterday and no ACTIVE ad, so read live every 3 hours), and prints Meta calls per
+account-day for the active and the idle accounts beside their goals (active: the
+reference; idle: at most half of it). `--simulate-only` runs part 1 alone (seconds).
+
+Run: .venv/bin/python bench/cadence.py [--quick] [--idle-share 0.5] [--simulate-only]
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ sys.path.insert(0, str(REPO))
 
 from rastro_assets.defs.wave import LIVE_RECORD_BLOCK_MINUTES  # noqa: E402
 from rastro_assets.planner import cadence  # noqa: E402
-from rastro_assets.planner.state import AccountState, SyncRun  # noqa: E402
+from rastro_assets.planner.state import AccountState, Delivery, SyncRun  # noqa: E402
 from rastro_assets.timekeeping import local_date  # noqa: E402
 
 TIMEZONES = [
@@ -65,7 +70,12 @@ START = datetime(2026, 11, 30, 0, 0, tzinfo=UTC)
 WAVE_SECONDS_PER_ACCOUNT = 0.05  # wall time a wave holds the cadence (4 syncs at once)
 
 
-def backfilled_state(index: int, now: datetime) -> AccountState:
+# An active account has ACTIVE ads; an idle one has no spend and none (`cadence.is_idle`).
+ACTIVE = Delivery(active_ad=True)
+IDLE = Delivery()
+
+
+def backfilled_state(index: int, now: datetime, delivery: Delivery = ACTIVE) -> AccountState:
     timezone = TIMEZONES[index % len(TIMEZONES)]
     linked = now - timedelta(days=2)
     today = local_date(linked, timezone)
@@ -88,6 +98,7 @@ def backfilled_state(index: int, now: datetime) -> AccountState:
         token_sealed_at=linked - timedelta(minutes=1),
         sync_requested_at=None,
         runs=[backfill],
+        delivery=delivery,
     )
 
 
@@ -122,9 +133,20 @@ def meta_calls(plan: cadence.Plan) -> int:
     return calls
 
 
-def simulate(n_accounts: int, hours: int = 48) -> dict:
-    """Tick the planner over `hours`; report the last 24 hours (a steady day)."""
-    states = [backfilled_state(index, START) for index in range(n_accounts)]
+def simulate(n_accounts: int, hours: int = 48, idle_share: float = 0.0) -> dict:
+    """Tick the planner over `hours`; report the last 24 hours (a steady day).
+
+    The last `idle_share` of the accounts are idle the whole time; `populations` holds
+    Meta calls per account-day and the oldest today of each population.
+    """
+    n_idle = round(n_accounts * idle_share)
+    idle = [index >= n_accounts - n_idle for index in range(n_accounts)]
+    states = [
+        backfilled_state(index, START, IDLE if idle[index] else ACTIVE)
+        for index in range(n_accounts)
+    ]
+    calls_by_population: Counter[bool] = Counter()
+    age_by_population = {False: timedelta(0), True: timedelta(0)}
     runs: list[list[SyncRun]] = [list(state.runs) for state in states]
     steady_from = START + timedelta(hours=hours - 24)
     next_check = [START] * n_accounts
@@ -170,6 +192,7 @@ def simulate(n_accounts: int, hours: int = 48) -> dict:
                     if now >= steady_from:
                         syncs[plan.kind] += 1
                         calls += meta_calls(plan)
+                        calls_by_population[idle[index]] += meta_calls(plan)
                         if plan.kind == "live" and in_recording_block(
                             now, states[index].timezone
                         ):
@@ -177,10 +200,11 @@ def simulate(n_accounts: int, hours: int = 48) -> dict:
                 if now >= steady_from:
                     waves += 1
         if now >= steady_from and now.minute % 5 == 0:
-            for state in states:
+            for index, state in enumerate(states):
                 synced = cadence.today_synced_at(state)
                 age = now - synced if synced else timedelta(days=1)
                 worst_age = max(worst_age, age)
+                age_by_population[idle[index]] = max(age_by_population[idle[index]], age)
         now += TICK
     return {
         "accounts": n_accounts,
@@ -190,7 +214,33 @@ def simulate(n_accounts: int, hours: int = 48) -> dict:
         "meta_calls_per_account_day": calls / n_accounts,
         "reference_calls_per_account_day": reference_calls(),
         "worst_today_age_minutes": worst_age.total_seconds() / 60,
+        "populations": {
+            name: {
+                "accounts": count,
+                "meta_calls_per_account_day": calls_by_population[is_idle] / count,
+                "worst_today_age_minutes": age_by_population[is_idle].total_seconds() / 60,
+            }
+            for name, is_idle, count in (
+                ("active", False, n_accounts - n_idle), ("idle", True, n_idle)
+            )
+            if count
+        },
     }
+
+
+def print_populations(n_accounts: int, idle_share: float) -> None:
+    """Meta calls per account-day of the active and the idle accounts, beside their goals."""
+    simulated = simulate(n_accounts, idle_share=idle_share)
+    reference = simulated["reference_calls_per_account_day"]
+    goals = {"active": reference, "idle": reference / 2}
+    for name, figures in simulated["populations"].items():
+        calls = figures["meta_calls_per_account_day"]
+        print(
+            f"{name} accounts ({figures['accounts']} of {n_accounts}): "
+            f"Meta calls/account-day {calls:.1f} (goal <= {goals[name]:.1f}: "
+            f"{'met' if calls <= goals[name] + 1e-9 else 'MISSED'}), "
+            f"oldest today {figures['worst_today_age_minutes']:.0f} min"
+        )
 
 
 def reference_calls() -> float:
@@ -382,7 +432,20 @@ def fit(small: dict, large: dict, small_n: int, large_n: int, key: str) -> tuple
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller waves, 1,000 accounts only")
+    parser.add_argument(
+        "--idle-share", type=float, default=0.5,
+        help="share of idle accounts in the mixed population of part 1 (default 0.5)",
+    )
+    parser.add_argument(
+        "--simulate-only", action="store_true",
+        help="part 1 alone: the simulated day's Meta calls, no Dagster runs",
+    )
     args = parser.parse_args()
+    if not 0 < args.idle_share < 1:
+        parser.error("--idle-share must be between 0 and 1")
+    if args.simulate_only:
+        print_populations(1000, args.idle_share)
+        return
     sizes = [5, 40] if args.quick else [10, 100]
     measured = measure_waves(sizes, ["live", "daily"])
     bytes_per_event = measured.pop("bytes_per_materialization")
@@ -460,6 +523,7 @@ def main() -> None:
         f"(goal <= 1 CPU s, <= 50 KB, <= {simulated['reference_calls_per_account_day']:.1f} calls, "
         f"<= 50 min)"
     )
+    print_populations(1000, args.idle_share)
 
 
 if __name__ == "__main__":

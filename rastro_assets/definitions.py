@@ -9,6 +9,7 @@ from rastro_assets.defs.analytics import (
 )
 from rastro_assets.defs.catalog_assets import ad_catalog, ad_thumbnails
 from rastro_assets.defs.checks import accounts_fresh, site_spend_equals_ad_sums
+from rastro_assets.defs.external import external_specs
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.retention import retention_sensor
 from rastro_assets.defs.sensors import meta_accounts_sensor, meta_cadence_sensor
@@ -16,7 +17,7 @@ from rastro_assets.defs.spend_assets import meta_spend
 from rastro_assets.defs.wave import sync_wave_job
 
 defs = dg.Definitions(
-    assets=[meta_spend, ad_catalog, ad_thumbnails, analytics_snapshot],
+    assets=[meta_spend, ad_catalog, ad_thumbnails, analytics_snapshot, *external_specs],
     asset_checks=[site_spend_equals_ad_sums, accounts_fresh],
     jobs=[sync_wave_job, publish_snapshot_job],
     sensors=[

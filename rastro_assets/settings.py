@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import date, timedelta
 from pathlib import Path
 
 DEFAULT_DUCKDB_PATH = "data/rastro.duckdb"
@@ -23,6 +23,11 @@ SENSOR_INTERVAL_OVERRIDE_SECONDS = int(os.environ.get("RASTRO_SENSOR_INTERVAL_SE
 # How long a started sync holds its account (the reference's 15 minutes); a test or
 # demo that kills runs may shorten it. Read once, when the code loads.
 SYNC_LEASE_SECONDS = int(os.environ.get("RASTRO_SYNC_LEASE_SECONDS") or 15 * 60)
+# The reference reads every account live this often; an idle one (no spend today or
+# yesterday, no ACTIVE ad) every RASTRO_IDLE_LIVE_INTERVAL_MINUTES, where setting the live
+# interval itself turns idling off.
+LIVE_INTERVAL_MINUTES = 45
+DEFAULT_IDLE_LIVE_INTERVAL_MINUTES = 180
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,47 @@ RETENTION = Retention.from_env()
 
 class SettingsError(ValueError):
     """A variable of the environment holds a value the product cannot use."""
+
+
+def idle_live_interval_minutes(raw: str | None) -> int:
+    """`RASTRO_IDLE_LIVE_INTERVAL_MINUTES`: whole minutes, at least the live interval."""
+    if not raw:
+        return DEFAULT_IDLE_LIVE_INTERVAL_MINUTES
+    try:
+        minutes = int(raw)
+    except ValueError:
+        minutes = 0
+    if minutes < LIVE_INTERVAL_MINUTES:
+        raise SettingsError(
+            f"RASTRO_IDLE_LIVE_INTERVAL_MINUTES must be a whole number of minutes,"
+            f" {LIVE_INTERVAL_MINUTES} (idle accounts read like the others) or more,"
+            f" not {raw!r}"
+        )
+    return minutes
+
+
+DEFAULT_PARTITIONS_START = "2026-08-01"
+
+
+def partitions_start(raw: str | None) -> date:
+    """`RASTRO_PARTITIONS_START`: the first local date the spend partitions have."""
+    if not raw:
+        return date.fromisoformat(DEFAULT_PARTITIONS_START)
+    try:
+        return date.fromisoformat(raw)
+    except ValueError:
+        raise SettingsError(
+            f"RASTRO_PARTITIONS_START must be a date like 2025-01-01, not {raw!r}"
+        ) from None
+
+
+# Read once, when the code loads: the partitions are fixed at definition time.
+PARTITIONS_START = partitions_start(os.environ.get("RASTRO_PARTITIONS_START"))
+
+# Read once, when the code loads, like the lease.
+IDLE_LIVE_INTERVAL_MINUTES = idle_live_interval_minutes(
+    os.environ.get("RASTRO_IDLE_LIVE_INTERVAL_MINUTES")
+)
 
 
 def default_analytics_path(duckdb_path: str) -> str:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import date
+
 import pytest
 
-from rastro_assets.settings import Settings, SettingsError
+from rastro_assets.settings import (
+    Settings,
+    SettingsError,
+    idle_live_interval_minutes,
+    partitions_start,
+)
 
 
 def test_the_snapshot_sits_beside_the_pipeline_file_by_default():
@@ -36,3 +43,20 @@ def test_the_snapshot_may_never_be_the_pipeline_file():
         Settings.from_env(
             {"RASTRO_DUCKDB_PATH": "data/x.duckdb", "RASTRO_ANALYTICS_PATH": "./data/x.duckdb"}
         )
+
+
+def test_the_idle_live_interval_defaults_to_three_hours_and_never_undercuts_45_minutes():
+    assert idle_live_interval_minutes(None) == idle_live_interval_minutes("") == 180
+    assert idle_live_interval_minutes("45") == 45  # idling off
+    assert idle_live_interval_minutes("240") == 240
+    for bad in ("30", "0", "-180", "3h", "90.5"):
+        with pytest.raises(SettingsError, match="RASTRO_IDLE_LIVE_INTERVAL_MINUTES"):
+            idle_live_interval_minutes(bad)
+
+
+def test_the_partitions_start_in_august_2026_unless_a_deployment_wants_older_days():
+    assert partitions_start(None) == partitions_start("") == date(2026, 8, 1)
+    assert partitions_start("2025-01-01") == date(2025, 1, 1)
+    for bad in ("2025-13-01", "last year", "20250101x"):
+        with pytest.raises(SettingsError, match="RASTRO_PARTITIONS_START"):
+            partitions_start(bad)

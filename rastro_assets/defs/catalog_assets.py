@@ -7,12 +7,13 @@ was stored. The daily re-sync does the same inside the spend run (see
 that is no asset run can still record these partitions.
 """
 
-import base64
 from collections.abc import Iterator
 
 import dagster as dg
 
 from rastro_assets.accounts import normalize_account_id
+from rastro_assets.defs.external import LEAD_DAILY_ROLLUPS, META_AD_ACCOUNTS, META_CONNECTIONS
+from rastro_assets.defs.metadata import ROW_COUNT_KEY, table_metadata
 from rastro_assets.defs.partitions import account_partitions
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
@@ -20,7 +21,6 @@ from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
 from rastro_assets.sync.types import (
     CatalogOutcome,
     CatalogRefused,
-    Preview,
     SyncOutcome,
     ThumbnailOutcome,
 )
@@ -39,13 +39,14 @@ def _account(context: dg.AssetExecutionContext) -> str:
         raise dg.Failure(description=str(exc)) from None
 
 
-def _catalog_asset(key: dg.AssetKey, *, dep: dg.AssetKey, description: str):
+def _catalog_asset(key: dg.AssetKey, *, deps: list[dg.AssetKey], description: str):
     """`dg.asset` with what both catalog assets share (partitions, kinds, group, owners, pool)."""
     return dg.asset(
         key=key,
         partitions_def=account_partitions,
-        deps=[dep],
-        kinds={"duckdb"},
+        deps=deps,
+        kinds={"meta", "duckdb"},
+        metadata=table_metadata(key.path[-1]),
         group_name=GROUP,
         owners=OWNERS,
         tags={"domain": "marketing"},
@@ -56,7 +57,10 @@ def _catalog_asset(key: dg.AssetKey, *, dep: dg.AssetKey, description: str):
 
 @_catalog_asset(
     AD_CATALOG,
-    dep=AD_SPEND_DAILY,
+    # The registry tables are this asset's upstreams in the lineage, not the spend assets':
+    # each upstream adds data-version tags to every event of its downstream, and the spend
+    # assets record an event per account-day.
+    deps=[AD_SPEND_DAILY, LEAD_DAILY_ROLLUPS, META_AD_ACCOUNTS, META_CONNECTIONS],
     description=(
         "Every ad of the account, any status (deleted and archived included), with the names "
         "analysts read spend by: ad, ad set and campaign, Meta's effective_status as ad_status, "
@@ -84,7 +88,7 @@ def ad_catalog(context: dg.AssetExecutionContext, rastro: RastroResource) -> dg.
 
 @_catalog_asset(
     AD_THUMBNAILS,
-    dep=AD_CATALOG,
+    deps=[AD_CATALOG],
     description=(
         "The picture of each catalogued ad that has one at Meta, copied as served (bytes, "
         "content type, sha256), because Meta's thumbnail URLs expire within days. Re-copied "
@@ -127,7 +131,7 @@ def catalog_metadata(outcome: CatalogOutcome) -> dict[str, dg.MetadataValue]:
         "status_changes": dg.MetadataValue.int(outcome.status_changed),
         "ads_total": dg.MetadataValue.int(outcome.total_ads),
         "api_calls": dg.MetadataValue.int(outcome.api_calls),
-        "dagster/row_count": dg.MetadataValue.int(outcome.total_ads),
+        ROW_COUNT_KEY: dg.MetadataValue.int(outcome.total_ads),
     }
 
 
@@ -139,25 +143,12 @@ def thumbnail_metadata(outcome: ThumbnailOutcome) -> dict[str, dg.MetadataValue]
         "thumbnails_failed": dg.MetadataValue.int(outcome.failed),
         "thumbnails_removed": dg.MetadataValue.int(outcome.removed),
         "failures": dg.MetadataValue.text("\n".join(outcome.failures) or "none"),
-        "preview": dg.MetadataValue.md(preview_markdown(outcome.preview)),
+        # Ids only: the pictures themselves live in DuckDB, and image bytes in an event
+        # would stay in the instance's event log for as long as the run does.
+        "latest_ads": dg.MetadataValue.text(
+            ", ".join(preview.ad_id for preview in outcome.preview) or "none"
+        ),
     }
-
-
-def preview_markdown(previews: list[Preview]) -> str:
-    """Up to four small pictures inline, as data: URIs (no URL to expire, nothing to fetch)."""
-    if not previews:
-        return "_no thumbnail stored yet_"
-    cells = []
-    for preview in previews:
-        label = _md_text(preview.ad_name or preview.ad_id)
-        data = base64.b64encode(preview.image).decode("ascii")
-        cells.append(f"![{label}](data:{preview.content_type};base64,{data})<br>{label}")
-    return "| " + " | ".join(cells) + " |\n|" + "---|" * len(cells)
-
-
-def _md_text(text: str) -> str:
-    """Ad names are free text: keep them from closing the image or table syntax."""
-    return "".join(f"\\{ch}" if ch in "[]()|*_`<>\\" else ch for ch in " ".join(text.split()))
 
 
 def catalog_materializations(outcome: SyncOutcome) -> Iterator[dg.AssetMaterialization]:

@@ -1,42 +1,129 @@
-"""Materialization metadata a person reads in the UI: figures, a table, a chart."""
+"""What the UI shows of the warehouse: table schemas, and small figures on each event.
 
-from __future__ import annotations
+Every materialization is a row in the instance's event log, kept for as long
+as the run: a partition's event carries only that account-day's figures, and
+a run's summary goes on one event of the run, never on each of its partitions.
+"""
 
+from collections.abc import Sequence
+from datetime import date
 from decimal import Decimal
+from functools import cache
 
 import dagster as dg
+import duckdb
 
 from rastro_assets.sync.types import SyncOutcome
+from rastro_assets.warehouse.schema import migrate
 
-CHART_WIDTH = 24
+TABLE_NAME_KEY = "dagster/table_name"
+COLUMN_SCHEMA_KEY = "dagster/column_schema"
+ROW_COUNT_KEY = "dagster/row_count"
+
+# Meanings a column's name and type do not tell; the types come from the DDL itself.
+COLUMN_MEANINGS = {
+    "ad_account_id": "The Meta ad account, `act_<digits>`.",
+    "ad_id": "The Meta ad.",
+    "site_id": "The site the ad account is linked to.",
+    "day": "The ad account's own local calendar date (its Meta timezone), not UTC.",
+    "spend": "Spend in the ad account's currency, exactly as Meta reports it (DECIMAL(18,4)).",
+    "impressions": "Impressions Meta counted that day.",
+    "clicks": "Clicks Meta counted that day.",
+    "conversations": "Messaging conversations started that day.",
+    "synced_at": "When the sync that last read this ad-day started.",
+    "ad_rows": "How many ad_spend_daily rows the sums cover.",
+    "ad_status": "Meta's effective_status of the ad.",
+    "creative_type": "'video' | 'image' | 'carousel' | 'other'.",
+    "image": "The thumbnail's bytes, exactly as Meta served them.",
+    "sha256": "sha256 of `image`, lower hex.",
+    "leads": "Leads the host application counted for the ad that day.",
+}
 
 
-def spend_markdown(outcome: SyncOutcome) -> str:
-    """Spend per day as a markdown table with a bar, newest first."""
-    if not outcome.days:
-        return "_no ad-days written_"
-    peak = max((summary.spend for summary in outcome.days.values()), default=Decimal(0))
-    lines = ["| day | spend | ad rows | |", "|---|---:|---:|---|"]
-    for day in sorted(outcome.days, reverse=True):
-        summary = outcome.days[day]
-        width = int(summary.spend / peak * CHART_WIDTH) if peak else 0
-        lines.append(f"| {day} | {summary.spend:,.2f} | {summary.rows} | `{'█' * width}` |")
-    return "\n".join(lines)
+@cache
+def _warehouse_columns() -> dict[str, list[tuple[str, str, bool]]]:
+    """Each table's (column, type, nullable), read from the migrations applied to an empty file."""
+    with duckdb.connect(":memory:") as con:
+        migrate(con)
+        rows = con.execute(
+            """
+            SELECT table_name, column_name, data_type, is_nullable = 'YES'
+            FROM information_schema.columns WHERE table_schema = 'main'
+            ORDER BY table_name, ordinal_position
+            """
+        ).fetchall()
+    columns: dict[str, list[tuple[str, str, bool]]] = {}
+    for table, column, data_type, nullable in rows:
+        columns.setdefault(table, []).append((column, data_type, nullable))
+    return columns
 
 
-def spend_metadata(outcome: SyncOutcome) -> dict[str, dg.MetadataValue]:
-    request = outcome.request
+def table_schema(table: str) -> dg.TableSchema:
+    """The warehouse table's columns as the DDL declares them, with their meanings."""
+    return dg.TableSchema(
+        columns=[
+            dg.TableColumn(
+                name=column,
+                type=data_type,
+                description=COLUMN_MEANINGS.get(column),
+                constraints=dg.TableColumnConstraints(nullable=nullable),
+            )
+            for column, data_type, nullable in _warehouse_columns()[table]
+        ]
+    )
+
+
+def table_metadata(table: str) -> dict[str, object]:
+    """Definition metadata of an asset that is one DuckDB table: its name and its columns."""
     return {
-        "ad_account_id": dg.MetadataValue.text(request.ad_account_id),
-        "range": dg.MetadataValue.text(f"{request.since} .. {request.until}"),
-        "sync_kind": dg.MetadataValue.text(request.kind),
-        "rows_written": dg.MetadataValue.int(outcome.rows_written),
-        "rows_deleted": dg.MetadataValue.int(outcome.rows_deleted),
-        "spend_total": dg.MetadataValue.text(str(outcome.spend_total)),
-        "spend_by_day": dg.MetadataValue.md(spend_markdown(outcome)),
-        "incomplete_days": dg.MetadataValue.text(
-            ", ".join(day.isoformat() for day in outcome.incomplete_days) or "none"
+        TABLE_NAME_KEY: f"main.{table}",
+        COLUMN_SCHEMA_KEY: table_schema(table),
+    }
+
+
+def day_metadata(outcome: SyncOutcome, day: date, *, row_count: bool) -> dict:
+    """One account-day's own figures: `spend_<CURRENCY>`, and its ads as `dagster/row_count`.
+
+    The currency is in the key, so the UI plots each currency apart and never
+    adds BRL to JPY. Two entries at most on purpose: SQLite keeps two event rows
+    on a 4 KB page only while each stays under ~1.8 KB, an entry costs ~150
+    bytes, and a range run's `site_spend_daily` event is ~1.7 KB bare (measured:
+    one more entry cost ~4 KB per account-day). The float is for the plot: its
+    repr is the exact Decimal up to 15 digits, and the warehouse holds the
+    Decimal. A site_spend_daily partition sums the same ad rows, so only
+    ad_spend_daily (`row_count`) carries the count.
+    """
+    summary = outcome.days.get(day)
+    spend = summary.spend if summary else Decimal(0)
+    metadata: dict = {spend_key(outcome.currency): dg.MetadataValue.float(float(spend))}
+    if row_count:
+        metadata[ROW_COUNT_KEY] = dg.MetadataValue.int(summary.rows if summary else 0)
+    return metadata
+
+
+def spend_key(currency: str | None) -> str:
+    return f"spend_{currency}" if currency else "spend"
+
+
+def run_summary(outcomes: Sequence[SyncOutcome]) -> dict:
+    """What a run read, over every range it synced: once per run."""
+    ranges = ", ".join(
+        f"{outcome.request.ad_account_id} {outcome.request.since} .. {outcome.request.until}"
+        for outcome in outcomes
+    )
+    incomplete = sorted({day for outcome in outcomes for day in outcome.incomplete_days})
+    return {
+        "run_ranges": dg.MetadataValue.text(ranges or "none"),
+        "run_sync_kind": dg.MetadataValue.text(
+            ", ".join(sorted({outcome.request.kind for outcome in outcomes})) or "none"
         ),
-        "api_calls": dg.MetadataValue.int(outcome.api_calls),
-        "peak_usage_pct": dg.MetadataValue.float(float(outcome.usage.pct)),
+        "run_rows_written": dg.MetadataValue.int(sum(o.rows_written for o in outcomes)),
+        "run_rows_deleted": dg.MetadataValue.int(sum(o.rows_deleted for o in outcomes)),
+        "run_api_calls": dg.MetadataValue.int(sum(o.api_calls for o in outcomes)),
+        "run_incomplete_days": dg.MetadataValue.text(
+            ", ".join(map(str, incomplete)) or "none"
+        ),
+        "run_peak_usage_pct": dg.MetadataValue.float(
+            max((float(outcome.usage.pct) for outcome in outcomes), default=0.0)
+        ),
     }

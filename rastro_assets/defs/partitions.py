@@ -3,18 +3,42 @@
 The date dimension runs on UTC+14 with one extra day so that every account's
 local today already has a key, wherever the account is. A date key is only a
 label for the account-local calendar date: never turn it into a time window.
+
+The date axis starts on `FIRST_DATE` (`RASTRO_PARTITIONS_START`, default
+2026-08-01), where this deployment can first need a day, not where Meta could
+answer. The product never reads further back than 90
+days before an account's link (its backfill) or before today (a gap fill after
+a pause), and the first accounts are linked at release, in November 2026 (the
+tests and benchmarks pin 2026-11-23 .. 2026-11-30), so its first day is in
+August 2026. A deployment that wants older history as partitions (a backfill
+from the UI of last year, say) sets an earlier start. Every day before it would only grow
+Dagster's key space (accounts x dates), which the backfill daemon lists in
+full for each backfill it takes up: at 3,000 accounts 374,000 keys today
+(6 s, 300 MB), against 3.2 million from 2024-01-01 (60 s, 2.6 GB); it grows by
+one day's keys a day. A day before an account's reach (`reach_start`: the
+axis, or Meta's 37 months of insights) is never asked of Dagster or Meta: the
+sensors leave it out.
+
+Moving `FIRST_DATE` either way changes the date dimension's identity: Dagster then
+rebuilds both spend assets' partition-status caches, and a backfill in flight
+that targets a removed day fails. Move it only with no backfill in flight
+(`docs/operations.md`, "The date axis").
 """
 
 from __future__ import annotations
 
+import calendar
 from datetime import date
 
 import dagster as dg
 
 from rastro_assets.accounts import normalize_account_id
+from rastro_assets.settings import PARTITIONS_START
 
 ACCOUNT_PARTITIONS_NAME = "meta_ad_account"
-FIRST_DATE = "2024-01-01"
+AXIS_START = PARTITIONS_START
+FIRST_DATE = AXIS_START.isoformat()
+META_INSIGHTS_MONTHS = 37
 
 account_partitions = dg.DynamicPartitionsDefinition(name=ACCOUNT_PARTITIONS_NAME)
 date_partitions = dg.DailyPartitionsDefinition(
@@ -27,6 +51,22 @@ spend_partitions = dg.MultiPartitionsDefinition(
 
 def spend_partition_key(ad_account_id: str, day: date) -> dg.MultiPartitionKey:
     return dg.MultiPartitionKey({"account": ad_account_id, "date": day.isoformat()})
+
+
+def months_before(day: date, months: int) -> date:
+    """The same day of the month `months` earlier, or that month's last day."""
+    year, month_index = divmod(day.year * 12 + day.month - 1 - months, 12)
+    month = month_index + 1
+    return date(year, month, min(day.day, calendar.monthrange(year, month)[1]))
+
+
+def reach_start(today: date) -> date:
+    """The first day an account whose local today is `today` can have read.
+
+    Meta answers a range starting over 37 months back with an error (#3018),
+    and a day before the axis is no partition: neither may become a failure.
+    """
+    return max(AXIS_START, months_before(today, META_INSIGHTS_MONTHS))
 
 
 def checked_account_ids(raw_ids: list[str]) -> list[str]:

@@ -2,7 +2,9 @@
 
 Both tables are written by the spend writer in one transaction, so they are
 one multi-asset: the site aggregate costs no run of its own and can never
-disagree with the ad rows it sums.
+disagree with the ad rows it sums. A run may select either asset alone (the
+CLI, `dg launch`, the UI): it still writes both tables, so it records the
+other asset's partitions as materialized too.
 """
 
 from collections.abc import Iterable, Iterator
@@ -10,7 +12,7 @@ from datetime import date
 
 import dagster as dg
 
-from rastro_assets.defs.metadata import spend_metadata
+from rastro_assets.defs.metadata import day_metadata, run_summary, table_metadata
 from rastro_assets.defs.partitions import account_date_ranges, spend_partition_key, spend_partitions
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
@@ -38,10 +40,11 @@ ad_spend_spec = dg.AssetSpec(
         "A materialized partition equals Meta's answer for that account-day: ad-days Meta no "
         "longer returns are deleted after a complete read, never after a partial one."
     ),
-    kinds={"duckdb"},
+    kinds={"meta", "duckdb"},
     group_name=GROUP,
     owners=OWNERS,
     tags={"domain": "marketing"},
+    metadata=table_metadata("ad_spend_daily"),
 )
 site_spend_spec = dg.AssetSpec(
     SITE_SPEND_DAILY,
@@ -50,22 +53,29 @@ site_spend_spec = dg.AssetSpec(
         "linked accounts. Written in the same transaction as the ad rows."
     ),
     deps=[AD_SPEND_DAILY],
-    kinds={"duckdb"},
+    kinds={"meta", "duckdb"},
     group_name=GROUP,
     owners=OWNERS,
     tags={"domain": "marketing"},
+    metadata=table_metadata("site_spend_daily"),
 )
+
+
+SPEND_ASSETS = (AD_SPEND_DAILY, SITE_SPEND_DAILY)
 
 
 def materializations(
     outcome: SyncOutcome, days: Iterable[date] | None = None
 ) -> Iterator[dg.AssetMaterialization]:
     """Materializations for the account-days this sync replaced completely (or `days`)."""
-    metadata = spend_metadata(outcome)
     for day in outcome.complete_days if days is None else days:
         key = spend_partition_key(outcome.request.ad_account_id, day)
-        for asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY):
-            yield dg.AssetMaterialization(asset_key=asset_key, partition=key, metadata=metadata)
+        for asset_key in SPEND_ASSETS:
+            yield dg.AssetMaterialization(
+                asset_key=asset_key,
+                partition=key,
+                metadata=day_metadata(outcome, day, row_count=asset_key == AD_SPEND_DAILY),
+            )
 
 
 @dg.multi_asset(
@@ -74,6 +84,7 @@ def materializations(
     partitions_def=spend_partitions,
     backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_DAYS_PER_RUN),
     pool="meta_api",
+    can_subset=True,
 )
 def meta_spend(context: dg.AssetExecutionContext, rastro: RastroResource):
     """Reads Meta for the run's account-days and replaces them in the warehouse."""
@@ -83,10 +94,40 @@ def meta_spend(context: dg.AssetExecutionContext, rastro: RastroResource):
         # A failed range may follow ranges that were written: they are published all the same.
         publish_after_writes(context, rastro)
         raise
-    metadata = spend_metadata(outcomes[-1]) if len(outcomes) == 1 else {}
-    yield dg.MaterializeResult(asset_key=AD_SPEND_DAILY, metadata=metadata)
-    yield dg.MaterializeResult(asset_key=SITE_SPEND_DAILY, metadata=metadata)
+    yield from _record(context, outcomes)
     publish_after_writes(context, rastro)
+
+
+def _record(
+    context: dg.AssetExecutionContext, outcomes: list[SyncOutcome]
+) -> Iterator[dg.MaterializeResult]:
+    """Each partition's own figures, and the run's summary once: on its last event.
+
+    The writer wrote both tables whatever the run selected, and Dagster takes a
+    result only for a selected asset: the other one's partitions are logged as
+    materializations of their own.
+    """
+    by_key = {
+        spend_partition_key(outcome.request.ad_account_id, day): (outcome, day)
+        for outcome in outcomes
+        for day in days_between(outcome.request.since, outcome.request.until)
+    }
+    keys = [key for key in context.partition_keys if key in by_key]
+    selected = [asset_key for asset_key in SPEND_ASSETS if asset_key in context.selected_asset_keys]
+    for asset_key in SPEND_ASSETS:
+        for key in keys:
+            outcome, day = by_key[key]
+            metadata = day_metadata(outcome, day, row_count=asset_key == AD_SPEND_DAILY)
+            if asset_key not in selected:
+                context.log_event(
+                    dg.AssetMaterialization(asset_key=asset_key, partition=key, metadata=metadata)
+                )
+                continue
+            if asset_key == selected[-1] and key == keys[-1]:
+                metadata = {**metadata, **run_summary(outcomes)}
+            context.add_asset_metadata(metadata, asset_key=asset_key, partition_key=key)
+    for asset_key in selected:
+        yield dg.MaterializeResult(asset_key=asset_key)
 
 
 def _sync_partitions(

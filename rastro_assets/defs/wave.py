@@ -8,21 +8,25 @@ recorded as a materialization of its partition, so the partition grid and
 freshness stay true.
 """
 
+from collections.abc import Collection
 from datetime import date
 
 import dagster as dg
 
 from rastro_assets.defs.catalog_assets import catalog_materializations
-from rastro_assets.defs.checks import sum_check_evaluations
+from rastro_assets.defs.checks import failing_sum_check_partitions, sum_check_evaluations
+from rastro_assets.defs.partitions import spend_partition_key
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend_assets import materializations
+from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, materializations
 from rastro_assets.planner import cadence
 from rastro_assets.sync.types import SyncOutcome, SyncRequest
 from rastro_assets.timekeeping import zone
 
 WAVE_TAG = "rastro/wave"
-WAVE_CONCURRENCY = 4
+# Accounts a wave syncs at once. A live sync mostly waits on Meta (0.3-2 s a request),
+# so 16 keep a wave of 5,000 within minutes (bench/latency.py); the CPU is the writer's.
+WAVE_CONCURRENCY = 16
 # Run monitoring (`dagster.yaml`) fails a run that outlives this tag; the sensors
 # also stop waiting for it then (`sensors.busy_accounts`).
 MAX_RUNTIME_TAG = "dagster/max_runtime"
@@ -49,7 +53,7 @@ LIVE_RECORD_BLOCK_MINUTES = 180
 """Live waves mark a changed partition once per this many local minutes."""
 
 
-def days_worth_recording(outcome: SyncOutcome) -> list[date]:
+def days_worth_recording(outcome: SyncOutcome, recorded: Collection[str] = ()) -> list[date]:
     """The completely read days whose partition a materialization should mark.
 
     A materialization costs ~10 ms of CPU and ~5-10 KB of instance storage, and
@@ -58,20 +62,47 @@ def days_worth_recording(outcome: SyncOutcome) -> list[date]:
     since its last write is not recorded (the materialization that wrote its
     rows still shows it), and a live wave records changed days only in the
     first 45 minutes of each three-hour block of the account's local clock.
-    Empty days are always recorded (nothing else marks them read), and daily,
-    weekly and backfill reads record every day they changed. Freshness to the
-    minute is the `accounts_fresh` check's job, and the DuckDB rows themselves
-    are replaced on every wave.
+    An empty day has no write to mark it read: a live wave records it while
+    its partition has no materialization yet (`recorded` holds those that
+    have one), whatever the block, since an idle account's reads three hours
+    apart may never fall in one. Daily, weekly and backfill reads record every
+    day they changed and every empty day. Freshness to the minute is the
+    `accounts_fresh` check's job, and the DuckDB rows themselves are replaced
+    on every wave.
     """
     changed = set(outcome.changed_days)
-    recording_block = outcome.request.kind != "live" or _first_wave_of_block(outcome)
+    live = outcome.request.kind == "live"
+    recording_block = not live or _first_wave_of_block(outcome)
+    account = outcome.request.ad_account_id
     return [
         day
         for day in outcome.complete_days
         if (day in changed and recording_block)
-        or day not in outcome.days
-        or outcome.days[day].rows == 0
+        or (
+            day in empty_days(outcome)
+            and not (live and spend_partition_key(account, day) in recorded)
+        )
     ]
+
+
+def empty_days(outcome: SyncOutcome) -> list[date]:
+    """Completely read days on which Meta reported no delivery."""
+    return [
+        day
+        for day in outcome.complete_days
+        if day not in outcome.days or outcome.days[day].rows == 0
+    ]
+
+
+def materialized_partitions(instance: dg.DagsterInstance, partitions) -> set[str]:
+    """Of `partitions`, those `ad_spend_daily` already has a materialization of (one query)."""
+    if not partitions:
+        return set()
+    return set(
+        instance.get_latest_storage_id_by_partition(
+            AD_SPEND_DAILY, dg.DagsterEventType.ASSET_MATERIALIZATION, partitions=set(partitions)
+        )
+    )
 
 
 def _first_wave_of_block(outcome: SyncOutcome) -> bool:
@@ -109,10 +140,19 @@ def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: Rastro
     # Each log line is an event the instance stores (~8 ms): accounts that
     # synced fine are summed up in one line and the run's metadata.
     outcomes = wave.outcomes
+    already_recorded = materialized_partitions(
+        context.instance,
+        [
+            spend_partition_key(outcome.request.ad_account_id, day)
+            for outcome in outcomes
+            if outcome.request.kind == "live"
+            for day in empty_days(outcome)
+        ],
+    )
     failed = recorded = rows_written = rows_deleted = 0
     checked = []
     for outcome in outcomes:
-        days = days_worth_recording(outcome)
+        days = days_worth_recording(outcome, already_recorded)
         checked += [(outcome.request.ad_account_id, day) for day in days]
         for event in [*materializations(outcome, days), *catalog_materializations(outcome)]:
             context.log_event(event)
@@ -126,8 +166,11 @@ def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: Rastro
             failed += 1
             context.log.warning(f"{outcome.request.ad_account_id}: {outcome.error}")
     if checked:
+        failing = failing_sum_check_partitions(
+            context.instance, [spend_partition_key(account, day) for account, day in checked]
+        )
         with rastro.warehouse().connect(read_only=True) as con:
-            for evaluation in sum_check_evaluations(con, checked):
+            for evaluation in sum_check_evaluations(con, checked, failing):
                 context.log_event(evaluation)
     context.log.info(
         f"{len(outcomes) - failed} of {len(requests)} accounts synced: {rows_written} rows "

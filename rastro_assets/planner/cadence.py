@@ -14,6 +14,9 @@ Per account, in its own timezone:
 - then today and yesterday every 45 minutes; from 04:00 local, once a local
   day, the trailing 7 days and the full catalog; once a week the trailing 28
   days instead (Meta settles spend within 28 days);
+- an idle account (no spend today or yesterday and no ACTIVE ad) is read live
+  every 3 hours instead (`RASTRO_IDLE_LIVE_INTERVAL_MINUTES`), its re-syncs
+  unchanged; the first spend or ACTIVE ad the warehouse shows brings it back;
 - failures, throttling and heavy usage push the next sync back.
 """
 
@@ -43,10 +46,15 @@ from rastro_assets.planner.marks import (
     reads_weekly,
 )
 from rastro_assets.planner.state import OK, AccountState, SyncRun
-from rastro_assets.settings import SYNC_LEASE_SECONDS
+from rastro_assets.settings import (
+    IDLE_LIVE_INTERVAL_MINUTES,
+    LIVE_INTERVAL_MINUTES,
+    SYNC_LEASE_SECONDS,
+)
 from rastro_assets.timekeeping import days_between, local_date, local_midnight, zone
 
-LIVE_INTERVAL = timedelta(minutes=45)
+LIVE_INTERVAL = timedelta(minutes=LIVE_INTERVAL_MINUTES)
+IDLE_LIVE_INTERVAL = timedelta(minutes=IDLE_LIVE_INTERVAL_MINUTES)
 LEASE = timedelta(seconds=SYNC_LEASE_SECONDS)
 RETRY_BASE = timedelta(minutes=15)
 RETRY_MAX = timedelta(hours=6)
@@ -319,14 +327,21 @@ class _Assessment:
     last_ok_finished_at: datetime | None
 
 
-def plan(state: AccountState, now: datetime) -> Plan:
-    """What `state`'s account reads next, and when, as seen at `now`."""
-    return _assess(state, now).plan
+def plan(
+    state: AccountState, now: datetime, *, idle_interval: timedelta | None = None
+) -> Plan:
+    """What `state`'s account reads next, and when, as seen at `now`.
+
+    `idle_interval` replaces `IDLE_LIVE_INTERVAL` (the setting) for this answer.
+    """
+    return _assess(state, now, idle_interval).plan
 
 
-def status(state: AccountState, now: datetime) -> AccountStatus:
+def status(
+    state: AccountState, now: datetime, *, idle_interval: timedelta | None = None
+) -> AccountStatus:
     """How `state`'s account is doing at `now`, from the same reasoning as `plan`."""
-    assessment = _assess(state, now)
+    assessment = _assess(state, now, idle_interval)
     owed = assessment.plan
     concluded = assessment.last_concluded
     paused = owed.kind == "paused"
@@ -359,7 +374,31 @@ def status(state: AccountState, now: datetime) -> AccountStatus:
     )
 
 
-def _assess(state: AccountState, now: datetime) -> _Assessment:
+def is_idle(state: AccountState, today: date) -> bool:
+    """No spend on the account's local `today` or the day before, and no ACTIVE ad.
+
+    An account whose delivery the state does not know is not idle.
+    """
+    delivery = state.delivery
+    if delivery is None or delivery.active_ad:
+        return False
+    last = delivery.last_spend_day
+    return last is None or last < today - timedelta(days=1)
+
+
+def live_interval(
+    state: AccountState, today: date, idle_interval: timedelta | None = None
+) -> timedelta:
+    """How often the account's today and yesterday are read on its local `today`."""
+    idle_interval = IDLE_LIVE_INTERVAL if idle_interval is None else idle_interval
+    if idle_interval > LIVE_INTERVAL and is_idle(state, today):
+        return idle_interval
+    return LIVE_INTERVAL
+
+
+def _assess(
+    state: AccountState, now: datetime, idle_interval: timedelta | None = None
+) -> _Assessment:
     now = _utc(now)
     tz = zone(state.timezone)
     state = replace(
@@ -411,7 +450,7 @@ def _assess(state: AccountState, now: datetime) -> _Assessment:
     last_ok_finished_at = max(finished_ok, default=None)
 
     kind, since, until, catalog, cadence_due, what, progress = _owed(
-        state, now, today, ok_runs, local, tz
+        state, now, today, ok_runs, local, tz, live_interval(state, today, idle_interval)
     )
     until = min(until, today)
     since = min(since, until)
@@ -465,8 +504,12 @@ def _owed(
     ok_runs: list[SyncRun],
     local: Callable[[datetime], date],
     tz: ZoneInfo,
+    interval: timedelta,
 ) -> tuple[str, date, date, bool, datetime, str, tuple[int, int] | None]:
-    """The kind, range, catalog flag, cadence due time, description and progress owed."""
+    """The kind, range, catalog flag, cadence due time, description and progress owed.
+
+    `interval` is how often the live read comes (`live_interval`).
+    """
     one_day = timedelta(days=1)
     linked_day = min(local(state.linked_at), today)
     backfill_first = linked_day - timedelta(days=BACKFILL_DAYS - 1)
@@ -552,8 +595,14 @@ def _owed(
             f"daily re-sync of the trailing {DAILY_DAYS} days and the catalog",
             None,
         )
-    what = f"live read of today and yesterday every {_span(LIVE_INTERVAL)}"
-    due = now if live_mark is None else live_mark + LIVE_INTERVAL
+    if interval > LIVE_INTERVAL:
+        what = (
+            f"idle: no spend today or yesterday and no ACTIVE ad; "
+            f"live read every {_span(interval)}"
+        )
+    else:
+        what = f"live read of today and yesterday every {_span(LIVE_INTERVAL)}"
+    due = now if live_mark is None else live_mark + interval
     if now < slot and resync_owed and due > slot:
         # The next sync happens at the slot anyway, as the daily re-sync.
         due = slot
@@ -620,7 +669,10 @@ def _hold(
 
 
 FRESHNESS_LIMIT = timedelta(minutes=50)
-"""An account's today older than this is stale: one missed 45-minute sync, with slack."""
+"""An account's today older than this is stale: one missed 45-minute sync, with slack.
+
+An idle account's limit is longer by as much as its live interval is.
+"""
 
 
 def today_synced_at(state: AccountState) -> datetime | None:
@@ -639,7 +691,19 @@ def today_synced_at(state: AccountState) -> datetime | None:
     return latest
 
 
-def is_stale(state: AccountState, now: datetime) -> bool:
-    """True when the account's today is older than `FRESHNESS_LIMIT` (or never read)."""
+def freshness_limit(
+    state: AccountState, now: datetime, idle_interval: timedelta | None = None
+) -> timedelta:
+    """How old the account's today may get at `now`: `FRESHNESS_LIMIT`, longer when idle."""
+    interval = live_interval(state, local_date(_utc(now), state.timezone), idle_interval)
+    return FRESHNESS_LIMIT + (interval - LIVE_INTERVAL)
+
+
+def is_stale(
+    state: AccountState, now: datetime, *, idle_interval: timedelta | None = None
+) -> bool:
+    """True when the account's today is older than its `freshness_limit` (or never read)."""
     synced_at = today_synced_at(state)
-    return synced_at is None or now - synced_at > FRESHNESS_LIMIT
+    if synced_at is None:
+        return True
+    return now - synced_at > freshness_limit(state, now, idle_interval)

@@ -3,7 +3,9 @@
 `planned_accounts` hands the planner a reduced history: a live account
 accumulates ~33 rows a day, and building every one as a `SyncRun` costs a
 sensor tick seconds per thousand accounts. See `planner_runs_by_account` for
-which rows the planner's answers depend on.
+which rows the planner's answers depend on. Beside the runs, one aggregate gives
+each account's latest day with spend and whether it has an ACTIVE ad
+(`deliveries`), for the idle rule.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import duckdb
 from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.planner.cadence import BACKFILL_DAYS, GAP_AFTER, first_unread_day
 from rastro_assets.planner.marks import DAILY_DAYS, MARK_RULES, MARK_SQL
-from rastro_assets.planner.state import AccountState, SyncRun
+from rastro_assets.planner.state import AccountState, Delivery, SyncRun
 from rastro_assets.timekeeping import zone
 
 # Instants come back as microseconds since the epoch: DuckDB's conversion to
@@ -121,6 +123,7 @@ def planned_accounts(
         params.append(list(ad_account_ids))
     query += " GROUP BY ALL ORDER BY a.ad_account_id"
     rows = con.execute(query, params).fetchall()
+    delivery = deliveries(con, None if ad_account_ids is None else [row[0] for row in rows])
     if full_history:
         history = sync_runs_by_account(con, [row[0] for row in rows])
     else:
@@ -136,6 +139,7 @@ def planned_accounts(
                 token_sealed_at=sealed_at,
                 sync_requested_at=requested_at,
                 runs=history.get(account, []),
+                delivery=delivery.get(account, _NO_DELIVERY),
             ),
             sites=tuple(sites),
             connection_id=connection_id,
@@ -152,6 +156,52 @@ def planned_accounts(
             sites,
         ) in rows
     ]
+
+
+_NO_DELIVERY = Delivery()
+
+# The site sums carry an account's spend per day, written with its ad rows in one
+# transaction, in one row per site-day instead of one per ad-day (at 5,000 accounts of 20
+# ads: 22 ms where the ad rows take 150 ms).
+# The newest sync start bounds the days read: the local yesterday of any instant from then
+# on is no earlier than that start's UTC date minus two.
+_DELIVERY = """
+WITH recent AS (
+    SELECT coalesce(timezone('UTC', max(started_at))::DATE - 2, DATE '0001-01-01') AS first_day
+    FROM meta_sync_runs
+)
+SELECT ad_account_id, max(day), bool_or(active_ad)
+FROM (
+    SELECT ad_account_id, day, false AS active_ad
+    FROM site_spend_daily
+    WHERE spend > 0 AND day >= (SELECT first_day FROM recent) {accounts}
+    UNION ALL
+    SELECT ad_account_id, NULL, true
+    FROM ad_catalog
+    WHERE ad_status = 'ACTIVE' {accounts}
+)
+GROUP BY ad_account_id
+"""
+
+
+def deliveries(
+    con: duckdb.DuckDBPyConnection, ad_account_ids: Sequence[str] | None = None
+) -> dict[str, Delivery]:
+    """Each account's recent spend and ACTIVE ads (those named, or all), for the idle rule.
+
+    An account missing from the answer delivered nothing recently and has no ACTIVE ad.
+    """
+    if ad_account_ids is None:
+        query, params = _DELIVERY.format(accounts=""), []
+    else:
+        if not ad_account_ids:
+            return {}
+        named = "AND ad_account_id IN (SELECT unnest($ids::VARCHAR[]))"
+        query, params = _DELIVERY.format(accounts=named), {"ids": list(ad_account_ids)}
+    return {
+        account: Delivery(last_spend_day=last_spend_day, active_ad=bool(active_ad))
+        for account, last_spend_day, active_ad in con.execute(query, params).fetchall()
+    }
 
 
 # -- The planner's history, reduced ----------------------------------------------

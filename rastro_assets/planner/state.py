@@ -1,4 +1,4 @@
-"""What the planner knows of one linked ad account: its connection and its sync runs."""
+"""What the planner knows of one linked ad account: its connection, sync runs and delivery."""
 
 from __future__ import annotations
 
@@ -29,6 +29,20 @@ class SyncRun:
     incomplete_days: tuple[date, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What the warehouse shows of an account's delivery, for the idle rule.
+
+    `last_spend_day` is the latest account-local day with spend, or None when
+    there is none as far back as the loader looked (at least the yesterday of
+    any instant from the newest recorded sync on); `active_ad` is whether its
+    catalog holds an ad whose effective status is ACTIVE.
+    """
+
+    last_spend_day: date | None = None
+    active_ad: bool = False
+
+
 @dataclass(frozen=True)
 class AccountState:
     """What the planner knows of one linked ad account."""
@@ -41,3 +55,5 @@ class AccountState:
     token_sealed_at: datetime | None
     sync_requested_at: datetime | None
     runs: Sequence[SyncRun]
+    # None: not known, so the account is read like one that delivers.
+    delivery: Delivery | None = None

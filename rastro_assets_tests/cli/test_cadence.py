@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
 from rastro_assets.cli.cadence import parse_instant
+from rastro_assets.meta.models import Ad, InsightRow, insight_table
 from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.catalog import upsert_catalog
 from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.spend import write_spend
 from rastro_assets_tests.cli.conftest import assert_usage_error
 from rastro_assets_tests.conftest import record_sync_run
 
@@ -72,6 +76,10 @@ def accounts(warehouse: Warehouse, now: datetime) -> dict[str, datetime]:
         # act_2: the whole backfill, through today, after today's 04:00 in Tokyo.
         act_2_started = now - timedelta(minutes=20)
         sync_run(con, "r2", "act_2", date(2026, 9, 2), date(2026, 11, 30), act_2_started)
+        # It delivers: its catalog holds an ACTIVE ad (an idle account is read less often).
+        upsert_catalog(
+            con, "act_2", [Ad("a2", effective_status="ACTIVE")], act_2_started, refile=True
+        )
         # act_3: a good backfill, then a failed live sync.
         sync_run(con, "r3", "act_3", date(2026, 9, 2), date(2026, 11, 30), now - timedelta(hours=2))
         sync_run(
@@ -264,6 +272,34 @@ def test_plan_defaults_to_now(rastro, linked_account, now):
     code, out, _ = rastro("plan", "--json", at=now + timedelta(hours=1))
     [plan] = json.loads(out)
     assert datetime.fromisoformat(plan["due_at"]) == now + timedelta(hours=1)
+
+
+def test_plan_says_an_idle_account_is_read_every_3_hours_until_its_first_spend(
+    rastro, warehouse: Warehouse, now
+):
+    backfilled = now - timedelta(minutes=30)
+    with warehouse.connect() as con:
+        link(con, "s1", "act_5", "c1", "UTC", now - timedelta(hours=1))
+        sync_run(con, "r5", "act_5", date(2026, 9, 2), date(2026, 11, 30), backfilled)
+    code, out, err = rastro("plan", "--json")
+    assert (code, err) == (0, "")
+    [idle] = json.loads(out)
+    assert set(idle) == PLAN_KEYS
+    assert idle["kind"] == "live"
+    assert idle["reason"] == (
+        "idle: no spend today or yesterday and no ACTIVE ad; live read every 3 h"
+    )
+    assert datetime.fromisoformat(idle["due_at"]) == backfilled + timedelta(hours=3)
+    _, table, _ = rastro("plan")
+    assert "in 2 h 30 min" in table and "idle: no spend today or yesterday" in table
+
+    with warehouse.connect() as con:
+        rows = insight_table([InsightRow("a5", date(2026, 11, 30), Decimal("3.2100"), 40, 1, 0)])
+        write_spend(con, "act_5", days=[date(2026, 11, 30)], rows=rows,
+                    complete_days=[date(2026, 11, 30)], synced_at=backfilled + timedelta(minutes=1))
+    [woke] = json.loads(rastro("plan", "--json")[1])
+    assert woke["reason"] == "live read of today and yesterday every 45 min"
+    assert datetime.fromisoformat(woke["due_at"]) == backfilled + timedelta(minutes=45)
 
 
 @pytest.mark.parametrize(

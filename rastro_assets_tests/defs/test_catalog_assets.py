@@ -14,7 +14,6 @@ from rastro_assets.defs.catalog_assets import (
     ad_catalog,
     ad_thumbnails,
     catalog_materializations,
-    preview_markdown,
 )
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets_tests.conftest import TOKEN
@@ -55,7 +54,7 @@ def test_catalog_then_thumbnails_for_one_account(instance, rastro, warehouse, li
     pictures = metadata(result, "ad_thumbnails")
     expected = with_picture(linked_world, "act_101")
     assert (pictures["thumbnails_fetched"], pictures["thumbnails_failed"]) == (len(expected), 0)
-    assert "data:image/png;base64," in pictures["preview"]
+    assert pictures["latest_ads"] != "none"
     with warehouse.connect() as con:
         stored = con.execute("SELECT ad_id, image, sha256 FROM ad_thumbnails ORDER BY ad_id")
         stored = stored.fetchall()
@@ -67,6 +66,7 @@ def test_catalog_then_thumbnails_for_one_account(instance, rastro, warehouse, li
     assert {ad.effective_status for ad in ads.values()} == statuses
     assert instance.get_materialized_partitions(AD_CATALOG) == {"act_101"}
     assert instance.get_materialized_partitions(AD_THUMBNAILS) == {"act_101"}
+    assert_no_picture_in_events(instance, result.run_id, [row[1] for row in stored])
 
     again = materialize(instance, rastro, [ad_thumbnails], "act_101")
     assert metadata(again, "ad_thumbnails")["thumbnails_fetched"] == 0
@@ -121,11 +121,22 @@ def test_a_daily_spend_sync_yields_catalog_events(syncer, linked_world):
     assert list(catalog_materializations(live)) == []
 
 
-def test_the_preview_is_small_and_escapes_names():
-    from rastro_assets.sync.types import Preview
+def test_a_daily_syncs_catalog_events_carry_no_picture(syncer, linked_world, warehouse):
+    outcome = syncer.sync(SyncRequest("act_101", TODAY, TODAY, kind="daily", catalog=True))
+    assert outcome.thumbnails is not None and outcome.thumbnails.fetched > 0
+    with warehouse.connect() as con:
+        images = [row[0] for row in con.execute("SELECT image FROM ad_thumbnails").fetchall()]
+    for event in catalog_materializations(outcome):
+        text = dg.serialize_value(event)
+        assert "base64" not in text
+        assert not any(base64.b64encode(image).decode()[:40] in text for image in images)
+        assert len(text) < 4096
 
-    image = b"\x89PNG\r\n\x1a\nabc"
-    text = preview_markdown([Preview("1", "Sale ](x) | 50%", "image/png", image)])
-    assert base64.b64encode(image).decode() in text
-    assert "\\]\\(x\\) \\|" in text
-    assert preview_markdown([]) == "_no thumbnail stored yet_"
+
+def assert_no_picture_in_events(instance, run_id: str, images: list[bytes]) -> None:
+    """No stored picture, whole or base64, in any event the run logged."""
+    assert images
+    for record in instance.all_logs(run_id):
+        text = dg.serialize_value(record)
+        assert "base64" not in text
+        assert not any(base64.b64encode(image).decode()[:40] in text for image in images)

@@ -8,9 +8,24 @@ from datetime import date, timedelta
 import dagster as dg
 import pytest
 
-from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
-from rastro_assets.defs.sensors import meta_accounts_sensor, meta_cadence_sensor
-from rastro_assets.defs.spend_assets import ACCOUNT_TAG, SYNC_KIND_TAG
+from rastro_assets.defs.partitions import (
+    ACCOUNT_PARTITIONS_NAME,
+    AXIS_START,
+    reach_start,
+    spend_partitions,
+)
+from rastro_assets.defs.sensors import (
+    Fill,
+    meta_accounts_sensor,
+    meta_cadence_sensor,
+    shared_backfills,
+)
+from rastro_assets.defs.spend_assets import (
+    ACCOUNT_TAG,
+    AD_SPEND_DAILY,
+    SITE_SPEND_DAILY,
+    SYNC_KIND_TAG,
+)
 from rastro_assets.defs.wave import WAVE_TAG
 from rastro_assets.warehouse import registry
 from rastro_assets_tests.conftest import NOW, record_sync_run
@@ -38,30 +53,116 @@ def record_ok(warehouse, account: str, since: date, until: date, at, kind="backf
 
 
 def backfilled(warehouse, account: str, at=NOW - timedelta(hours=1)) -> None:
+    from rastro_assets.meta.models import Ad
+    from rastro_assets.warehouse.catalog import upsert_catalog
+
     record_ok(warehouse, account, TODAY - timedelta(days=89), TODAY, at)
+    # An account that delivers: its backfill found an ACTIVE ad (an idle one is read less often).
+    with warehouse.connect() as con:
+        upsert_catalog(con, account, [Ad(f"{account}-ad", effective_status="ACTIVE")], at,
+                       refile=True)
 
 
-def test_new_accounts_become_partitions_and_get_a_backfill(instance, rastro):
+def target_keys(request) -> set[str]:
+    subset = request.asset_graph_subset
+    return {
+        str(key) for key in subset.get_partitions_subset(AD_SPEND_DAILY).get_partition_keys()
+    }
+
+
+def ninety_days(account: str, today: date = TODAY) -> set[str]:
+    return {f"{account}|{today - timedelta(days=back)}" for back in range(90)}
+
+
+def link(warehouse, account: str, at) -> None:
+    with warehouse.connect() as con:
+        registry.link_account(con, "s1", account, "c1", "America/Sao_Paulo", "BRL", at)
+
+
+def test_new_accounts_become_partitions_and_share_one_backfill(instance, rastro):
     result = evaluate(meta_accounts_sensor, instance, rastro)
     [add] = result.dynamic_partitions_requests
     assert (add.partitions_def_name, sorted(add.partition_keys)) == (
         ACCOUNT_PARTITIONS_NAME,
         ["act_101", "act_202"],
     )
-    assert len(result.run_requests) == 2
-    for request in result.run_requests:
-        assert request.tags[SYNC_KIND_TAG] == "backfill"
-        subset = request.asset_graph_subset
-        keys = {
-            str(key)
-            for key in subset.get_partitions_subset(
-                dg.AssetKey("ad_spend_daily")
-            ).get_partition_keys()
-        }
-        account = request.tags[ACCOUNT_TAG]
-        assert len(keys) == 90
-        assert f"{account}|{TODAY - timedelta(days=89)}" in keys
-        assert f"{account}|{TODAY}" in keys
+    [request] = result.run_requests
+    assert request.tags[SYNC_KIND_TAG] == "backfill"
+    assert request.tags[ACCOUNT_TAG] == "act_101 and 1 more"
+    assert target_keys(request) == ninety_days("act_101") | ninety_days("act_202")
+    site_keys = request.asset_graph_subset.get_partitions_subset(SITE_SPEND_DAILY)
+    assert {str(key) for key in site_keys.get_partition_keys()} == target_keys(request)
+
+
+def test_accounts_linked_in_the_same_tick_share_a_backfill_cut_by_account(
+    instance, rastro, warehouse
+):
+    linked = [f"act_90{n}" for n in range(1, 9)]
+    for account in linked:
+        link(warehouse, account, NOW - timedelta(minutes=1))
+    [request] = evaluate(meta_accounts_sensor, instance, rastro).run_requests
+    assert target_keys(request) == set().union(
+        *(ninety_days(account) for account in ["act_101", "act_202", *linked])
+    )
+
+    # The ranges Dagster cuts the backfill into (`BackfillPolicy.multi_run(30)`
+    # then chunks each): one account's 90 days each, never two accounts.
+    subset = request.asset_graph_subset.get_partitions_subset(AD_SPEND_DAILY)
+    ranges = subset.get_partition_key_ranges(spend_partitions)
+    spans = sorted((r.start.split("|"), r.end.split("|")) for r in ranges)
+    assert len(spans) == 10
+    for (account, first), (last_account, last) in spans:
+        assert account == last_account
+        assert (first, last) == (str(TODAY - timedelta(days=89)), str(TODAY))
+
+
+def test_shared_backfills_hold_fewer_accounts_than_days():
+    gap = [Fill(f"act_{n}", "gap", TODAY - timedelta(days=27), TODAY) for n in range(60)]
+    new = [Fill(f"act_{n}", "backfill", TODAY - timedelta(days=89), TODAY) for n in range(100)]
+    groups = shared_backfills(gap + new)
+    assert [(group[0].kind, len(group)) for group in groups] == [
+        ("backfill", 89),
+        ("backfill", 11),
+        ("gap", 27),
+        ("gap", 27),
+        ("gap", 6),
+    ]
+    one_day = [Fill(f"act_{n}", "backfill", TODAY, TODAY) for n in range(3)]
+    assert [len(group) for group in shared_backfills(one_day)] == [1, 1, 1]
+
+
+def test_the_date_axis_starts_where_this_deployment_can_need_a_day():
+    assert reach_start(TODAY) == date(2026, 8, 1)
+    # A month to spare before the first backfill of accounts linked at release.
+    assert TODAY - timedelta(days=89 + 30) >= AXIS_START
+    # Meta keeps 37 months: from late 2029 that, not the axis, is the reach.
+    assert reach_start(date(2030, 1, 31)) == date(2026, 12, 31)
+    assert reach_start(date(2029, 12, 31)) == date(2026, 11, 30)
+
+
+def test_days_before_the_reach_are_left_out_of_the_backfill(instance, rastro, warehouse):
+    backfilled(warehouse, "act_101")
+    backfilled(warehouse, "act_202")
+    link(warehouse, "act_303", NOW - timedelta(days=200))  # its 90 days end before the axis
+    [request] = evaluate(meta_accounts_sensor, instance, rastro).run_requests
+    days = sorted(key.split("|")[1] for key in target_keys(request))
+    assert {key.split("|")[0] for key in target_keys(request)} == {"act_303"}
+    assert (days[0], days[-1]) == (str(AXIS_START), str(TODAY))
+    assert len(days) == (TODAY - AXIS_START).days + 1
+
+
+def test_an_account_owing_only_days_before_its_reach_is_skipped_not_failed(
+    instance, rastro, warehouse
+):
+    backfilled(warehouse, "act_101")
+    backfilled(warehouse, "act_202")
+    link(warehouse, "act_303", NOW - timedelta(days=200))
+    record_ok(warehouse, "act_303", AXIS_START, TODAY, NOW - timedelta(hours=1))
+    instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202", "act_303"])
+    result = evaluate(meta_accounts_sensor, instance, rastro)
+    assert isinstance(result, dg.SkipReason)
+    assert "act_303: every owed day" in result.skip_message
+    assert "before the account's reach" in result.skip_message
 
 
 def test_unlinked_accounts_lose_their_partition(instance, rastro, warehouse):

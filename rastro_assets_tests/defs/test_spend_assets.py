@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from datetime import date, timedelta
+from decimal import Decimal
 from pathlib import Path
 
 import dagster as dg
@@ -16,6 +17,7 @@ from rastro_assets.defs.checks import site_spend_equals_ad_sums
 from rastro_assets.defs.dagster_private import AssetGraphSubset, PartitionBackfill
 from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, spend_partition_key
 from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, SITE_SPEND_DAILY, meta_spend
+from rastro_assets.warehouse import registry
 from rastro_assets_tests.conftest import TOKEN
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.truth import assert_equals_truth, stored_rows
@@ -40,6 +42,19 @@ def materialize_range(
     )
 
 
+def spend_events(result) -> list[dg.AssetMaterialization]:
+    return [
+        event
+        for event in result.asset_materializations_for_node("meta_spend")
+        if event.asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY)
+    ]
+
+
+def spend_of(event, currency: str) -> Decimal:
+    """The event's spend as the Decimal it was: a float's repr keeps up to 15 digits."""
+    return Decimal(repr(event.metadata[f"spend_{currency}"].value))
+
+
 def materialized_dates(instance, asset_key) -> set[str]:
     keys = instance.get_materialized_partitions(asset_key)
     return {key.split("|")[1] for key in keys}
@@ -56,11 +71,63 @@ def test_one_partition_equals_meta(instance, rastro, warehouse, linked_world):
     with warehouse.connect() as con:
         assert_equals_truth(con, linked_world, "act_101", TODAY, TODAY)
         assert_site_spend_exact(con)
-    [event] = result.asset_materializations_for_node("meta_spend")[:1]
-    assert event.metadata["rows_written"].value == len(linked_world.truth("act_101", TODAY))
-    assert "spend_by_day" in event.metadata
+    truth = linked_world.truth("act_101", TODAY)
+    ad_event, site_event = spend_events(result)
+    assert spend_of(ad_event, "BRL") == spend_of(site_event, "BRL") == sum(
+        row.spend for row in truth
+    )
+    assert ad_event.metadata["dagster/row_count"].value == len(truth)
+    assert site_event.metadata["run_rows_written"].value == len(truth)
     [check] = result.get_asset_check_evaluations()
     assert check.passed
+
+
+@pytest.mark.parametrize(
+    "selection",
+    [[AD_SPEND_DAILY], [SITE_SPEND_DAILY], [AD_SPEND_DAILY, SITE_SPEND_DAILY]],
+    ids=["ad_spend_daily", "site_spend_daily", "both"],
+)
+def test_any_selection_records_both_tables_it_wrote(
+    instance, rastro, warehouse, linked_world, selection
+):
+    since = TODAY - timedelta(days=2)
+    result = materialize_range(instance, rastro, "act_202", since, TODAY, selection=selection)
+    assert result.success
+    with warehouse.connect() as con:
+        assert_equals_truth(con, linked_world, "act_202", since, TODAY)
+        assert_site_spend_exact(con)
+    dates = {str(since + timedelta(days=n)) for n in range(3)}
+    assert materialized_dates(instance, AD_SPEND_DAILY) == dates
+    assert materialized_dates(instance, SITE_SPEND_DAILY) == dates
+    for asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY):
+        event = instance.get_latest_materialization_event(asset_key).asset_materialization
+        day = date.fromisoformat(event.partition.split("|")[1])
+        spend = sum(row.spend for row in linked_world.truth("act_202", day))
+        assert spend_of(event, "JPY") == spend
+
+
+def test_each_partition_carries_its_own_day_and_the_run_summary_once(
+    instance, rastro, linked_world
+):
+    since = TODAY - timedelta(days=6)
+    result = materialize_range(instance, rastro, "act_101", since, TODAY)
+    events = spend_events(result)
+    with_summary = [event for event in events if "run_rows_written" in event.metadata]
+    assert len(events) == 14
+    assert [(event.asset_key, event.partition) for event in with_summary] == [
+        (SITE_SPEND_DAILY, str(spend_partition_key("act_101", TODAY)))
+    ]
+    for event in events:
+        day = date.fromisoformat(event.partition.split("|")[1])
+        truth = linked_world.truth("act_101", day)
+        assert spend_of(event, "BRL") == sum(row.spend for row in truth)
+        if event.asset_key == AD_SPEND_DAILY:
+            assert event.metadata["dagster/row_count"].value == len(truth)
+        # Small on purpose: see `day_metadata`.
+        expected = {"spend_BRL", "dagster/row_count"} if event.asset_key == AD_SPEND_DAILY else {
+            "spend_BRL"
+        }
+        assert set(event.metadata) == expected or event is with_summary[0]
 
 
 def test_a_seven_day_range_is_one_run(instance, rastro, warehouse, linked_world):
@@ -126,10 +193,22 @@ def test_the_token_never_reaches_dagster_storage_or_duckdb(
     assert leaks == []
 
 
+@pytest.fixture
+def act_1(warehouse, linked_world, now) -> str:
+    """`act_1` (Sao Paulo, BRL) at the fake Graph, linked to site s1: the contract's example."""
+    linked_world.add_account(
+        "act_1", timezone="America/Sao_Paulo", currency="BRL", n_ads=3, token=TOKEN
+    )
+    with warehouse.connect() as con:
+        registry.link_account(con, "s1", "act_1", "c1", "America/Sao_Paulo", "BRL", now)
+    return "act_1"
+
+
 @pytest.mark.slow
-def test_dagster_asset_materialize_from_the_command_line(
-    rastro, warehouse, linked_world, duckdb_path, fake_graph, secrets_key, tmp_path
+def test_the_contracts_command_lines_materialize_one_asset_and_record_both(
+    act_1, warehouse, linked_world, duckdb_path, fake_graph, secrets_key, tmp_path
 ):
+    """`dagster asset materialize` of ad_spend_daily, then `dg launch` of site_spend_daily."""
     home = tmp_path / "cli_home"
     home.mkdir()
     env = {
@@ -140,30 +219,33 @@ def test_dagster_asset_materialize_from_the_command_line(
         "RASTRO_SECRETS_KEY": secrets_key,
     }
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_202"])
+        instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, [act_1])
+    bin_dir = Path(sys.executable).parent
     yesterday = TODAY - timedelta(days=1)
-    completed = subprocess.run(
+    commands = [
         [
-            str(Path(sys.executable).parent / "dagster"),
-            "asset",
-            "materialize",
-            "-m",
-            "rastro_assets.definitions",
-            "--select",
-            "ad_spend_daily,site_spend_daily",
-            "--partition",
-            f"act_202|{yesterday}",
+            str(bin_dir / "dagster"), "asset", "materialize", "-m", "rastro_assets.definitions",
+            "--select", "ad_spend_daily", "--partition", f"act_1|{TODAY}",
         ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+        [
+            str(bin_dir / "dg"), "launch", "--assets", "site_spend_daily",
+            "--partition", f"act_1|{yesterday}",
+        ],
+    ]
+    for command in commands:
+        completed = subprocess.run(
+            command, cwd=REPO, env=env, capture_output=True, text=True, timeout=180
+        )
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        assert TOKEN not in completed.stdout + completed.stderr
     with warehouse.connect() as con:
-        assert_equals_truth(con, linked_world, "act_202", yesterday, yesterday)
-    assert TOKEN not in completed.stdout + completed.stderr
+        assert_equals_truth(con, linked_world, act_1, yesterday, TODAY)
+        assert_site_spend_exact(con)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        for asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY):
+            assert set(instance.get_materialized_partitions(asset_key)) == {
+                f"act_1|{yesterday}", f"act_1|{TODAY}"
+            }
 
 
 def test_a_backfill_run_says_which_block_it_reads(instance, rastro, linked_world):

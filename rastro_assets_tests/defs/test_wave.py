@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from rastro_assets.defs.checks import failing_sum_check_partitions, sum_check_evaluations
 from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
 from rastro_assets.defs.wave import sync_wave_job
 from rastro_assets.planner.history import sync_runs_by_account
@@ -11,6 +12,9 @@ from rastro_assets_tests.conftest import NOW
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.truth import assert_equals_truth
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
+
+YESTERDAY = TODAY - timedelta(days=1)
+DAYS = (YESTERDAY, TODAY)
 
 
 def run_wave(instance, rastro, syncs):
@@ -95,31 +99,76 @@ def test_live_waves_record_changed_days_once_per_three_local_hours(
     )
 
 
-def test_the_sum_check_is_evaluated_for_each_partition_a_wave_records(
-    instance, rastro, warehouse, linked_world
-):
-    from rastro_assets.defs.checks import SUM_CHECK, sum_check_evaluations
-    from rastro_assets.defs.spend_assets import SITE_SPEND_DAILY
-
-    result = run_wave(instance, rastro, [live("act_101"), live("act_202")])
-    evaluations = [
-        event.event_specific_data
+def sum_check_evaluations_of(result) -> list[tuple[str, bool]]:
+    return sorted(
+        (event.event_specific_data.partition, event.event_specific_data.passed)
         for event in result.all_events
         if event.event_type_value == "ASSET_CHECK_EVALUATION"
+    )
+
+
+def test_a_wave_checks_every_day_it_records_and_reports_each_accounts_newest(
+    instance, rastro, warehouse, linked_world
+):
+    result = run_wave(instance, rastro, [live("act_101"), live("act_202")])
+    assert len(spend_materializations(result)) == 4  # two days of two accounts
+    assert sum_check_evaluations_of(result) == [
+        (f"act_101|{TODAY}", True),
+        (f"act_202|{TODAY}", True),
     ]
-    assert {(e.asset_key, e.check_name, e.passed) for e in evaluations} == {
-        (SITE_SPEND_DAILY, SUM_CHECK, True)
-    }
-    assert sorted(e.partition for e in evaluations) == sorted(spend_materializations(result))
     with warehouse.connect() as con:  # a site-day that no longer sums its ad rows fails
         con.execute(
             "UPDATE site_spend_daily SET spend = spend + 1 "
             "WHERE ad_account_id = 'act_101' AND day = ?",
-            [TODAY],
+            [YESTERDAY],
         )
-        checked = sum_check_evaluations(con, [("act_101", TODAY), ("act_202", TODAY)])
+        checked = sum_check_evaluations(
+            con, [(account, day) for account in ("act_101", "act_202") for day in DAYS]
+        )
     assert [(e.partition, e.passed) for e in checked] == [
-        (f"act_101|{TODAY}", False),
+        (f"act_101|{YESTERDAY}", False),
+        (f"act_101|{TODAY}", True),
         (f"act_202|{TODAY}", True),
     ]
     assert checked[0].metadata["mismatches"].value >= 1
+
+
+def test_a_partition_whose_sum_check_failed_turns_green_when_a_wave_rewrites_it(
+    instance, rastro_at, warehouse, linked_world, fake_clock
+):
+    run_wave(instance, rastro_at(NOW), [live("act_101")])
+    with warehouse.connect() as con:
+        con.execute(
+            "UPDATE site_spend_daily SET spend = spend + 1 "
+            "WHERE ad_account_id = 'act_101' AND day = ?",
+            [YESTERDAY],
+        )
+        (failed,) = sum_check_evaluations(con, [("act_101", YESTERDAY)])
+    assert not failed.passed
+    instance.report_runless_asset_event(failed)  # as the check's run or an earlier wave would
+    assert failing_sum_check_partitions(
+        instance, [f"act_101|{YESTERDAY}", f"act_101|{TODAY}"]
+    ) == {f"act_101|{YESTERDAY}"}
+
+    restated = linked_world.truth("act_101", YESTERDAY)[0]  # Meta stops reporting an ad-day
+    linked_world.set_ad_day("act_101", restated.ad_id, YESTERDAY, None)
+    next_block = NOW + timedelta(hours=3)
+    fake_clock.set(next_block)
+    rewrite = run_wave(instance, rastro_at(next_block), [live("act_101")])
+    assert (f"act_101|{YESTERDAY}", True) in sum_check_evaluations_of(rewrite)
+    assert failing_sum_check_partitions(instance, [f"act_101|{YESTERDAY}"]) == set()
+
+
+def test_a_live_wave_records_an_empty_day_once_whatever_the_block(
+    instance, rastro_at, linked_world, fake_clock
+):
+    for day in DAYS:
+        for row in linked_world.truth("act_101", day):
+            linked_world.set_ad_day("act_101", row.ad_id, day, None)
+    outside_a_block = NOW + timedelta(hours=1)  # 10:00 in Sao Paulo
+    fake_clock.set(outside_a_block)
+    first = run_wave(instance, rastro_at(outside_a_block), [live("act_101")])
+    assert sorted(spend_materializations(first)) == [f"act_101|{day}" for day in DAYS]
+    for later in (NOW + timedelta(hours=2), NOW + timedelta(hours=3)):  # 11:00, then a block
+        fake_clock.set(later)
+        assert spend_materializations(run_wave(instance, rastro_at(later), [live("act_101")])) == []

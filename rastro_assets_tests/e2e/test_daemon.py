@@ -9,38 +9,37 @@ read-only and one read-write, and nothing waits on them.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import yaml
 
-from rastro_assets.analytics.publish import Publisher
-from rastro_assets.meta.fake.server import serve
-from rastro_assets.meta.fake.world import FakeWorld
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.timekeeping import local_date
-from rastro_assets.vault import Vault
 from rastro_assets.warehouse import registry
-from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.analytics.analyst import Analyst
 from rastro_assets_tests.conftest import TOKEN
+from rastro_assets_tests.e2e.daemon_harness import (
+    ACCOUNT,
+    LAG_SECONDS,
+    LEASE_SECONDS,
+    POLL_SECONDS,
+    REPO,
+    account_status,
+    linked_world,
+    one_account_world,
+    runs,
+    sync_now,
+    wait_for,
+    wave_outcome_after,
+)
 from rastro_assets_tests.truth import assert_equals_truth
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-ACCOUNT = "act_777"
 NEW_TOKEN = "EAAnewTOKENq81ZrW0pLx3Tm5Yc"
-POLL_SECONDS = 1.0
-LAG_SECONDS = 30
-LEASE_SECONDS = 30  # a killed wave's accounts are taken again this long after it started
 MONITOR_SECONDS = 5
 
 
@@ -54,123 +53,19 @@ def instance_yaml(home: Path) -> dict:
     return config
 
 
-def wait_for(what: str, predicate, timeout_seconds: float):
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(POLL_SECONDS)
-    raise AssertionError(f"timed out after {timeout_seconds:.0f} s waiting for {what}")
-
-
 @pytest.fixture
 def daemon_world(tmp_path, secrets_key):
-    world = FakeWorld(seed=11)
-    world.add_account(ACCOUNT, timezone="Pacific/Auckland", currency="NZD", n_ads=3, token=TOKEN)
+    world = one_account_world()
     world.add_token(NEW_TOKEN)
     world.grant(NEW_TOKEN, ACCOUNT)
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text(yaml.safe_dump(instance_yaml(home)))
-    warehouse = Warehouse(tmp_path / "rastro.duckdb")
-    warehouse.migrate()
-    vault = Vault.from_env()
-    now = datetime.now(UTC)
-    with warehouse.connect() as con:
-        registry.add_site(con, "s1", "Site one", now)
-        registry.save_connection(con, "c1", vault.seal("c1", TOKEN), now)
-        registry.link_account(con, "s1", ACCOUNT, "c1", "Pacific/Auckland", "NZD", now)
-    snapshot_path = tmp_path / "analytics.duckdb"
-    Publisher(warehouse, snapshot_path).publish()
-    with serve(world) as server:
-        env = {
-            **os.environ,
-            "DAGSTER_HOME": str(home),
-            "RASTRO_DUCKDB_PATH": str(warehouse.path),
-            "RASTRO_META_GRAPH_URL": server.base_url,
-            "RASTRO_SECRETS_KEY": secrets_key,
-            "RASTRO_SENSOR_INTERVAL_SECONDS": "5",
-            "RASTRO_SYNC_LEASE_SECONDS": str(LEASE_SECONDS),
-            "RASTRO_ANALYTICS_PATH": str(snapshot_path),
-            "RASTRO_ANALYTICS_LAG_SECONDS": str(LAG_SECONDS),
-        }
-        daemon = Daemon(env, tmp_path / "daemon.log")
-        daemon.start()
-        try:
-            # Read-write, as DBeaver and `duckdb FILE` open by default: it locks the file it
-            # opened, which later publishes replace rather than write.
-            with Analyst(snapshot_path, read_only=False) as writer:
-                yield world, warehouse, vault, home, daemon, writer
-        finally:
-            daemon.stop()
-
-
-class Daemon:
-    """`dagster-daemon run` from the repo root, in a process group of its own."""
-
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.env, self.log = env, log
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", "workspace.yaml"],
-            cwd=REPO,
-            env=self.env,
-            stdout=self.log.open("ab"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def kill(self) -> None:
-        """SIGKILL the daemon with its code servers and run workers: nothing ends cleanly."""
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-
-def account_status(warehouse: Warehouse) -> cadence.AccountStatus:
-    with warehouse.connect() as con:
-        [account] = planned_accounts(con)
-    return cadence.status(account.state, datetime.now(UTC))
-
-
-def runs(warehouse: Warehouse, kind: str) -> list[tuple]:
-    with warehouse.connect() as con:
-        return con.execute(
-            "SELECT since, until, outcome FROM meta_sync_runs WHERE kind = ? ORDER BY started_at",
-            [kind],
-        ).fetchall()
-
-
-def wave_outcome_after(warehouse: Warehouse, instant: datetime) -> str | None:
-    """The outcome of the first finished wave sync (live, daily, weekly) after `instant`."""
-    with warehouse.connect() as con:
-        row = con.execute(
-            """
-            SELECT outcome FROM meta_sync_runs
-            WHERE kind IN ('live', 'daily', 'weekly') AND started_at > ? AND outcome IS NOT NULL
-            ORDER BY started_at LIMIT 1
-            """,
-            [instant],
-        ).fetchone()
-    return row[0] if row else None
-
-
-def sync_now(warehouse: Warehouse) -> datetime:
-    requested_at = datetime.now(UTC)
-    with warehouse.connect() as con:
-        registry.request_sync(con, ACCOUNT, requested_at)
-    return requested_at
+    config = instance_yaml(tmp_path / "dagster_home")
+    # The analyst opens read-write, as DBeaver and `duckdb FILE` do by default: it locks the
+    # file it opened, which later publishes replace rather than write.
+    with (
+        linked_world(tmp_path, secrets_key, world, config) as linked,
+        Analyst(linked.snapshot_path, read_only=False) as writer,
+    ):
+        yield world, linked.warehouse, linked.vault, linked.home, linked.daemon, writer
 
 
 def newest_published(snapshot_path: Path) -> tuple[datetime, datetime | None]:

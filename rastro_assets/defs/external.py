@@ -1,0 +1,63 @@
+"""Tables the pipeline reads but never writes, as external assets in the lineage.
+
+The registry (sites, connections, accounts, links) is written by the `rastro`
+command; `lead_daily_rollups` by the host application. Dagster cannot
+materialize them: they show where the spend and catalog assets start from.
+"""
+
+import dagster as dg
+
+from rastro_assets.defs.metadata import table_metadata
+
+GROUP = "registry"
+OWNERS = ["team:data-engineering"]
+
+SITES = dg.AssetKey("sites")
+META_CONNECTIONS = dg.AssetKey("meta_connections")
+META_AD_ACCOUNTS = dg.AssetKey("meta_ad_accounts")
+SITE_AD_ACCOUNTS = dg.AssetKey("site_ad_accounts")
+LEAD_DAILY_ROLLUPS = dg.AssetKey("lead_daily_rollups")
+
+
+def _external(key: dg.AssetKey, description: str, *, written_by: str) -> dg.AssetSpec:
+    return dg.AssetSpec(
+        key,
+        description=description,
+        kinds={"duckdb"},
+        group_name=GROUP,
+        owners=OWNERS,
+        tags={"domain": "marketing"},
+        metadata={**table_metadata(key.path[-1]), "written_by": written_by},
+    )
+
+
+external_specs = [
+    _external(
+        SITES,
+        "The host application's sites that ad accounts are linked to.",
+        written_by="rastro site add",
+    ),
+    _external(
+        META_CONNECTIONS,
+        "Meta connections: each holds one access token, sealed with AES-256-GCM under "
+        "RASTRO_SECRETS_KEY (ciphertext only), and whether Meta still accepts it.",
+        written_by="rastro connect",
+    ),
+    _external(
+        META_AD_ACCOUNTS,
+        "Every linked Meta ad account with its connection, timezone (which defines the "
+        "account's local days) and currency (the unit of its spend).",
+        written_by="rastro link / rastro unlink",
+    ),
+    _external(
+        SITE_AD_ACCOUNTS,
+        "Which ad accounts each site is linked to: site_spend_daily sums over these links.",
+        written_by="rastro link / rastro unlink",
+    ),
+    _external(
+        LEAD_DAILY_ROLLUPS,
+        "Leads per site, ad and day, counted by the host application. Read to find ads that "
+        "bring leads but have no name yet, so their names are fetched first. May be empty.",
+        written_by="the host application",
+    ),
+]

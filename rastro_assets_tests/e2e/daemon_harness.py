@@ -1,0 +1,177 @@
+"""What the daemon end-to-end tests share: one account of the fake Graph linked in a fresh
+warehouse, a real `dagster-daemon` over it, and the questions the tests ask while it runs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+from rastro_assets.analytics.publish import Publisher
+from rastro_assets.meta.fake.server import serve
+from rastro_assets.meta.fake.world import FakeWorld
+from rastro_assets.planner import cadence
+from rastro_assets.planner.history import planned_accounts
+from rastro_assets.vault import Vault
+from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets_tests.conftest import TOKEN
+
+REPO = Path(__file__).resolve().parents[2]
+ACCOUNT = "act_777"
+TIMEZONE = "Pacific/Auckland"
+POLL_SECONDS = 1.0
+LAG_SECONDS = 30
+LEASE_SECONDS = 30  # a killed wave's accounts are taken again this long after it started
+SENSOR_INTERVAL_SECONDS = 5
+
+
+def one_account_world() -> FakeWorld:
+    world = FakeWorld(seed=11)
+    world.add_account(ACCOUNT, timezone=TIMEZONE, currency="NZD", n_ads=3, token=TOKEN)
+    return world
+
+
+def wait_for(what: str, predicate, timeout_seconds: float):
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(POLL_SECONDS)
+    raise AssertionError(f"timed out after {timeout_seconds:.0f} s waiting for {what}")
+
+
+class Daemon:
+    """`dagster-daemon run` from the repo root, in a process group of its own."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env, self.log = env, log
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", "workspace.yaml"],
+            cwd=REPO,
+            env=self.env,
+            stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def kill(self) -> None:
+        """SIGKILL the daemon with its code servers and run workers: nothing ends cleanly."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return
+        # A code server busy on a loaded machine can outlive its daemon by a minute; the test's
+        # servers (fake Graph, Postgres) go away next, so nothing of the daemon may stay.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+@dataclass
+class LinkedWorld:
+    world: FakeWorld
+    warehouse: Warehouse
+    vault: Vault
+    home: Path
+    daemon: Daemon
+    snapshot_path: Path
+
+
+@contextlib.contextmanager
+def linked_world(
+    tmp_path: Path,
+    secrets_key: str,
+    world: FakeWorld,
+    instance_config: dict,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[LinkedWorld]:
+    """`ACCOUNT` linked to site `s1` in a new warehouse, the fake Graph serving `world`, and a
+    running daemon on a Dagster home holding `instance_config`; the daemon stops on exit."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(yaml.safe_dump(instance_config))
+    warehouse = Warehouse(tmp_path / "rastro.duckdb")
+    warehouse.migrate()
+    vault = Vault.from_env()
+    now = datetime.now(UTC)
+    with warehouse.connect() as con:
+        registry.add_site(con, "s1", "Site one", now)
+        registry.save_connection(con, "c1", vault.seal("c1", TOKEN), now)
+        registry.link_account(con, "s1", ACCOUNT, "c1", TIMEZONE, "NZD", now)
+    snapshot_path = tmp_path / "analytics.duckdb"
+    Publisher(warehouse, snapshot_path).publish()
+    with serve(world) as server:
+        env = {
+            **os.environ,
+            **(extra_env or {}),
+            "DAGSTER_HOME": str(home),
+            "RASTRO_DUCKDB_PATH": str(warehouse.path),
+            "RASTRO_META_GRAPH_URL": server.base_url,
+            "RASTRO_SECRETS_KEY": secrets_key,
+            "RASTRO_SENSOR_INTERVAL_SECONDS": str(SENSOR_INTERVAL_SECONDS),
+            "RASTRO_SYNC_LEASE_SECONDS": str(LEASE_SECONDS),
+            "RASTRO_ANALYTICS_PATH": str(snapshot_path),
+            "RASTRO_ANALYTICS_LAG_SECONDS": str(LAG_SECONDS),
+        }
+        daemon = Daemon(env, tmp_path / "daemon.log")
+        daemon.start()
+        try:
+            yield LinkedWorld(world, warehouse, vault, home, daemon, snapshot_path)
+        finally:
+            daemon.stop()
+
+
+def account_status(warehouse: Warehouse) -> cadence.AccountStatus:
+    with warehouse.connect() as con:
+        [account] = planned_accounts(con)
+    return cadence.status(account.state, datetime.now(UTC))
+
+
+def runs(warehouse: Warehouse, kind: str) -> list[tuple]:
+    with warehouse.connect() as con:
+        return con.execute(
+            "SELECT since, until, outcome FROM meta_sync_runs WHERE kind = ? ORDER BY started_at",
+            [kind],
+        ).fetchall()
+
+
+def wave_outcome_after(warehouse: Warehouse, instant: datetime) -> str | None:
+    """The outcome of the first finished wave sync (live, daily, weekly) after `instant`."""
+    with warehouse.connect() as con:
+        row = con.execute(
+            """
+            SELECT outcome FROM meta_sync_runs
+            WHERE kind IN ('live', 'daily', 'weekly') AND started_at > ? AND outcome IS NOT NULL
+            ORDER BY started_at LIMIT 1
+            """,
+            [instant],
+        ).fetchone()
+    return row[0] if row else None
+
+
+def sync_now(warehouse: Warehouse) -> datetime:
+    requested_at = datetime.now(UTC)
+    with warehouse.connect() as con:
+        registry.request_sync(con, ACCOUNT, requested_at)
+    return requested_at
