@@ -73,15 +73,13 @@ def days_worth_recording(outcome: SyncOutcome, recorded: Collection[str] = ()) -
     changed = set(outcome.changed_days)
     live = outcome.request.kind == "live"
     recording_block = not live or _first_wave_of_block(outcome)
+    empty = set(empty_days(outcome))
     account = outcome.request.ad_account_id
     return [
         day
         for day in outcome.complete_days
         if (day in changed and recording_block)
-        or (
-            day in empty_days(outcome)
-            and not (live and spend_partition_key(account, day) in recorded)
-        )
+        or (day in empty and not (live and spend_partition_key(account, day) in recorded))
     ]
 
 

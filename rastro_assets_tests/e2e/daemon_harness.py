@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import yaml
@@ -21,10 +21,12 @@ from rastro_assets.meta.fake.server import serve
 from rastro_assets.meta.fake.world import FakeWorld
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
+from rastro_assets.timekeeping import local_date
 from rastro_assets.vault import Vault
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.conftest import TOKEN
+from rastro_assets_tests.truth import assert_equals_truth
 
 REPO = Path(__file__).resolve().parents[2]
 ACCOUNT = "act_777"
@@ -154,6 +156,29 @@ def runs(warehouse: Warehouse, kind: str) -> list[tuple]:
             "SELECT since, until, outcome FROM meta_sync_runs WHERE kind = ? ORDER BY started_at",
             [kind],
         ).fetchall()
+
+
+def wait_for_the_backfill(warehouse: Warehouse, world: FakeWorld, timeout_seconds: float):
+    """The new account's 90-day backfill, once done: 30-day runs, all ok, equal to Meta.
+
+    Returns its sync runs.
+    """
+    wait_for(
+        "the 90-day backfill",
+        lambda: (
+            account_status(warehouse).state == "live" and len(runs(warehouse, "backfill")) >= 3
+        ),
+        timeout_seconds=timeout_seconds,
+    )
+    backfill = runs(warehouse, "backfill")
+    assert [outcome for *_, outcome in backfill] == ["ok"] * len(backfill)
+    assert max((until - since).days + 1 for since, until, _ in backfill) == 30
+    today = local_date(datetime.now(UTC), TIMEZONE)
+    with warehouse.connect() as con:
+        assert_equals_truth(
+            con, world, ACCOUNT, today - timedelta(days=89), today - timedelta(days=2)
+        )
+    return backfill
 
 
 def wave_outcome_after(warehouse: Warehouse, instant: datetime) -> str | None:

@@ -33,6 +33,7 @@ from rastro_assets_tests.e2e.daemon_harness import (
     runs,
     sync_now,
     wait_for,
+    wait_for_the_backfill,
     wave_outcome_after,
 )
 from rastro_assets_tests.truth import assert_equals_truth
@@ -101,21 +102,7 @@ def test_the_daemon_backfills_syncs_pauses_and_resumes_while_analysts_read(daemo
     assert writer.query(spend_rows) == [[0]]
     reader = None
     try:
-        wait_for(
-            "the 90-day backfill",
-            lambda: (
-                account_status(warehouse).state == "live" and len(runs(warehouse, "backfill")) >= 3
-            ),
-            timeout_seconds=240,
-        )
-        backfill = runs(warehouse, "backfill")
-        assert [outcome for *_, outcome in backfill] == ["ok"] * len(backfill)
-        assert max((until - since).days + 1 for since, until, _ in backfill) == 30
-        today = local_date(datetime.now(UTC), "Pacific/Auckland")
-        with warehouse.connect() as con:
-            assert_equals_truth(
-                con, world, ACCOUNT, today - timedelta(days=89), today - timedelta(days=2)
-            )
+        wait_for_the_backfill(warehouse, world, timeout_seconds=240)
         # The backfill's last run read the catalog and counts as the daily and weekly re-sync.
         with warehouse.connect() as con:
             [account] = planned_accounts(con)

@@ -22,9 +22,9 @@ from rastro_assets_tests.e2e.daemon_harness import (
     account_status,
     linked_world,
     one_account_world,
-    runs,
     sync_now,
     wait_for,
+    wait_for_the_backfill,
     wave_outcome_after,
 )
 from rastro_assets_tests.postgres_server import postgres_server
@@ -104,21 +104,7 @@ def test_the_scaled_config_backfills_and_runs_live_waves_on_postgres(postgres_wo
     server, linked = postgres_world
     warehouse, home, world = linked.warehouse, linked.home, linked.world
     try:
-        wait_for(
-            "the 90-day backfill",
-            lambda: (
-                account_status(warehouse).state == "live" and len(runs(warehouse, "backfill")) >= 3
-            ),
-            timeout_seconds=480,
-        )
-        backfill = runs(warehouse, "backfill")
-        assert [outcome for *_, outcome in backfill] == ["ok"] * len(backfill)
-        assert max((until - since).days + 1 for since, until, _ in backfill) == 30
-        today = local_date(datetime.now(UTC), TIMEZONE)
-        with warehouse.connect() as con:
-            assert_equals_truth(
-                con, world, ACCOUNT, today - timedelta(days=89), today - timedelta(days=2)
-            )
+        backfill = wait_for_the_backfill(warehouse, world, timeout_seconds=480)
         [(status, is_asset_backfill, run_states)] = wait_for(
             "the backfill to be marked complete",
             lambda: [
