@@ -182,16 +182,30 @@ def _superseded_ids(low: int, high: int, horizon: datetime) -> sa.Select:
     event = SqlEventLogStorageTable
     newer = SqlEventLogStorageTable.alias("newer")
 
-    def newer_of(*event_types: str):
+    def newer_with(partition_match, event_types):
         return (
             sa.select(newer.c.id)
             .where(
                 newer.c.asset_key == event.c.asset_key,
                 newer.c.dagster_event_type.in_(event_types),
-                newer.c.partition.is_not_distinct_from(event.c.partition),
+                partition_match,
                 newer.c.id > event.c.id,
             )
             .exists()
+        )
+
+    def newer_of(*event_types: str):
+        # Not `IS NOT DISTINCT FROM`: Postgres never answers it from an index, and then
+        # each event scans every newer one (a tick of 200 accounts ran for minutes).
+        return sa.or_(
+            sa.and_(
+                event.c.partition.is_not(None),
+                newer_with(newer.c.partition == event.c.partition, event_types),
+            ),
+            sa.and_(
+                event.c.partition.is_(None),
+                newer_with(newer.c.partition.is_(None), event_types),
+            ),
         )
 
     return sa.select(event.c.id).where(
