@@ -1,50 +1,65 @@
-"""Dagster's own costs at thousands of accounts (issue 16, items 1, 3 and part of 4).
+"""Dagster's own costs at thousands of accounts (issue 16, items 1, 3 and 4).
 
-Builds a SQLite Dagster instance holding N `meta_ad_account` partitions and 90 days of both
-spend assets per account as the product records them, then measures:
+Builds a Dagster instance, SQLite (the repo's) or Postgres (`docs/dagster.scaled.yaml`'s
+storage on a real server started here), holding N `meta_ad_account` partitions and both
+spend assets' history as the product records it, then measures, in this order:
 
+- the write cost per event: `report_runless_asset_event` of one spend materialization, and
+  `store_event` of one within a run;
+- the status cache (`get_and_update_asset_status_cache_value`, the path the UI's partition
+  queries take): cold, warm, and right after one account is linked;
+- the UI's own GraphQL operations (`bench/ui_queries.graphql`, taken from the webserver's
+  bundle; `bench/_ui.py` runs them as `dagster-webserver` does) for both spend assets: with
+  the status caches wiped, warm, and the first call after a link;
+- both sensors that tick every 30-60 s, `meta_cadence` (three ticks) and `meta_accounts`, on
+  this instance over a warehouse of the same N accounts (`bench/sensor.py`'s builder);
 - the backfill daemon: `meta_accounts`' grouping (`shared_backfills`, `backfill_request`) for
   20 accounts linked in the same minute, submitted as the sensor daemon does
   (`PartitionBackfill.from_asset_graph_subset` + `add_backfill`), then Dagster's own
   `execute_backfill_iteration` on a real workspace (the code location in a code-server
-  subprocess, as the daemon runs it), several iterations: the first requests the 60 runs (they
-  are only queued: the instance has a `QueuedRunCoordinator` and nothing dequeues), the later
-  ones are what every iteration costs while the runs are in flight. Time and peak RSS of each
-  (the peak is reset before each iteration through `/proc/self/clear_refs`);
-  `--per-account` submits one backfill per account instead (the code before issue 16);
+  subprocess, as the daemon runs it): the iteration that submits the 60 runs (they are only
+  queued: nothing dequeues), one while they are in flight, and one after a workspace refresh
+  (the daemon refreshes every 60 s). Time and peak RSS of each (the peak is reset before each
+  iteration through `/proc/self/clear_refs`). Twice: with Dagster's default planned events
+  (one per partition of a run) and with DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS=true
+  in the daemon's environment (one per asset a run). `--per-account` submits one backfill
+  per account instead (the code before issue 16);
 - the retention tick (`prune_instance`) with the retention age at 24 h, from a fresh cursor:
   the biggest window a tick walks, and the space it frees;
-- the write cost per event: `report_runless_asset_event` of one spend materialization, and
-  `store_event` of one within a run, on the built instance;
-- the instance's size on disk.
+- the instance's size (the directory, or the Postgres database).
+The last lines (`SCALE ...`) give each figure beside its goal.
 
-The history per account (linked over the last 30 days, 90-day backfill at linking):
-the backfill's 3 runs of 30 days, each storing a planned event and a materialization per
-asset and day; then, for every day since its link, 8 live-wave recordings of today and
-yesterday and one daily re-sync of 7 days per asset, in wave runs shared by all accounts.
+Two histories:
+- default: accounts linked over the last 30 days with their 90-day backfill (3 runs of 30
+  days, a planned event and a materialization per asset and day), then for every day since
+  the link 8 live-wave recordings of today and yesterday and one daily re-sync of 7 days per
+  asset, in wave runs shared by all accounts. Nothing pruned yet: retention's worst case.
+- `--year`: the steady state a year after linking, retention applied: each account-day of
+  the year holds its latest materialization (the re-sync that last covered it), and the last
+  day every live-wave recording. The date axis then starts a year and 90 days back
+  (`RASTRO_PARTITIONS_START`): the key space such a deployment has.
 
 The builder is faster than executing runs: it writes the rows `store_event` writes
 (`event_logs`, `asset_event_tags`) with the SQL storage's own tables, in batches, from
 events serialized once by Dagster (`serialize_value` of real `EventLogEntry`s) with the run
-id, partition and time substituted. Run records go through `add_run`, their times then set
-to when they ran. Per-run event files are not written (they back only each run's log view).
-At 1,000 accounts it builds in about a minute.
+id, partition and time substituted. Run records go through the run storage, with the times
+they ran. Per-run event files are not written (they back only each run's log view).
+At 1,000 accounts it builds in about a minute on SQLite.
 
-Run: .venv/bin/python bench/scale.py [--accounts 1000] [--keep DIR] [--iterations 4]
-     [--per-account] [--planned-subset] [--small]
+Run: .venv/bin/python bench/scale.py [--accounts 1000] [--year] [--backend postgres]
+     [--keep DIR] [--iterations 3] [--per-account] [--small]
   --small          200 accounts, for a quick look
-  --planned-subset sets DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS (the daemon's
-                   environment): a run plans its range in one event per asset, not one per
-                   partition, which is what the iteration that submits the runs spends on
-  --keep DIR       build the instance in DIR once and reuse it later (one DIR per N)
+  --keep DIR       build the SQLite instance in DIR once and reuse it later (one DIR per N)
   --retention-only only the retention ticks (on a --keep instance: later runs find less)
-  --partitions-only  only the N account partitions, no history: the backfill daemon's
-                   iterations cost by the key space (accounts x dates), not by history
+  --no-daemon      everything but the backfill daemon (its submission costs minutes)
+  --partitions-only  only the N account partitions, no history, and only the backfill daemon
+                   (`--planned-subset` for the daemon environment above)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import random
@@ -53,6 +68,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -64,10 +80,15 @@ NEW_ACCOUNTS = 20
 HISTORY_DAYS = 90
 LINK_SPREAD_DAYS = 30
 LIVE_RECORDINGS_PER_DAY = 8
+YEAR_DAYS = 365
 BATCH_ROWS = 20_000
 GOAL_ITERATION_SECONDS = 5.0
+PLANNED_SUBSET_VARIABLE = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
 GOAL_ITERATION_MB = 500
 GOAL_RETENTION_SECONDS = 10.0
+GOAL_UI_WARM = 1.0
+GOAL_UI_AFTER_LINK = 15.0
+GOAL_SENSOR_SECONDS = 2.0
 INSTANCE_YAML = """
 run_coordinator:
   module: dagster.core.run_coordinator
@@ -245,8 +266,14 @@ class Builder:
                 conn.execute(RunTagsTable.insert(), tags)
 
 
-def build(instance, accounts: int, now: datetime, history: bool = True) -> dict:
-    """N accounts with 90 days of both spend assets as the product records them."""
+def build(instance, accounts: int, now: datetime, history: bool = True,
+          year: bool = False) -> dict:
+    """N accounts with 90 days of both spend assets as the product records them.
+
+    `year`: instead, the steady state a year after linking, once retention has run: each
+    account-day of the year holds its latest materialization only (from the daily re-sync
+    that last covered it), and the last day holds every live-wave recording.
+    """
     from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
 
     started = time.perf_counter()
@@ -256,6 +283,8 @@ def build(instance, accounts: int, now: datetime, history: bool = True) -> dict:
     if not history:
         return {"seconds": time.perf_counter() - started, "events": 0, "runs": 0}
     builder = Builder(instance, today)
+    if year:
+        return build_year(builder, ids, now, started)
     rng = random.Random(16)
     link_days = {
         account: today - timedelta(days=rng.randrange(LINK_SPREAD_DAYS)) for account in ids
@@ -290,6 +319,35 @@ def build(instance, accounts: int, now: datetime, history: bool = True) -> dict:
             run_id = f"wave-{day}-{wave}"
             builder.add_run(run_id, at)
             for account in linked_by:
+                for offset in (1, 0):
+                    builder.record(run_id, account, day - timedelta(days=offset), at,
+                                   planned=False)
+    builder.flush()
+    builder.write_runs()
+    return {"seconds": time.perf_counter() - started, "events": builder.next_id - 1,
+            "runs": len(builder.runs)}
+
+
+def build_year(builder: Builder, ids: list[str], now: datetime, started: float) -> dict:
+    today = now.date()
+    for back in range(YEAR_DAYS - 1, 1, -1):
+        day = today - timedelta(days=back)
+        resynced = day + timedelta(days=min(6, back - 2))
+        at = datetime.combine(resynced, datetime.min.time(), UTC) + timedelta(hours=4)
+        run_id = f"daily-{resynced}-{day}"
+        builder.add_run(run_id, at)
+        for account in ids:
+            builder.record(run_id, account, day, at, planned=False)
+    for back in (1, 0):
+        day = today - timedelta(days=back)
+        daily_at = datetime.combine(day, datetime.min.time(), UTC) + timedelta(hours=4)
+        for wave in range(LIVE_RECORDINGS_PER_DAY):
+            at = daily_at + timedelta(minutes=45 * (wave + 1))
+            if at > now:
+                break
+            run_id = f"wave-{day}-{wave}"
+            builder.add_run(run_id, at)
+            for account in ids:
                 for offset in (1, 0):
                     builder.record(run_id, account, day - timedelta(days=offset), at,
                                    planned=False)
@@ -351,7 +409,14 @@ def submit_new_accounts(instance, accounts: int, now: datetime, per_account: boo
 
 
 def measure_daemon(instance, accounts: int, now: datetime, iterations: int,
-                   per_account: bool) -> list[tuple[float, float]]:
+                   per_account: bool, planned_subset: bool = False) -> list[tuple[float, float]]:
+    """Backfill-daemon iterations after 20 accounts are linked in the same minute: the first
+    submits the runs, the later ones are what each costs while the runs are in flight, and the
+    last follows a workspace refresh, which the daemon does every 60 s
+    (`RELOAD_WORKSPACE_INTERVAL`): it drops every cached key listing.
+
+    `planned_subset`: the daemon runs with DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS,
+    which Dagster reads at each run it creates."""
     import dagster as dg
     from dagster._daemon.backfill import execute_backfill_iteration
 
@@ -360,11 +425,17 @@ def measure_daemon(instance, accounts: int, now: datetime, iterations: int,
 
     logger = logging.getLogger("bench.backfill")
     logger.setLevel(logging.WARNING)
+    previous = os.environ.pop(PLANNED_SUBSET_VARIABLE, None)
+    if planned_subset:
+        os.environ[PLANNED_SUBSET_VARIABLE] = "true"
     with workspace_context(instance) as context:
         context.create_request_context()  # loads the code location before the clock starts
         backfill_ids = submit_new_accounts(instance, accounts, now, per_account)
         figures = []
-        for _ in range(iterations):
+        for number in range(iterations):
+            refreshed = iterations > 2 and number == iterations - 1
+            if refreshed:
+                context.refresh_workspace()
             reset_peak()
             before = rss_mb()
             started = time.perf_counter()
@@ -374,8 +445,10 @@ def measure_daemon(instance, accounts: int, now: datetime, iterations: int,
             seconds = time.perf_counter() - started
             figures.append((seconds, peak_mb() - before))
             runs = instance.get_runs_count(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED]))
-            print(f"  iteration {len(figures)}: {seconds:.2f} s, peak +{figures[-1][1]:.0f} MB, "
-                  f"{runs} runs queued so far", flush=True)
+            what = ("submits the runs" if number == 0 else
+                    "after a workspace refresh" if refreshed else "runs in flight")
+            print(f"  iteration {len(figures)} ({what}): {seconds:.2f} s, "
+                  f"peak +{figures[-1][1]:.0f} MB, {runs} runs queued so far", flush=True)
         queued = instance.get_run_records(
             filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED])
         )
@@ -388,30 +461,35 @@ def measure_daemon(instance, accounts: int, now: datetime, iterations: int,
             instance.delete_run(record.dagster_run.run_id)
         for account in new_accounts(accounts):
             instance.delete_dynamic_partition(ACCOUNT_PARTITIONS_NAME, account)
+    os.environ.pop(PLANNED_SUBSET_VARIABLE, None)
+    if previous is not None:
+        os.environ[PLANNED_SUBSET_VARIABLE] = previous
     return figures
 
 
-def measure_retention(instance, now: datetime) -> dict:
+def measure_retention(instance, now: datetime, backend: str) -> dict:
     from rastro_assets.defs.retention import RUN_RETENTION, RetentionCursor, prune_instance
 
     index = Path(os.environ["DAGSTER_HOME"]) / "history" / "runs" / "index.db"
-    pages_before = _sqlite_pages(index)
+    pages_before = _sqlite_pages(index) if backend == "sqlite" else (0, 0)
     started = time.perf_counter()
     tick = prune_instance(instance, now - RUN_RETENTION, RetentionCursor())
     seconds = time.perf_counter() - started
     started = time.perf_counter()
     second = prune_instance(instance, now - RUN_RETENTION, tick.cursor)
     second_seconds = time.perf_counter() - started
-    pages_after = _sqlite_pages(index)
+    pages_after = _sqlite_pages(index) if backend == "sqlite" else (0, 0)
+    space = (f"; index.db free pages {pages_before[1] / 2**20:.0f} -> "
+             f"{pages_after[1] / 2**20:.0f} MB (reused by new events)"
+             if backend == "sqlite" else "")
     return {
+        "space": space,
         "seconds": seconds,
         "events": tick.events_deleted,
         "runs": tick.runs_deleted,
         "second_seconds": second_seconds,
         "second_events": second.events_deleted,
         "second_runs": second.runs_deleted,
-        "free_mb_before": pages_before[1] / 1024 / 1024,
-        "free_mb_after": pages_after[1] / 1024 / 1024,
     }
 
 
@@ -463,82 +541,278 @@ def measure_writes(instance, accounts: int, today: date) -> tuple[float, float]:
     return runless * 1000, in_run * 1000
 
 
+def measure_status_cache(instance) -> dict[str, float]:
+    """`get_and_update_asset_status_cache_value`, the path the UI's partition queries take:
+    cold (cache wiped), warm (nothing new), and after one account is linked (the dynamic
+    keys are part of the cache's id, so a link discards it)."""
+    from dagster._core.storage.partition_status_cache import (
+        get_and_update_asset_status_cache_value,
+    )
+
+    from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, spend_partitions
+    from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
+
+    def update() -> float:
+        started = time.perf_counter()
+        get_and_update_asset_status_cache_value(instance, AD_SPEND_DAILY, spend_partitions)
+        return time.perf_counter() - started
+
+    instance.wipe_asset_cached_status([AD_SPEND_DAILY])
+    figures = {"cold": update(), "warm": update()}
+    linked = account_id(10**6)
+    instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, [linked])
+    try:
+        figures["after link"] = update()
+    finally:
+        instance.delete_dynamic_partition(ACCOUNT_PARTITIONS_NAME, linked)
+    update()
+    return figures
+
+
+UI_ASSETS = (["ad_spend_daily"], ["site_spend_daily"])
+
+
+def measure_ui(instance) -> dict[str, dict[str, float]]:
+    """The UI's own GraphQL operations (bench/ui_queries.graphql) for both spend assets, as
+    `dagster-webserver` runs them: with both status caches wiped (the first load), warm (the
+    best of two), and the first call after one account is linked."""
+    import _ui
+
+    from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
+    from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, SITE_SPEND_DAILY
+
+    operations = _ui.load_operations()
+
+    def round_of_queries() -> dict[str, float]:
+        figures = {}
+        for name in operations:
+            figures[name] = max(
+                _ui.run_operation(context, name, _ui.variables_for(name, asset))[0]
+                for asset in UI_ASSETS
+            )
+        return figures
+
+    with workspace_context(instance) as context:
+        context.create_request_context()
+        for key in (AD_SPEND_DAILY, SITE_SPEND_DAILY):
+            instance.wipe_asset_cached_status([key])
+        cold = round_of_queries()
+        warm = [round_of_queries() for _ in range(2)]
+        linked = account_id(10**6 + 1)
+        instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, [linked])
+        try:
+            after_link = round_of_queries()
+        finally:
+            instance.delete_dynamic_partition(ACCOUNT_PARTITIONS_NAME, linked)
+        round_of_queries()
+    return {
+        "cold": cold,
+        "warm": {name: min(w[name] for w in warm) for name in operations},
+        "after link": after_link,
+    }
+
+
+def measure_sensor_ticks(instance, accounts: int, directory: Path) -> dict[str, float]:
+    """Both sensors that run every 30 s, on this instance, over a warehouse of the same
+    accounts (bench/sensor.py's: 90 days of sync history each)."""
+    import _world  # noqa: F401  (bench/sensor.py's warehouse builder needs it importable)
+    import dagster as dg
+    import sensor as sensor_bench
+
+    from rastro_assets.defs.resources import RastroResource
+    from rastro_assets.defs.sensors import meta_accounts_sensor, meta_cadence_sensor
+
+    path = directory / f"sensor-{accounts}.duckdb"
+    if not path.exists():
+        sensor_bench.build(path, accounts)
+    rastro = RastroResource(duckdb_path=str(path), fixed_now=sensor_bench.NOW.isoformat())
+    figures: dict[str, float] = {}
+    cursor = None
+    for tick in range(3):
+        context = dg.build_sensor_context(instance=instance, cursor=cursor,
+                                          resources={"rastro": rastro})
+        started = time.perf_counter()
+        result = meta_cadence_sensor(context)
+        seconds = time.perf_counter() - started
+        cursor = result.cursor
+        figures[f"meta_cadence tick {tick + 1}"] = seconds
+    context = dg.build_sensor_context(instance=instance, resources={"rastro": rastro})
+    started = time.perf_counter()
+    meta_accounts_sensor(context)
+    figures["meta_accounts tick"] = time.perf_counter() - started
+    return figures
+
+
 def directory_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1024 / 1024
+
+
+@contextlib.contextmanager
+def instance_home(backend: str, keep: Path | None) -> Iterator[Path]:
+    """DAGSTER_HOME for the measured instance: SQLite storage (the repo's default), or
+    `docs/dagster.scaled.yaml`'s Postgres storage on a real server started here."""
+    import yaml
+
+    config = yaml.safe_load(INSTANCE_YAML)
+    if backend == "sqlite":
+        home = keep or Path(tempfile.mkdtemp(prefix="rastro-scale-"))
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+        try:
+            yield home
+        finally:
+            if not keep:
+                shutil.rmtree(home, ignore_errors=True)
+        return
+    from rastro_assets_tests.postgres_server import postgres_server
+
+    scaled = yaml.safe_load((REPO / "docs" / "dagster.scaled.yaml").read_text())
+    with postgres_server() as server, tempfile.TemporaryDirectory(prefix="rastro-scale-") as home:
+        os.environ.update(server.env())
+        config["storage"] = scaled["storage"]
+        Path(home, "dagster.yaml").write_text(yaml.safe_dump(config))
+        yield Path(home)
+
+
+def storage_mb(instance, backend: str, home: Path) -> float:
+    if backend == "sqlite":
+        return directory_mb(home)
+    with instance.event_log_storage.index_connection() as conn:
+        size = conn.exec_driver_sql("SELECT pg_database_size(current_database())").scalar()
+    return size / 1024 / 1024
+
+
+def after_build(instance, backend: str) -> None:
+    """The builder sets event ids itself: move Postgres's sequence past them."""
+    if backend != "postgres":
+        return
+    with instance.event_log_storage.index_transaction() as conn:
+        conn.exec_driver_sql(
+            "SELECT setval(pg_get_serial_sequence('event_logs', 'id'),"
+            " (SELECT max(id) FROM event_logs))"
+        )
+
+
+def status(figure: float, goal: float) -> str:
+    return "met" if figure <= goal else f"MISSED by {figure / goal:.1f}x"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--accounts", type=int, default=1000)
     parser.add_argument("--small", action="store_true")
+    parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--year", action="store_true")
     parser.add_argument("--keep", type=Path)
-    parser.add_argument("--iterations", type=int, default=4)
+    parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--per-account", action="store_true")
     parser.add_argument("--planned-subset", action="store_true")
     parser.add_argument("--partitions-only", action="store_true")
     parser.add_argument("--retention-only", action="store_true")
+    parser.add_argument("--no-daemon", action="store_true")
     args = parser.parse_args()
-    if args.planned_subset:
-        os.environ["DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"] = "true"
-    accounts = 200 if args.small else args.accounts
-    planned = "one per asset a run" if args.planned_subset else "one per partition (default)"
-    print(f"load average {os.getloadavg()[0]:.1f}; {accounts} accounts; planned events: {planned}")
-
-    home = args.keep or Path(tempfile.mkdtemp(prefix="rastro-scale-"))
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "dagster.yaml").write_text(INSTANCE_YAML)
-    os.environ["DAGSTER_HOME"] = str(home)
-    import dagster as dg
-
+    if args.keep and args.backend != "sqlite":
+        parser.error("--keep keeps a SQLite instance only")
     now = datetime.now(UTC)
-    instance = dg.DagsterInstance.get()
-    try:
-        if not (home / "built").exists():
-            built = build(instance, accounts, now, history=not args.partitions_only)
-            (home / "built").write_text(now.isoformat())
-            print(f"built {built['events']:,} events and {built['runs']:,} runs "
-                  f"in {built['seconds']:.0f} s")
-        size_mb = directory_mb(home)
-        if args.retention_only:
-            retention = measure_retention(instance, now)
-            print(f"SCALE retention tick at {accounts:,} accounts: {retention['seconds']:.2f} s, "
-                  f"{retention['events']:,} events and {retention['runs']:,} runs deleted; next "
-                  f"{retention['second_seconds']:.2f} s (goal <= {GOAL_RETENTION_SECONDS:.0f} s)")
-            return
-        runless_ms, in_run_ms = measure_writes(instance, accounts, now.date())
-        iterations = measure_daemon(instance, accounts, now, args.iterations, args.per_account)
-        if args.partitions_only:
-            print(f"SCALE backfill daemon iteration at {accounts:,} accounts (partitions only): "
-                  f"{max(seconds for seconds, _ in iterations[1:] or iterations):.2f} s after "
-                  f"the first; first {iterations[0][0]:.2f} s")
-            return
-        retention = measure_retention(instance, now)
+    if args.year:
+        # The axis a deployment a year old needs: a year, and the 90-day backfill before it.
+        axis_start = now.date() - timedelta(days=YEAR_DAYS + HISTORY_DAYS)
+        os.environ["RASTRO_PARTITIONS_START"] = axis_start.isoformat()
+    accounts = 200 if args.small else args.accounts
+    shape = "a year, retention applied" if args.year else "90-day backfills, 30 days of waves"
+    print(f"load average {os.getloadavg()[0]:.1f}; {accounts} accounts on {args.backend}; "
+          f"history: {shape}", flush=True)
 
-        from rastro_assets.defs.partitions import AXIS_START
+    with instance_home(args.backend, args.keep) as home:
+        os.environ["DAGSTER_HOME"] = str(home)
+        import dagster as dg
 
-        dates = (now.date() - AXIS_START).days + 2
-        print(f"key space: {accounts + NEW_ACCOUNTS:,} accounts x {dates} dates = "
-              f"{(accounts + NEW_ACCOUNTS) * dates:,} keys per spend asset")
-        kind = "one backfill per account" if args.per_account else "one shared backfill"
-        print(f"retention tick: {retention['seconds']:.2f} s, deleted {retention['events']:,} "
-              f"events and {retention['runs']:,} runs; "
-              f"the next tick {retention['second_seconds']:.2f} s "
-              f"({retention['second_events']:,} events, {retention['second_runs']:,} runs); "
-              f"index.db free pages {retention['free_mb_before']:.0f} -> "
-              f"{retention['free_mb_after']:.0f} MB (reused by new events)")
-        print(f"write per event: {runless_ms:.1f} ms runless, {in_run_ms:.1f} ms in a run")
-        print(f"instance size: {size_mb:,.0f} MB ({size_mb / accounts:.2f} MB per account)")
-        slowest = max(seconds for seconds, _ in iterations)
-        fattest = max(mb for _, mb in iterations)
-        print(f"SCALE backfill daemon iteration at {accounts:,} accounts, {NEW_ACCOUNTS} linked "
-              f"together ({kind}): {slowest:.2f} s (goal <= {GOAL_ITERATION_SECONDS:.0f} s), "
-              f"peak +{fattest:.0f} MB (goal <= {GOAL_ITERATION_MB} MB)")
-        print(f"SCALE retention tick at {accounts:,} accounts: {retention['seconds']:.2f} s "
-              f"(goal <= {GOAL_RETENTION_SECONDS:.0f} s)")
-    finally:
-        instance.dispose()
-        if not args.keep:
-            shutil.rmtree(home, ignore_errors=True)
+        instance = dg.DagsterInstance.get()
+        try:
+            measure(instance, args, accounts, now, home)
+        finally:
+            instance.dispose()
+
+
+def measure(instance, args, accounts: int, now: datetime, home: Path) -> None:
+    if not (home / "built").exists():
+        built = build(instance, accounts, now, history=not args.partitions_only, year=args.year)
+        after_build(instance, args.backend)
+        (home / "built").write_text(now.isoformat())
+        print(f"built {built['events']:,} events and {built['runs']:,} runs "
+              f"in {built['seconds']:.0f} s", flush=True)
+    size_mb = storage_mb(instance, args.backend, home)
+    if args.retention_only:
+        retention = measure_retention(instance, now, args.backend)
+        print(f"SCALE retention tick at {accounts:,} accounts: {retention['seconds']:.2f} s, "
+              f"{retention['events']:,} events and {retention['runs']:,} runs deleted; next "
+              f"{retention['second_seconds']:.2f} s (goal <= {GOAL_RETENTION_SECONDS:.0f} s)")
+        return
+    runless_ms, in_run_ms = measure_writes(instance, accounts, now.date())
+    print(f"write per event: {runless_ms:.1f} ms runless, {in_run_ms:.1f} ms in a run",
+          flush=True)
+    if args.partitions_only:
+        iterations = measure_daemon(instance, accounts, now, args.iterations, args.per_account,
+                                    planned_subset=args.planned_subset)
+        print(f"SCALE backfill daemon iteration at {accounts:,} accounts (partitions only): "
+              f"{max(seconds for seconds, _ in iterations[1:] or iterations):.2f} s after "
+              f"the first; first {iterations[0][0]:.2f} s")
+        return
+    goals: list[tuple[str, float, float, str]] = []
+    cache = measure_status_cache(instance)
+    print("status cache (ad_spend_daily): " + ", ".join(
+        f"{name} {seconds:.2f} s" for name, seconds in cache.items()), flush=True)
+    ui = measure_ui(instance)
+    for phase, figures in ui.items():
+        print(f"UI queries, {phase}: " + ", ".join(
+            f"{name} {seconds:.2f} s" for name, seconds in figures.items()), flush=True)
+    goals.append(("UI query, warm (slowest)", max(ui["warm"].values()), GOAL_UI_WARM, "s"))
+    goals.append(("UI query, first after a link (slowest)", max(ui["after link"].values()),
+                  GOAL_UI_AFTER_LINK, "s"))
+    goals.append(("UI query, first with both caches cold (slowest)", max(ui["cold"].values()),
+                  GOAL_UI_AFTER_LINK, "s"))
+    ticks = measure_sensor_ticks(instance, accounts, home.parent if args.keep else home)
+    print("sensor ticks: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in
+                                       ticks.items()), flush=True)
+    goals.append(("sensor tick (slowest)", max(ticks.values()), GOAL_SENSOR_SECONDS, "s"))
+    if args.no_daemon:
+        report(goals, accounts, args)
+        return
+    print("backfill daemon, Dagster's default planned events (one per partition):")
+    iterations = measure_daemon(instance, accounts, now, args.iterations, args.per_account)
+    print(f"backfill daemon, with {PLANNED_SUBSET_VARIABLE}=true (one per asset a run):")
+    subset = measure_daemon(instance, accounts, now, 1, args.per_account, planned_subset=True)
+    goals.append(("backfill daemon, the iteration that submits the runs", iterations[0][0],
+                  GOAL_ITERATION_SECONDS, "s"))
+    goals.append(("  the same, planned events as one subset a run", subset[0][0],
+                  GOAL_ITERATION_SECONDS, "s"))
+    goals.append(("backfill daemon, an iteration with the runs in flight (slowest)",
+                  max(seconds for seconds, _ in iterations[1:]), GOAL_ITERATION_SECONDS, "s"))
+    goals.append(("backfill daemon iteration peak", max(mb for _, mb in iterations + subset),
+                  GOAL_ITERATION_MB, "MB"))
+    retention = measure_retention(instance, now, args.backend)
+    goals.append(("retention tick", retention["seconds"], GOAL_RETENTION_SECONDS, "s"))
+
+    from rastro_assets.defs.partitions import AXIS_START
+
+    dates = (now.date() - AXIS_START).days + 2
+    print(f"key space: {accounts:,} accounts x {dates} dates = {accounts * dates:,} keys per "
+          f"spend asset")
+    print(f"retention tick: {retention['seconds']:.2f} s, deleted {retention['events']:,} "
+          f"events and {retention['runs']:,} runs; the next tick "
+          f"{retention['second_seconds']:.2f} s ({retention['second_events']:,} events, "
+          f"{retention['second_runs']:,} runs){retention['space']}")
+    print(f"instance size: {size_mb:,.0f} MB ({size_mb / accounts:.2f} MB per account)")
+    report(goals, accounts, args)
+
+
+def report(goals: list[tuple[str, float, float, str]], accounts: int, args) -> None:
+    kind = "one backfill per account" if args.per_account else "one shared backfill"
+    print(f"SCALE at {accounts:,} accounts on {args.backend} ({kind} for {NEW_ACCOUNTS} "
+          f"accounts linked together):")
+    for name, figure, goal, unit in goals:
+        print(f"SCALE   {name}: {figure:.2f} {unit} (goal <= {goal:g} {unit}): "
+              f"{status(figure, goal)}")
 
 
 if __name__ == "__main__":
