@@ -613,9 +613,8 @@ def measure_ui(instance) -> dict[str, dict[str, float]]:
 
 
 def measure_sensor_ticks(instance, accounts: int, directory: Path) -> dict[str, float]:
-    """Both sensors that run every 30 s, on this instance, over a warehouse of the same
+    """The two sensors that tick every 30-60 s, on this instance, over a warehouse of the same
     accounts (bench/sensor.py's: 90 days of sync history each)."""
-    import _world  # noqa: F401  (bench/sensor.py's warehouse builder needs it importable)
     import dagster as dg
     import sensor as sensor_bench
 
