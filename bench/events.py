@@ -18,7 +18,13 @@ Postgres is a real server this script starts on loopback and stops at the end
 docs/dagster.scaled.yaml; its disk writes are not fsynced (a test server), so its figure is a
 floor for a real one, where a network round trip is added to every write.
 
+`--connections`: only what one new connection to that server costs, with TLS
+(`sslmode: require`, as docs/dagster.scaled.yaml has it) and without. `dagster-postgres`
+opens one for every storage call (its engines use SQLAlchemy's `NullPool`), so that cost
+is part of every event it stores.
+
 Run: .venv/bin/python bench/events.py [--events 300] [--rounds 3] [--fill 200000]
+     [--connections]
 """
 
 import argparse
@@ -178,12 +184,34 @@ def postgres_instance() -> Iterator[dg.DagsterInstance]:
             yield instance
 
 
+def connection_costs(count: int = 50) -> None:
+    import psycopg2
+
+    with postgres_server() as server:
+        for sslmode in ("require", "disable"):
+            wall, cpu = time.perf_counter(), time.process_time()
+            for _ in range(count):
+                connection = psycopg2.connect(
+                    host=server.host, port=server.port, user=server.user,
+                    password=server.password, dbname=server.db, sslmode=sslmode,
+                )
+                connection.cursor().execute("SELECT 1")
+                connection.close()
+            print(f"postgres connection, sslmode={sslmode}: "
+                  f"{(time.perf_counter() - wall) / count * 1000:.1f} ms wall, "
+                  f"{(time.process_time() - cpu) / count * 1000:.1f} ms CPU of this process")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=300, help="events per measured run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--fill", type=int, default=200_000)
+    parser.add_argument("--connections", action="store_true")
     args = parser.parse_args()
+    if args.connections:
+        connection_costs()
+        return
     figures = {}
     for backend, open_instance in (("sqlite", sqlite_instance), ("postgres", postgres_instance)):
         with open_instance() as instance:
