@@ -25,6 +25,7 @@ few account partitions, one runless materialization of `ad_spend_daily`, the rea
 """
 
 import asyncio
+import functools
 import glob
 import json
 import os
@@ -64,6 +65,7 @@ def schema():
     return _SCHEMA
 
 
+@functools.cache
 def load_operations() -> dict[str, str]:
     """Operation name -> full text (the operation and the fragments it uses)."""
     operations: dict[str, str] = {}
@@ -249,8 +251,7 @@ def check() -> None:
     import tempfile
 
     import dagster as dg
-    from dagster._core.workspace.context import WorkspaceProcessContext
-    from dagster._core.workspace.load_target import ModuleTarget
+    from scale import workspace_context
 
     from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
 
@@ -264,13 +265,7 @@ def check() -> None:
         instance.report_runless_asset_event(
             dg.AssetMaterialization(asset_key="ad_spend_daily", partition="act_100000|2026-11-30")
         )
-        target = ModuleTarget(
-            module_name="rastro_assets.definitions",
-            attribute=None,
-            working_directory=str(REPO),
-            location_name="rastro_assets",
-        )
-        with WorkspaceProcessContext(instance, target) as context:
+        with workspace_context(instance) as context:
             for name in load_operations():
                 variables = variables_for(name, ["ad_spend_daily"])
                 run_operation(context, name, variables)  # warm: loaders, imports

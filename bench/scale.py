@@ -312,16 +312,26 @@ def build(instance, accounts: int, now: datetime, history: bool = True,
             for offset in range(7):
                 builder.record(f"daily-{day}", account, day - timedelta(days=offset), daily_at,
                                planned=False)
-        for wave in range(LIVE_RECORDINGS_PER_DAY):
-            at = daily_at + timedelta(minutes=45 * (wave + 1))
-            if at > now:
-                break
-            run_id = f"wave-{day}-{wave}"
-            builder.add_run(run_id, at)
-            for account in linked_by:
-                for offset in (1, 0):
-                    builder.record(run_id, account, day - timedelta(days=offset), at,
-                                   planned=False)
+        record_live_waves(builder, linked_by, day, now)
+    return finish(builder, started)
+
+
+def record_live_waves(builder: Builder, accounts: list[str], day: date, now: datetime) -> None:
+    """The day's live-wave recordings up to `now`: today and yesterday, every 45 minutes
+    from 04:45."""
+    daily_at = datetime.combine(day, datetime.min.time(), UTC) + timedelta(hours=4)
+    for wave in range(LIVE_RECORDINGS_PER_DAY):
+        at = daily_at + timedelta(minutes=45 * (wave + 1))
+        if at > now:
+            break
+        run_id = f"wave-{day}-{wave}"
+        builder.add_run(run_id, at)
+        for account in accounts:
+            for offset in (1, 0):
+                builder.record(run_id, account, day - timedelta(days=offset), at, planned=False)
+
+
+def finish(builder: Builder, started: float) -> dict:
     builder.flush()
     builder.write_runs()
     return {"seconds": time.perf_counter() - started, "events": builder.next_id - 1,
@@ -339,22 +349,8 @@ def build_year(builder: Builder, ids: list[str], now: datetime, started: float) 
         for account in ids:
             builder.record(run_id, account, day, at, planned=False)
     for back in (1, 0):
-        day = today - timedelta(days=back)
-        daily_at = datetime.combine(day, datetime.min.time(), UTC) + timedelta(hours=4)
-        for wave in range(LIVE_RECORDINGS_PER_DAY):
-            at = daily_at + timedelta(minutes=45 * (wave + 1))
-            if at > now:
-                break
-            run_id = f"wave-{day}-{wave}"
-            builder.add_run(run_id, at)
-            for account in ids:
-                for offset in (1, 0):
-                    builder.record(run_id, account, day - timedelta(days=offset), at,
-                                   planned=False)
-    builder.flush()
-    builder.write_runs()
-    return {"seconds": time.perf_counter() - started, "events": builder.next_id - 1,
-            "runs": len(builder.runs)}
+        record_live_waves(builder, ids, today - timedelta(days=back), now)
+    return finish(builder, started)
 
 
 def workspace_context(instance):
