@@ -12,7 +12,9 @@ snap.sql("SELECT * FROM ad_catalog WHERE ad_status = ?", ["ACTIVE"])
 ```
 
 Only the snapshot is ever opened, never the pipeline's own file, and always
-read-only. Each call opens the file, runs one query and closes it, so the
+read-only and sandboxed: a query reaches the snapshot and nothing else (no
+other file, no URL, no extension), and cannot change the connection's
+settings (`open_snapshot`). Each call opens the file, runs one query and closes it, so the
 next call reads the latest publish; `with snap.connect() as con:` keeps one
 publish for several queries. A call opens its own in-memory DuckDB and
 attaches the snapshot to it (as `analytics`, the current catalog) rather
@@ -69,7 +71,9 @@ def missing_message(path: str | os.PathLike[str]) -> str:
 def open_snapshot(
     path: str | os.PathLike[str], *, pipeline_path: str | os.PathLike[str] | None = None
 ) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A read-only connection on the snapshot at `path`, closed when the `with` ends.
+    """A read-only, sandboxed connection on the snapshot at `path`, closed when the `with`
+    ends: it reaches the snapshot and nothing else (no other file, no URL, no extension),
+    and its configuration is locked (`lock_down`).
 
     Never creates a file: a missing snapshot raises `SnapshotMissing`. Refuses
     (`NotTheSnapshot`) a path that is the pipeline's own file (`pipeline_path`),
@@ -84,7 +88,7 @@ def open_snapshot(
         )
     if not path.is_file():
         raise SnapshotMissing(missing_message(path))
-    con = duckdb.connect()
+    con = duckdb.connect(config=dict(NO_EXTENSIONS))
     try:
         try:
             con.execute(f"ATTACH ? AS {CATALOG} (READ_ONLY)", [str(path)])
@@ -93,9 +97,33 @@ def open_snapshot(
                 raise SnapshotMissing(missing_message(path)) from exc
             raise
         con.execute(f"USE {CATALOG}")
+        lock_down(con)
         yield con
     finally:
         con.close()
+
+
+NO_EXTENSIONS = {
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "allow_community_extensions": False,
+    "allow_unsigned_extensions": False,
+}
+"""A connection's settings that keep every extension out: nothing installed from the
+network, nothing loaded behind a query's back (an `http://` path would load httpfs)."""
+
+
+def lock_down(con: duckdb.DuckDBPyConnection) -> None:
+    """Close the connection to everything but the databases it has attached.
+
+    With external access off, DuckDB refuses any path or URL it has not attached: its
+    file functions (`read_text`, `read_blob`, `read_csv`, `glob`...), `COPY`, `ATTACH`,
+    `INSTALL` and `LOAD`. Set after the snapshot is attached (the setting would refuse
+    the snapshot itself, and its write-ahead log), then locked, so no query turns it
+    back on.
+    """
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
 
 
 def _same_file(a: Path, b: Path) -> bool:

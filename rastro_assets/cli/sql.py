@@ -6,7 +6,10 @@ a missing snapshot is an error, never a new file. Only statements that read
 run (`SELECT` and its kin: `FROM`, `WITH`, `VALUES`, `SHOW`, `DESCRIBE`,
 `SUMMARIZE`, `PIVOT`, `EXPLAIN`, `PRAGMA`), one per call; `INSERT`, `COPY`,
 `ATTACH`, `SET`, `CALL` (`CHECKPOINT` is one) and the like are refused before
-anything runs. The connection is read-only as well.
+anything runs. The connection is read-only as well, and sandboxed
+(`open_snapshot`): a query that names any other file, a URL or an extension
+(`read_text`, `read_blob`, `glob`, `read_csv` of a path, `http://`...) is
+refused with one line naming what it tried.
 
 Output, all of it exact:
 
@@ -18,9 +21,10 @@ Output, all of it exact:
   strings, so `"12.3400"` stays exactly that; dates, times and timestamps
   are ISO 8601 (timestamps with their offset); intervals are ISO 8601
   durations; blobs are base64 strings; NaN and infinities are strings.
-- `--output FILE.parquet`: DuckDB writes the result itself (`COPY ... TO`),
-  types and all (a decimal stays a decimal); it prints one line with the row
-  count. The file appears whole or not at all.
+- `--output FILE.parquet`: the sandboxed query hands its result over as Arrow
+  batches, and a second DuckDB connection, allowed to write that one file
+  and nothing else, writes them (a decimal stays a decimal); it prints one
+  line with the row count. The file appears whole or not at all.
 
 The result is read whole before anything is printed, so a query that fails
 half way prints nothing but its error; for large results, use `--output`.
@@ -43,8 +47,15 @@ from typing import Any
 from uuid import UUID
 
 import duckdb
+import pyarrow
 
-from rastro_assets.analytics.frames import NotTheSnapshot, SnapshotMissing, open_snapshot
+from rastro_assets.analytics.frames import (
+    NO_EXTENSIONS,
+    NotTheSnapshot,
+    SnapshotMissing,
+    lock_down,
+    open_snapshot,
+)
 from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
 
 FORMATS = ("table", "csv", "json")
@@ -104,6 +115,10 @@ def _sql(args: argparse.Namespace, ctx: Context) -> int:
         raise UsageError(str(exc)) from None
     except OSError as exc:  # the snapshot's directory or the output's, unreadable
         raise UsageError(f"{exc.filename or settings.snapshot_path}: {exc.strerror}") from None
+    except duckdb.PermissionException as exc:
+        raise UsageError(
+            f"rastro sql reads the analytics snapshot and nothing else; refused: {exc}"
+        ) from None
     except duckdb.Error as exc:
         raise UsageError(str(exc)) from None
     fmt = args.format or "table"
@@ -154,17 +169,24 @@ def _output_path(raw: str) -> Path:
 
 
 def _write_parquet(con: duckdb.DuckDBPyConnection, query: str, output: Path) -> int:
-    """Write beside the target, then rename: a failure leaves no half-written file."""
-    temporary = output.with_name(f".{output.name}.{os.getpid()}.tmp")
-    # The query goes in as a string for DuckDB's query() to parse: its comments and
-    # final semicolon stay its own.
-    text, target = (value.replace("'", "''") for value in (query, str(temporary)))
+    """Write beside the target, then rename: a failure leaves no half-written file.
+
+    The query's connection is sandboxed and cannot write a file, so it streams its
+    result to a writer connection that runs only this module's own `COPY`, and may
+    touch the temporary file and nothing else.
+    """
+    temporary = (output.parent.resolve() / f".{output.name}.{os.getpid()}.tmp").as_posix()
     try:
-        copy = f"COPY (FROM query('{text}')) TO '{target}' (FORMAT parquet)"
-        count = con.execute(copy).fetchone()[0]
+        batches = pyarrow.RecordBatchReader.from_stream(con.sql(query))
+        with duckdb.connect(config=dict(NO_EXTENSIONS)) as writer:
+            writer.execute("SET allowed_paths = ?", [[temporary]])
+            lock_down(writer)
+            writer.register("result", batches)
+            target = temporary.replace("'", "''")
+            count = writer.execute(f"COPY result TO '{target}' (FORMAT parquet)").fetchone()[0]
         os.replace(temporary, output)
     finally:
-        temporary.unlink(missing_ok=True)
+        Path(temporary).unlink(missing_ok=True)
     return count
 
 

@@ -259,6 +259,47 @@ def test_the_snapshot_is_read_only(snap):
     assert snap.sql("SELECT count(*) AS n FROM ad_spend_daily")["n"][0] > 0
 
 
+@pytest.fixture
+def secrets_file(duckdb_path: Path) -> Path:
+    key = duckdb_path.parent / "secrets.key"
+    key.write_text("the-key-nobody-reads")
+    return key
+
+
+def test_no_file_nor_url_but_the_snapshot_is_reached(
+    snap, snapshot_path, duckdb_path, secrets_file
+):
+    mine = snapshot_path.parent / "mine.csv"
+    mine.write_text("a\n1\n")
+    reaching = [
+        ("SELECT content FROM read_text(?)", [str(secrets_file)]),
+        ("SELECT content FROM read_blob(?)", [str(duckdb_path)]),
+        ("SELECT content FROM read_text('/etc/passwd')", None),
+        ("SELECT * FROM glob(?)", [f"{snapshot_path.parent}/*"]),
+        ("SELECT * FROM read_csv(?)", [str(mine)]),
+        ("SELECT * FROM read_parquet('http://127.0.0.1:9/x.parquet')", None),
+        ("SELECT * FROM read_json('s3://bucket/x.json')", None),
+        ("COPY (SELECT 1) TO '/dev/null' (FORMAT csv)", None),
+        ("ATTACH ? AS pipeline (READ_ONLY)", [str(duckdb_path)]),
+    ]
+    for query, params in reaching:
+        with pytest.raises(duckdb.PermissionException):
+            snap.sql(query, params)
+
+
+def test_no_extension_loads_and_the_settings_are_locked(snap):
+    with snap.connect() as con:
+        for statement in ("INSTALL httpfs", "LOAD httpfs"):
+            with pytest.raises(duckdb.PermissionException):
+                con.execute(statement)
+        for setting in ("enable_external_access = true", "autoload_known_extensions = true"):
+            with pytest.raises(duckdb.InvalidInputException, match="locked"):
+                con.execute(f"SET {setting}")
+        with pytest.raises(duckdb.CatalogException, match="sqlite"):
+            con.execute("SELECT * FROM sqlite_scan('x.db', 't')")
+        assert con.execute("SELECT count(*) FROM ad_spend_daily").fetchone()[0] > 0
+
+
 def test_each_call_reads_the_latest_publish_even_with_a_session_open(
     snap, snapshot_path, warehouse, fake_clock, now
 ):

@@ -272,6 +272,87 @@ def test_the_connection_itself_is_read_only(snapshot_path):
             con.execute("INSERT INTO sites VALUES ('s9', 'Nine', now())")
 
 
+KEY_TEXT = "c2VjcmV0LWtleS1ieXRlcy1ub2JvZHktc2hvdWxkLXJlYWQ="
+
+
+@pytest.fixture
+def beside(snapshot_path: Path, duckdb_path: Path) -> dict[str, Path]:
+    """Files an analyst must never reach: the key and the pipeline's file beside the
+    snapshot, and a CSV, a Parquet and a JSON file of their own next to them."""
+    key = duckdb_path.parent / "secrets.key"
+    key.write_text(KEY_TEXT)
+    csv_file, parquet_file, json_file = (
+        snapshot_path.parent / name for name in ("mine.csv", "mine.parquet", "mine.json")
+    )
+    csv_file.write_text("a,b\n1,2\n")
+    json_file.write_text('{"a": 1}\n')
+    with duckdb.connect() as con:
+        con.execute(f"COPY (SELECT 1 AS a) TO '{parquet_file}' (FORMAT parquet)")
+    return {
+        "key": key,
+        "pipeline": duckdb_path,
+        "csv": csv_file,
+        "parquet": parquet_file,
+        "json": json_file,
+    }
+
+
+SANDBOXED = {
+    "read_text of the key": ("SELECT content FROM read_text('{key}')", "{key}"),
+    "read_blob of the pipeline": ("SELECT content FROM read_blob('{pipeline}')", "{pipeline}"),
+    "read_text of /etc/passwd": ("SELECT content FROM read_text('/etc/passwd')", "/etc/passwd"),
+    "glob": ("SELECT * FROM glob('{dir}/*')", "{dir}/*"),
+    "read_csv": ("SELECT * FROM read_csv('{csv}')", "{csv}"),
+    "a path as a table": ("SELECT * FROM '{csv}'", "{csv}"),
+    "read_parquet": ("SELECT * FROM read_parquet('{parquet}')", "{parquet}"),
+    "read_json": ("SELECT * FROM read_json('{json}')", "{json}"),
+    "http": ("SELECT * FROM read_csv('http://127.0.0.1:9/x.csv')", "http://127.0.0.1:9/x.csv"),
+    "s3": ("SELECT * FROM 's3://bucket/x.parquet'", "s3://bucket/x.parquet"),
+}
+
+
+@pytest.mark.parametrize("name", SANDBOXED)
+def test_no_file_nor_url_but_the_snapshot_is_reached(rastro, snapshot_path, beside, name):
+    query, tried = SANDBOXED[name]
+    places = {key: str(path) for key, path in beside.items()} | {"dir": str(snapshot_path.parent)}
+    line = assert_usage_error(
+        rastro("sql", query.format(**places), "--format", "csv"),
+        "reads the analytics snapshot and nothing else",
+        tried.format(**places),
+    )
+    assert KEY_TEXT not in line
+
+
+def test_the_sandbox_holds_for_parquet_output_too(rastro, snapshot_path, beside, tmp_path):
+    target = tmp_path / "leak.parquet"
+    query = f"SELECT content FROM read_text('{beside['key']}')"
+    assert_usage_error(rastro("sql", query, "--output", str(target)), str(beside["key"]))
+    assert not target.exists() and not list(tmp_path.glob(".leak.parquet.*"))
+
+
+def test_no_extension_is_installed_or_loaded(rastro, snapshot_path):
+    for statement in ("INSTALL httpfs", "LOAD httpfs", "FORCE INSTALL spatial"):
+        assert_usage_error(rastro("sql", statement), "refused")
+    # sqlite_scan lives in an extension DuckDB would otherwise install and load on its own.
+    line = assert_usage_error(rastro("sql", "SELECT * FROM sqlite_scan('x.db', 't')"))
+    assert "sqlite" in line
+    code, out, _ = rastro(
+        "sql",
+        "SELECT name, value FROM duckdb_settings() WHERE name IN ('enable_external_access',"
+        " 'autoinstall_known_extensions', 'autoload_known_extensions', 'lock_configuration')"
+        " ORDER BY name",
+        "--format",
+        "csv",
+    )
+    assert code == 0
+    assert out.splitlines()[1:] == [
+        "autoinstall_known_extensions,false",
+        "autoload_known_extensions,false",
+        "enable_external_access,false",
+        "lock_configuration,true",
+    ]
+
+
 def test_the_pipelines_file_is_never_opened(rastro, snapshot_path, duckdb_path: Path):
     assert_usage_error(
         rastro("sql", "SELECT 1", environ={"RASTRO_ANALYTICS_PATH": str(duckdb_path)}),
