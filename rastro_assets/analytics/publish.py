@@ -207,25 +207,41 @@ class Publisher:
     def _refresh(self, now: datetime, published_at: datetime) -> snapshot.RefreshReport:
         try:
             return self._refresh_staging(now, published_at)
-        except duckdb.Error as exc:
-            if not _is_unreadable_file(exc):
-                raise
+        except _StagingFailed as failed:
+            if not _is_unreadable_file(failed.__cause__):
+                raise PublishError(
+                    f"could not refresh the staging file {self.staging}:"
+                    f" {_reason(failed.__cause__)}; the previous snapshot is unchanged"
+                ) from failed.__cause__
         # A staging file DuckDB cannot read is only a cache of the pipeline: start again.
-        self._remove_staging()
-        return self._refresh_staging(now, published_at)
+        try:
+            return self._refresh_staging(now, published_at)
+        except _StagingFailed as failed:
+            raise PublishError(
+                f"could not rebuild the staging file {self.staging}:"
+                f" {_reason(failed.__cause__)}; the previous snapshot is unchanged"
+            ) from failed.__cause__
 
     def _refresh_staging(self, now: datetime, published_at: datetime) -> snapshot.RefreshReport:
         with self.warehouse.connect() as con:
             status = status_table(planned_accounts(con), now)
-            con.execute(f"ATTACH ? AS {snapshot.STAGE}", [str(self.staging)])
-            # A cache of analyst data only, but nobody else's business to read.
-            os.chmod(self.staging, 0o600)
             try:
-                report = snapshot.refresh(con, status, published_at)
-                con.execute(f"CHECKPOINT {snapshot.STAGE}")
-            finally:
-                con.execute(f"DETACH {snapshot.STAGE}")
-        return report
+                con.execute(f"ATTACH ? AS {snapshot.STAGE}", [str(self.staging)])
+                try:
+                    # A cache of analyst data only, but nobody else's business to read.
+                    os.chmod(self.staging, 0o600)
+                    report = snapshot.refresh(con, status, published_at)
+                    con.execute(f"CHECKPOINT {snapshot.STAGE}")
+                finally:
+                    con.execute(f"DETACH {snapshot.STAGE}")
+            except (duckdb.Error, OSError) as exc:
+                failure = exc
+            else:
+                return report
+        # Only a cache of the pipeline: after a failure part way (a full disk leaves a
+        # .wal, maybe empty), nothing it holds is trusted; the next refresh rebuilds it whole.
+        self._remove_staging()
+        raise _StagingFailed from failure
 
     def _copy_into_place(self) -> int:
         if _wal(self.staging).exists():
@@ -245,12 +261,11 @@ class Publisher:
             # belong to the old copy and are lost with it (the docs say so).
             with contextlib.suppress(FileNotFoundError):
                 _wal(self.target).unlink()
-        except OSError as exc:
+        except (OSError, duckdb.Error) as exc:
             with contextlib.suppress(OSError):
                 temporary.unlink()
-            reason = "the disk is full" if exc.errno == errno.ENOSPC else str(exc)
             raise PublishError(
-                f"could not publish the analytics snapshot {self.target}: {reason};"
+                f"could not publish the analytics snapshot {self.target}: {_reason(exc)};"
                 " the previous snapshot is unchanged"
             ) from exc
         _fsync_directory(self.target.parent)
@@ -282,11 +297,23 @@ class Publisher:
             os.close(descriptor)
 
 
+class _StagingFailed(Exception):
+    """The staging file's refresh failed (its cause says how); the file is gone."""
+
+
+def _reason(exc: BaseException | None) -> str:
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return "the disk is full"
+    if isinstance(exc, duckdb.Error) and "No space left on device" in str(exc):
+        return f"the disk is full ({exc})"
+    return str(exc)
+
+
 def _wal(path: Path) -> Path:
     return path.with_name(path.name + ".wal")
 
 
-def _is_unreadable_file(exc: duckdb.Error) -> bool:
+def _is_unreadable_file(exc: BaseException | None) -> bool:
     text = str(exc)
     return isinstance(exc, duckdb.SerializationException | duckdb.IOException) and (
         "not a valid DuckDB database file" in text

@@ -35,12 +35,20 @@ def publish_after_writes(
     context: dg.OpExecutionContext | dg.AssetExecutionContext, rastro: RastroResource
 ) -> None:
     """Publish the snapshot if changes wait and the last publish is older than half the
-    lag. A failure is logged, never raised: the run's own work is done, and the sensor
-    retries the publish."""
+    lag. A failure of any kind is logged and recorded, never raised: the run's own work is
+    done and its outcome is its sync's, and the sensor retries the publish."""
     try:
         result = rastro.publisher().publish_if_due()
-    except (PublishError, WarehouseLocked, OSError) as exc:
-        context.log.warning(f"analytics snapshot not published (retried later): {exc}")
+    except Exception as exc:  # a full disk is a duckdb.Error as often as an OSError
+        reason = str(exc) if isinstance(exc, PublishError | WarehouseLocked) else repr(exc)
+        context.log.warning(f"analytics snapshot not published (retried later): {reason}")
+        context.log_event(
+            dg.AssetObservation(
+                asset_key=ANALYTICS_SNAPSHOT,
+                description="not published at the end of a run that wrote; retried later",
+                metadata={"publish_error": reason, "published": False},
+            )
+        )
         return
     if result is not None:
         context.log_event(

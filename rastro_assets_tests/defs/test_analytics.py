@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 from datetime import timedelta
 
 import dagster as dg
@@ -115,3 +117,84 @@ def test_materializing_the_snapshot_by_hand_publishes_now(
             "SELECT max(day) FROM ad_spend_daily WHERE ad_account_id = 'act_202'"
         ).fetchall()
     assert day == TODAY
+
+
+def age_last_publish(warehouse) -> None:
+    """As if the last publish were long ago, so the next run that writes publishes."""
+    with warehouse.connect() as con:
+        con.execute(
+            "UPDATE analytics_snapshot_state SET published_at = published_at - ?",
+            [timedelta(hours=1)],
+        )
+
+
+def publish_failures(result) -> list[str]:
+    return [
+        event.event_specific_data.asset_observation.metadata["publish_error"].value
+        for event in result.all_events
+        if event.event_type == dg.DagsterEventType.ASSET_OBSERVATION
+        and event.asset_key == ANALYTICS_SNAPSHOT
+    ]
+
+
+def no_space(path) -> duckdb.IOException:
+    return duckdb.IOException(f'IO Error: Could not write file "{path}": No space left on device')
+
+
+def staging_full(publisher):
+    """The staging refresh as a full disk ends it: DuckDB's first write to the staging
+    file's write-ahead log fails, leaving the log empty."""
+
+    def refresh(con, status, published_at):
+        wal = publisher.staging.with_name(publisher.staging.name + ".wal")
+        wal.touch()
+        raise no_space(wal)
+
+    return refresh
+
+
+def copy_full(source, destination):
+    with open(destination, "wb") as handle:
+        handle.write(b"half a snapshot")
+    raise OSError(errno.ENOSPC, "No space left on device", str(destination))
+
+
+@pytest.mark.parametrize("where", ["refresh", "copy"])
+def test_a_full_disk_while_publishing_never_fails_the_run_that_wrote(
+    instance, rastro, warehouse, snapshot_path, monkeypatch, where
+):
+    publisher = rastro.publisher()
+    assert publisher.publish() is not None
+    before = snapshot_path.read_bytes()
+    age_last_publish(warehouse)
+    if where == "refresh":
+        monkeypatch.setattr(
+            "rastro_assets.analytics.publish.snapshot.refresh", staging_full(publisher)
+        )
+    else:
+        monkeypatch.setattr("rastro_assets.analytics.publish.shutil.copyfile", copy_full)
+
+    result = run_wave(instance, rastro, [live("act_101"), live("act_202")])
+
+    assert result.success
+    with warehouse.connect() as con:
+        outcomes = con.execute("SELECT DISTINCT outcome FROM meta_sync_runs").fetchall()
+    assert outcomes == [("ok",)]
+    assert snapshot_events(result) == []
+    [failure] = publish_failures(result)
+    assert "disk is full" in failure and "previous snapshot is unchanged" in failure
+    warnings = [
+        event.message
+        for event in instance.all_logs(result.run_id)
+        if event.level == logging.WARNING and "not published" in event.message
+    ]
+    assert len(warnings) == 1
+    assert snapshot_path.read_bytes() == before
+    leftovers = [path.name for path in snapshot_path.parent.iterdir()]
+    assert not [name for name in leftovers if name.endswith((".wal", ".tmp"))], leftovers
+
+    monkeypatch.undo()
+    retried = publisher.publish_if_due()
+    assert retried is not None
+    assert published_spend(snapshot_path) == pipeline_spend(warehouse)
+    assert published_spend(snapshot_path)[0] > 0
