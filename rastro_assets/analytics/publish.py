@@ -69,10 +69,13 @@ class PublishState:
     fingerprint: str | None
     published_at: datetime | None
     current_fingerprint: str
+    stray_wal: bool = False
+    """A write-ahead log sits beside the snapshot: an analyst wrote into it, and every new
+    session fails replaying that log until a publish removes it."""
 
     @property
     def owed(self) -> bool:
-        return self.fingerprint != self.current_fingerprint
+        return self.stray_wal or self.fingerprint != self.current_fingerprint
 
 
 class Publisher:
@@ -138,12 +141,20 @@ class Publisher:
         fingerprint, published_at = row if row else (None, None)
         if not self.target.exists():
             fingerprint = None
-        return PublishState(fingerprint, published_at, snapshot.fingerprint(con))
+        return PublishState(
+            fingerprint,
+            published_at,
+            snapshot.fingerprint(con),
+            stray_wal=_wal(self.target).exists(),
+        )
 
     def is_due(self, state: PublishState, now: datetime, interval: timedelta) -> bool:
-        """Owed, and the last publish is at least `interval` old (or there is none)."""
+        """Owed, and the last publish is at least `interval` old (or there is none); at
+        once when a stray write-ahead log keeps new sessions out."""
         if not state.owed:
             return False
+        if state.stray_wal:
+            return True
         return state.published_at is None or now - state.published_at >= interval
 
     def publish_if_due(self, interval: timedelta | None = None) -> PublishResult | None:
@@ -252,13 +263,17 @@ class Publisher:
             # keeps that mode and copies in the kernel (sendfile).
             os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             shutil.copyfile(self.staging, temporary)
-            os.chmod(temporary, self.mode)
+            # Nobody writes the snapshot: without write bits, DuckDB cannot open it read-write,
+            # so no analyst leaves a write-ahead log or a lock that keeps others out.
+            os.chmod(temporary, self.mode & ~0o222)
             with open(temporary, "rb") as handle:
                 os.fsync(handle.fileno())
             os.replace(temporary, self.target)
             # A session that wrote into the previous snapshot left its write-ahead log beside
             # it; DuckDB would refuse to open the new file with that log there. Its writes
-            # belong to the old copy and are lost with it (the docs say so).
+            # belong to the old copy and are lost with it (the docs say so). A session still
+            # open on an old copy may write a new log later: `state` sees it, and the sensor
+            # publishes again at its next tick.
             with contextlib.suppress(FileNotFoundError):
                 _wal(self.target).unlink()
         except (OSError, duckdb.Error) as exc:

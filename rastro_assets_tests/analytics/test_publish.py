@@ -45,8 +45,10 @@ def test_a_first_publish_copies_every_analyst_table(syncer, warehouse, publisher
             " FROM account_sync_status ORDER BY 1"
         ).fetchall()
     assert tables == set(ANALYST_TABLES)
-    assert status == [("act_101", ["s1"], "backfilling", True), ("act_202", ["s1", "s2"],
-                      "backfilling", True)]
+    assert status == [
+        ("act_101", ["s1"], "backfilling", True),
+        ("act_202", ["s1", "s2"], "backfilling", True),
+    ]
 
 
 def test_later_publishes_carry_changes_and_reconciliation(
@@ -92,8 +94,10 @@ def test_a_writer_the_delta_misses_is_healed(syncer, warehouse, publisher, snaps
     assert syncer.sync(SyncRequest("act_101", *WEEK, run_id="r1")).ok
     publisher.publish()
     with warehouse.connect() as con:
-        con.execute("UPDATE ad_spend_daily SET spend = spend + 1 WHERE ad_id = (SELECT min(ad_id)"
-                    " FROM ad_spend_daily)")
+        con.execute(
+            "UPDATE ad_spend_daily SET spend = spend + 1 WHERE ad_id = (SELECT min(ad_id)"
+            " FROM ad_spend_daily)"
+        )
     result = publisher.publish()
     assert "ad_spend_daily" in result.healed
     assert_snapshot_equals_pipeline(warehouse, snapshot_path)
@@ -122,19 +126,23 @@ def test_the_snapshot_holds_no_token_nor_connection(syncer, warehouse, publisher
     assert TOKEN.encode() not in data
     assert bytes(sealed) not in data and bytes(sealed)[:16] not in data
     with duckdb.connect(str(snapshot_path), read_only=True) as snap:
-        names = {row[0] for row in snap.execute(
-            "SELECT table_name FROM duckdb_tables() UNION SELECT view_name FROM duckdb_views()"
-            " WHERE NOT internal"
-        ).fetchall()}
+        names = {
+            row[0]
+            for row in snap.execute(
+                "SELECT table_name FROM duckdb_tables() UNION SELECT view_name FROM duckdb_views()"
+                " WHERE NOT internal"
+            ).fetchall()
+        }
     assert "meta_connections" not in names
 
 
 def test_file_modes(syncer, warehouse, publisher, snapshot_path, duckdb_path):
+    """The snapshot is never writable, whatever the mode asks: see the analyst tests."""
     publisher.publish()
     assert stat.S_IMODE(duckdb_path.stat().st_mode) == 0o600
-    assert stat.S_IMODE(snapshot_path.stat().st_mode) == 0o644
-    Publisher(warehouse, snapshot_path, mode=0o640).publish()
-    assert stat.S_IMODE(snapshot_path.stat().st_mode) == 0o640
+    assert stat.S_IMODE(snapshot_path.stat().st_mode) == 0o444
+    Publisher(warehouse, snapshot_path, mode=0o660).publish()
+    assert stat.S_IMODE(snapshot_path.stat().st_mode) == 0o440
 
 
 @pytest.mark.parametrize("read_only", [True, False], ids=["read-only", "read-write"])
@@ -167,6 +175,43 @@ def test_a_session_that_wrote_into_the_snapshot_does_not_stop_new_sessions(
             assert newcomer.query("SELECT count(DISTINCT ad_account_id) FROM ad_spend_daily") == [
                 [2]
             ]
+
+
+def test_an_analyst_write_after_a_publish_is_never_replayed_by_new_sessions(
+    syncer, warehouse, publisher, snapshot_path
+):
+    """A read-write session on an old copy writes a new log beside the new snapshot: the
+    next check (the sensor ticks each minute) publishes again at once, whatever the
+    debounce, and new sessions open the published tables only."""
+    assert syncer.sync(SyncRequest("act_101", *WEEK, run_id="r1")).ok
+    publisher.publish()
+    wal = snapshot_path.with_name(snapshot_path.name + ".wal")
+    spend = "SELECT count(DISTINCT ad_account_id) FROM ad_spend_daily"
+    with Analyst(snapshot_path, read_only=False) as scribbler:
+        scribbler.query("CREATE TABLE my_notes AS SELECT 42 AS answer")
+        scribbler.query("CHECKPOINT")
+        assert syncer.sync(SyncRequest("act_202", *WEEK, run_id="r2")).ok
+        assert publisher.publish() is not None
+        scribbler.query("CREATE TABLE more_notes AS SELECT 43 AS answer")
+        # That log is the old copy's: a new session would replay it into the new one (and
+        # show `more_notes`) or fail ("WAL does not match", "checkpoint iteration").
+        assert wal.exists()
+
+        with warehouse.connect() as con:
+            state = publisher.state(con)
+        assert state.owed and state.stray_wal
+        assert publisher.publish_if_due(publisher.sensor_interval) is not None
+        assert not wal.exists()
+        with Analyst(snapshot_path) as newcomer:
+            assert newcomer.query(spend) == [[2]]
+            tables = newcomer.query(
+                "SELECT table_name FROM information_schema.tables WHERE table_name LIKE '%notes'"
+            )
+        assert tables == []
+    with Analyst(snapshot_path) as later:
+        assert later.query(spend) == [[2]]
+    with warehouse.connect() as con:
+        assert not publisher.state(con).owed
 
 
 def test_a_failed_copy_leaves_the_previous_snapshot(

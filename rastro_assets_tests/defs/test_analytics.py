@@ -15,6 +15,7 @@ from rastro_assets.defs.analytics import analytics_publisher_sensor, analytics_s
 from rastro_assets.defs.publishing import ANALYTICS_SNAPSHOT
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.wave import sync_wave_job
+from rastro_assets_tests.analytics.analyst import Analyst
 from rastro_assets_tests.defs.conftest import TODAY
 
 
@@ -198,3 +199,32 @@ def test_a_full_disk_while_publishing_never_fails_the_run_that_wrote(
     assert retried is not None
     assert published_spend(snapshot_path) == pipeline_spend(warehouse)
     assert published_spend(snapshot_path)[0] > 0
+
+
+def test_the_sensor_publishes_at_its_next_tick_when_an_analyst_wrote(
+    instance, rastro, warehouse, snapshot_path
+):
+    def tick():
+        context = dg.build_sensor_context(
+            instance=instance, definitions=defs, resources={"rastro": rastro}
+        )
+        return analytics_publisher_sensor(context)
+
+    publisher = rastro.publisher()
+    publisher.publish()
+    with Analyst(snapshot_path, read_only=False) as scribbler:
+        scribbler.query("CREATE TABLE my_notes AS SELECT 42 AS answer")
+        scribbler.query("CHECKPOINT")
+        publisher.publish()  # its log goes; it writes a new one beside the new copy
+        scribbler.query("CREATE TABLE more_notes AS SELECT 43 AS answer")
+        assert isinstance(tick(), dg.RunRequest)
+        result = dg.materialize(
+            [analytics_snapshot], instance=instance, resources={"rastro": rastro}
+        )
+        assert result.success
+    skipped = tick()
+    assert isinstance(skipped, dg.SkipReason) and "up to date" in skipped.skip_message
+    with Analyst(snapshot_path) as newcomer:
+        assert newcomer.query(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name LIKE '%notes'"
+        ) == [[0]]
