@@ -263,6 +263,7 @@ class Publisher:
             # keeps that mode and copies in the kernel (sendfile).
             os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             shutil.copyfile(self.staging, temporary)
+            _drop_bookkeeping(temporary)
             # Nobody writes the snapshot: without write bits, DuckDB cannot open it read-write,
             # so no analyst leaves a write-ahead log or a lock that keeps others out.
             os.chmod(temporary, self.mode & ~0o222)
@@ -277,8 +278,9 @@ class Publisher:
             with contextlib.suppress(FileNotFoundError):
                 _wal(self.target).unlink()
         except (OSError, duckdb.Error) as exc:
-            with contextlib.suppress(OSError):
-                temporary.unlink()
+            for path in (temporary, _wal(temporary)):
+                with contextlib.suppress(OSError):
+                    path.unlink()
             raise PublishError(
                 f"could not publish the analytics snapshot {self.target}: {_reason(exc)};"
                 " the previous snapshot is unchanged"
@@ -288,9 +290,10 @@ class Publisher:
 
     def _remove_leftovers(self) -> None:
         """Temporary files of publishes that died (we hold the lock: none is running)."""
-        for leftover in self.target.parent.glob(f".{self.target.name}.*.tmp"):
-            with contextlib.suppress(OSError):
-                leftover.unlink()
+        for pattern in (f".{self.target.name}.*.tmp", f".{self.target.name}.*.tmp.wal"):
+            for leftover in self.target.parent.glob(pattern):
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
 
     def _remove_staging(self) -> None:
         for path in (self.staging, _wal(self.staging)):
@@ -322,6 +325,17 @@ def _reason(exc: BaseException | None) -> str:
     if isinstance(exc, duckdb.Error) and "No space left on device" in str(exc):
         return f"the disk is full ({exc})"
     return str(exc)
+
+
+def _drop_bookkeeping(copy: Path) -> None:
+    """The staging file's bookkeeping, out of the copy analysts get: the schema would show in
+    their `information_schema`. Dropping it frees its few blocks, and the copy stays one file
+    (the checkpoint folds the drop in and removes the log)."""
+    with duckdb.connect(str(copy)) as con:
+        con.execute(f"DROP SCHEMA IF EXISTS {snapshot.BOOKKEEPING} CASCADE")
+        con.execute("CHECKPOINT")
+    if _wal(copy).exists():
+        raise PublishError(f"the copy {copy} was not checkpointed")
 
 
 def _wal(path: Path) -> Path:

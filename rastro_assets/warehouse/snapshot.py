@@ -34,6 +34,10 @@ from rastro_assets.warehouse.connection import register_arrow, transaction
 STAGE = "rastro_stage"
 """The name the staging file is attached under, inside a pipeline connection."""
 
+BOOKKEEPING = "publisher"
+"""The staging file's own schema (its format and the syncs it has taken in); publishes drop
+it from their copy, analysts never see it."""
+
 FORMAT_VERSION = 2
 """Bumped whenever the snapshot's tables change shape: a staging file of another version
 is rebuilt whole."""

@@ -136,6 +136,28 @@ def test_the_snapshot_holds_no_token_nor_connection(syncer, warehouse, publisher
     assert "meta_connections" not in names
 
 
+def test_analysts_see_only_their_tables_and_the_staging_keeps_its_bookkeeping(
+    syncer, warehouse, publisher, snapshot_path
+):
+    assert syncer.sync(SyncRequest("act_101", *WEEK, run_id="r1")).ok
+    publisher.publish()
+    assert syncer.sync(SyncRequest("act_202", *WEEK, run_id="r2")).ok
+    result = publisher.publish()
+    assert result.rebuilt == () and result.changed_account_days == 7
+    with duckdb.connect(str(snapshot_path), read_only=True) as snap:
+        schemas = snap.execute(
+            "SELECT DISTINCT table_schema FROM information_schema.tables"
+            " UNION SELECT schema_name FROM information_schema.schemata"
+            " WHERE catalog_name = current_database()"
+        ).fetchall()
+        tables = snap.execute("SELECT table_name FROM information_schema.tables").fetchall()
+    assert {schema for (schema,) in schemas} == {"main"}
+    assert {table for (table,) in tables} == set(ANALYST_TABLES)
+    with duckdb.connect(str(publisher.staging), read_only=True) as staging:
+        assert staging.execute("SELECT count(*) FROM publisher.applied_runs").fetchone()[0] > 0
+    assert not list(snapshot_path.parent.glob("*.wal"))
+
+
 def test_file_modes(syncer, warehouse, publisher, snapshot_path, duckdb_path):
     """The snapshot is never writable, whatever the mode asks: see the analyst tests."""
     publisher.publish()
