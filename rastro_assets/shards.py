@@ -70,3 +70,30 @@ def crowded_warning(counts: Mapping[int, int], shards: int) -> str | None:
         f"{which} accounts, more than the {FAST_SHARD_ACCOUNTS} its Dagster pages serve fast;"
         f" {advice}"
     )
+
+
+def planned_moves(shard_of: Mapping[str, int], shard_count: int) -> dict[str, int]:
+    """Which accounts move, and where, so every shard holds at most its even share.
+
+    An account outside the configured shards always moves; otherwise only accounts
+    above their shard's share do (the newest ids of that shard), each to the
+    least-filled shard, so a second run moves nothing.
+    """
+    share = -(-len(shard_of) // shard_count) if shard_of else 0
+    counts = {shard: 0 for shard in range(shard_count)}
+    stay: dict[str, int] = {}
+    leaving: list[str] = []
+    for account in sorted(shard_of):
+        shard = shard_of[account]
+        if shard < shard_count and counts[shard] < share:
+            counts[shard] += 1
+            stay[account] = shard
+        else:
+            leaving.append(account)
+    moves = {}
+    for account in leaving:
+        target = least_filled(counts, shard_count)
+        counts[target] += 1
+        if target != shard_of[account]:
+            moves[account] = target
+    return moves
