@@ -8,25 +8,74 @@ from rastro_assets.defs.analytics import (
     publish_snapshot_job,
 )
 from rastro_assets.defs.catalog_assets import ad_catalog, ad_thumbnails
-from rastro_assets.defs.checks import accounts_fresh, site_spend_equals_ad_sums
+from rastro_assets.defs.checks import (
+    accounts_fresh,
+    build_freshness_check,
+    build_sum_check,
+    site_spend_equals_ad_sums,
+)
 from rastro_assets.defs.external import external_specs
+from rastro_assets.defs.partitions import SHARD_COUNT, all_accounts_partitions_name
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.retention import retention_sensor
-from rastro_assets.defs.sensors import meta_accounts_sensor, meta_cadence_sensor
-from rastro_assets.defs.spend_assets import meta_spend
+from rastro_assets.defs.sensors import (
+    build_meta_accounts_sensor,
+    build_meta_cadence_sensor,
+    meta_accounts_sensor,
+    meta_cadence_sensor,
+)
+from rastro_assets.defs.spend_assets import build_meta_spend, meta_spend, spend_shard
 from rastro_assets.defs.wave import sync_wave_job
 
-defs = dg.Definitions(
-    assets=[meta_spend, ad_catalog, ad_thumbnails, analytics_snapshot, *external_specs],
-    asset_checks=[site_spend_equals_ad_sums, accounts_fresh],
-    jobs=[sync_wave_job, publish_snapshot_job],
-    sensors=[
-        meta_accounts_sensor,
-        meta_cadence_sensor,
-        retention_sensor,
-        analytics_publisher_sensor,
-    ],
-    resources={"rastro": RastroResource()},
-    # Every run is one step's worth of work; a process per step would double its cost.
-    executor=dg.in_process_executor,
-)
+
+def build_defs(shard_count: int = SHARD_COUNT) -> dg.Definitions:
+    """The definitions with `shard_count` spend pairs (`RASTRO_ACCOUNT_SHARDS`)."""
+    if shard_count == 1:
+        spend = [meta_spend]
+        checks = [site_spend_equals_ad_sums, accounts_fresh]
+        catalog = [ad_catalog, ad_thumbnails]
+        snapshot = analytics_snapshot
+        sensors = [meta_accounts_sensor, meta_cadence_sensor]
+    else:
+        spend = [build_meta_spend(shard, shard_count) for shard in range(shard_count)]
+        checks = [
+            check
+            for shard in range(shard_count)
+            for check in (build_sum_check(shard), build_freshness_check(shard, shard_count))
+        ]
+        catalog = _catalog_over_every_account(shard_count)
+        spend_keys = [key for shard in range(shard_count) for key in spend_shard(shard).keys]
+        snapshot = analytics_snapshot.map_asset_specs(
+            lambda spec: spec.replace_attributes(
+                deps=[*spend_keys, "ad_catalog", "ad_thumbnails"]
+            )
+        )
+        sensors = [build_meta_accounts_sensor(shard_count), build_meta_cadence_sensor(shard_count)]
+    return dg.Definitions(
+        assets=[*spend, *catalog, snapshot, *external_specs],
+        asset_checks=checks,
+        jobs=[sync_wave_job, publish_snapshot_job],
+        sensors=[*sensors, retention_sensor, analytics_publisher_sensor],
+        resources={"rastro": RastroResource()},
+        # Every run is one step's worth of work; a process per step would double its cost.
+        executor=dg.in_process_executor,
+    )
+
+
+def _catalog_over_every_account(shard_count: int) -> list[dg.AssetsDefinition]:
+    """The catalog pair partitioned by every account, whatever its shard.
+
+    It depends on no spend shard: an upstream adds data-version tags to each of
+    its downstream's events, and a dependency on every shard would add one per
+    shard. The registry tables stay its upstreams.
+    """
+    partitions = dg.DynamicPartitionsDefinition(name=all_accounts_partitions_name(shard_count))
+
+    def every_account(spec: dg.AssetSpec) -> dg.AssetSpec:
+        deps = [dep for dep in spec.deps if dep.asset_key != spend_shard(0).ad_key]
+        return spec.replace_attributes(partitions_def=partitions, deps=deps)
+
+    return [asset.map_asset_specs(every_account) for asset in (ad_catalog, ad_thumbnails)]
+
+
+defs = build_defs()

@@ -97,6 +97,31 @@ IDLE_LIVE_INTERVAL_MINUTES = idle_live_interval_minutes(
 )
 
 
+DEFAULT_ACCOUNT_SHARDS = 1
+MAX_ACCOUNT_SHARDS = 500
+
+
+def account_shards(raw: str | None) -> int:
+    """`RASTRO_ACCOUNT_SHARDS`: how many spend asset pairs hold the accounts (1 to 500)."""
+    if not raw:
+        return DEFAULT_ACCOUNT_SHARDS
+    try:
+        shards = int(raw)
+    except ValueError:
+        shards = 0
+    if not 1 <= shards <= MAX_ACCOUNT_SHARDS:
+        raise SettingsError(
+            f"RASTRO_ACCOUNT_SHARDS must be a whole number from 1 to {MAX_ACCOUNT_SHARDS},"
+            f" not {raw!r}"
+        )
+    return shards
+
+
+# Read once, when the code loads: each shard is a pair of assets, fixed at definition time,
+# so a new count applies at the code location's next restart.
+ACCOUNT_SHARDS = account_shards(os.environ.get("RASTRO_ACCOUNT_SHARDS"))
+
+
 def default_analytics_path(duckdb_path: str) -> str:
     """The snapshot beside the pipeline's file: `data/analytics.duckdb` by default."""
     return str(Path(duckdb_path).parent / ANALYTICS_FILE_NAME)
@@ -118,6 +143,8 @@ class Settings:
     analytics_mode: int = DEFAULT_ANALYTICS_MODE
     analytics_lag_seconds: int = DEFAULT_ANALYTICS_LAG_SECONDS
     """How far the snapshot may lag a write to the pipeline's file."""
+    account_shards: int = DEFAULT_ACCOUNT_SHARDS
+    """How many spend asset pairs (shards) the code location defines."""
 
     def __post_init__(self) -> None:
         # A publish renames a new file over the snapshot: over the pipeline's own file it
@@ -145,6 +172,7 @@ class Settings:
             analytics_path=env.get("RASTRO_ANALYTICS_PATH") or None,
             analytics_mode=_octal_mode(env.get("RASTRO_ANALYTICS_MODE")),
             analytics_lag_seconds=_positive_seconds(env.get("RASTRO_ANALYTICS_LAG_SECONDS")),
+            account_shards=account_shards(env.get("RASTRO_ACCOUNT_SHARDS")),
         )
 
 

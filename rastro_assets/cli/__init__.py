@@ -5,6 +5,7 @@
 - `registry`: `keygen`, `site add`, `connect`, `link`, `unlink`.
 - `sql`: `sql`, one read-only query on the analytics snapshot.
 - `cadence`: `sync-now`, `status`, `plan`.
+- `shards`: `shard move`.
 - `tools`: `rotate-key`, `demo`, `fake-meta`.
 
 A new command lives in the module of its group (or a new one), which exposes
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 
 import duckdb
 
-from rastro_assets.cli import cadence, registry, sql, tools
+from rastro_assets.cli import cadence, registry, shards, sql, tools
 from rastro_assets.cli.context import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -38,7 +39,13 @@ __all__ = ["Context", "build_parser", "main", "registrars", "run"]
 
 def registrars() -> list[Registrar]:
     """Every subcommand, in the order `rastro --help` lists them."""
-    return [*registry.REGISTRARS, *sql.REGISTRARS, *cadence.REGISTRARS, *tools.REGISTRARS]
+    return [
+        *registry.REGISTRARS,
+        *sql.REGISTRARS,
+        *cadence.REGISTRARS,
+        *shards.REGISTRARS,
+        *tools.REGISTRARS,
+    ]
 
 
 def build_parser() -> Parser:

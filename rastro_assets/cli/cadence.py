@@ -15,6 +15,7 @@ import os
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
+from rastro_assets import shards
 from rastro_assets.accounts import normalize_account_id
 from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
 from rastro_assets.planner import cadence
@@ -88,8 +89,18 @@ def _status(args: argparse.Namespace, ctx: Context) -> int:
     now = ctx.now()
     accounts = _read_accounts(ctx)
     entries = [(account, cadence.status(account.state, now)) for account in accounts]
+    shard_count = ctx.settings().account_shards
+    if warning := shards.crowded_warning(_shard_counts(accounts), shard_count):
+        ctx.warn(warning)
     if args.json:
-        _say_json(ctx, [status.to_json(account.sites) for account, status in entries])
+        sharded = _sharded(accounts, shard_count)
+        _say_json(
+            ctx,
+            [
+                {**status.to_json(account.sites), **_shard_json(account, sharded)}
+                for account, status in entries
+            ],
+        )
         return EXIT_OK
     rows = [
         [
@@ -104,6 +115,10 @@ def _status(args: argparse.Namespace, ctx: Context) -> int:
         for account, status in entries
     ]
     header = ["ACCOUNT", "SITES", "STATE", "LAST SYNC", "NEXT SYNC", "BACKFILL", "LAST ERROR"]
+    if _sharded(accounts, shard_count):
+        header.append("SPEND ASSET")
+        for row, (account, _) in zip(rows, entries, strict=True):
+            row.append(shards.ad_spend_name(account.shard))
     _say_table(ctx, header, rows)
     return EXIT_OK
 
@@ -128,9 +143,17 @@ def add_plan(subparsers: Subparsers) -> None:
 
 def _plan(args: argparse.Namespace, ctx: Context) -> int:
     at = parse_instant(args.at) if args.at is not None else ctx.now()
-    plans = [cadence.plan(account.state, at) for account in _read_accounts(ctx)]
+    accounts = _read_accounts(ctx)
+    plans = [cadence.plan(account.state, at) for account in accounts]
     if args.json:
-        _say_json(ctx, [owed.to_json() for owed in plans])
+        sharded = _sharded(accounts, ctx.settings().account_shards)
+        _say_json(
+            ctx,
+            [
+                {**owed.to_json(), **_shard_json(account, sharded)}
+                for owed, account in zip(plans, accounts, strict=True)
+            ],
+        )
         return EXIT_OK
     rows = [
         [
@@ -173,6 +196,26 @@ def parse_instant(raw: str) -> datetime:
 
 
 # shared ---------------------------------------------------------------------
+
+
+def _sharded(accounts: Sequence[PlannedAccount], shard_count: int) -> bool:
+    """Whether the install has shards to show: with one, every account is in `ad_spend_daily`
+    and the output stays what it always was."""
+    return shard_count > 1 or any(account.shard for account in accounts)
+
+
+def _shard_json(account: PlannedAccount, sharded: bool) -> dict:
+    """Where the account's spend partitions live in Dagster: its shard and that shard's asset."""
+    if not sharded:
+        return {}
+    return {"shard": account.shard, "spend_asset": shards.ad_spend_name(account.shard)}
+
+
+def _shard_counts(accounts: Sequence[PlannedAccount]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for account in accounts:
+        counts[account.shard] = counts.get(account.shard, 0) + 1
+    return counts
 
 
 def _read_accounts(ctx: Context) -> list[PlannedAccount]:

@@ -15,6 +15,7 @@ from rastro_assets.accounts import normalize_account_id
 from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.outcomes import ConnectionStatus
+from rastro_assets.shards import crowded_warning
 from rastro_assets.vault import generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.registry import LinkResult, RegistryError
@@ -187,11 +188,17 @@ def _link(args: argparse.Namespace, ctx: Context) -> int:
         timezone = timezone or registry.validate_timezone(found.timezone)
         currency = currency or registry.normalize_currency(found.currency)
         name = found.name
+    shard_count = ctx.settings().account_shards
     with warehouse.connect() as con:
         result = registry.link_account(
-            con, site_id, ad_account_id, connection_id, timezone, currency, ctx.now(), name=name
+            con, site_id, ad_account_id, connection_id, timezone, currency, ctx.now(), name=name,
+            shards=shard_count,
         )
-    _register_partition(ctx, ad_account_id)
+        shard = registry.account_shards(con, [ad_account_id]).get(ad_account_id, 0)
+        counts = registry.shard_counts(con)
+    _register_partition(ctx, ad_account_id, shard, shard_count)
+    if warning := crowded_warning(counts, shard_count):
+        ctx.warn(warning)
     if result is LinkResult.ALREADY_LINKED:
         ctx.say(f"{site_id} is already linked to {ad_account_id}; nothing to do")
     else:
@@ -215,7 +222,7 @@ def _read_account(ctx: Context, connection: registry.Connection, ad_account_id: 
         client.close()
 
 
-def _register_partition(ctx: Context, ad_account_id: str) -> None:
+def _register_partition(ctx: Context, ad_account_id: str, shard: int, shard_count: int) -> None:
     """Add the account as a dynamic partition of the Dagster instance at DAGSTER_HOME.
 
     Only a convenience (the sensors add it on their next tick), so a failure
@@ -227,7 +234,7 @@ def _register_partition(ctx: Context, ad_account_id: str) -> None:
         # Imported here: it loads Dagster, which no other command needs.
         from rastro_assets.defs.instance import add_account_partition
 
-        add_account_partition(ad_account_id)
+        add_account_partition(ad_account_id, shard, shard_count)
     except Exception as exc:
         ctx.warn(
             f"could not add {ad_account_id} to the Dagster instance at DAGSTER_HOME"

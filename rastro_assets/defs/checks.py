@@ -1,14 +1,14 @@
 """Asset checks: invariants proven per partition, visible in the UI."""
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import UTC, date
 
 import dagster as dg
 
 from rastro_assets.defs.dagster_private import AssetCheckExecutionRecordStatus, PartitionKeyFilter
-from rastro_assets.defs.partitions import spend_partition_key, spend_partitions
+from rastro_assets.defs.partitions import SHARD_COUNT, spend_partition_key
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, SITE_SPEND_DAILY
+from rastro_assets.defs.spend_assets import SITE_SPEND_DAILY, spend_shard
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.warehouse.audit import site_spend_mismatches
@@ -19,8 +19,12 @@ SUM_CHECK_KEY = dg.AssetCheckKey(SITE_SPEND_DAILY, SUM_CHECK)
 FAILURES_LOOKED_AT = 1000
 
 
+def sum_check_key(shard: int = 0) -> dg.AssetCheckKey:
+    return dg.AssetCheckKey(spend_shard(shard).site_key, SUM_CHECK)
+
+
 def sum_check_evaluations(
-    con, account_days, failing: Collection[str] = ()
+    con, account_days, failing: Collection[str] = (), shard_of: Mapping[str, int] | None = None
 ) -> list[dg.AssetCheckEvaluation]:
     """`equals_sum_of_ad_spend` for the account-days a wave records.
 
@@ -31,7 +35,8 @@ def sum_check_evaluations(
     it half as dear again), so one is kept only where it says something: each
     day that fails, each day whose last evaluation failed (`failing`, so it turns
     green again), and each account's newest recorded day, which shows the waves
-    are checked.
+    are checked. Each evaluation goes to the check of the account's shard
+    (`shard_of`; shard 0 when absent).
     """
     days_by_account: dict[str, list[date]] = {}
     for account, day in account_days:
@@ -42,12 +47,13 @@ def sum_check_evaluations(
         for mismatch in site_spend_mismatches(con, account, days):
             found.setdefault(mismatch[2], []).append(mismatch)
         newest = max(days)
+        site_key = spend_shard((shard_of or {}).get(account, 0)).site_key
         for day in days:
             partition = spend_partition_key(account, day)
             if day in found or day == newest or partition in failing:
                 evaluations.append(
                     dg.AssetCheckEvaluation(
-                        asset_key=SITE_SPEND_DAILY,
+                        asset_key=site_key,
                         check_name=SUM_CHECK,
                         passed=day not in found,
                         partition=partition,
@@ -57,23 +63,27 @@ def sum_check_evaluations(
     return evaluations
 
 
-def failing_sum_check_partitions(instance: dg.DagsterInstance, partitions) -> set[str]:
-    """Of `partitions`, those whose latest `equals_sum_of_ad_spend` evaluation failed.
+def failing_sum_check_partitions(
+    instance: dg.DagsterInstance, partitions, shard: int = 0
+) -> set[str]:
+    """Of `partitions`, those whose latest `equals_sum_of_ad_spend` evaluation failed
+    (the check of `shard`'s site spend asset).
 
     One query for the check's recent failures; only a partition among them is
     then asked for its latest evaluation (failures are rare, waves are not).
     """
     storage = instance.event_log_storage
+    check_key = sum_check_key(shard)
     recently_failed = {
         record.partition
         for record in storage.get_asset_check_execution_history(
-            SUM_CHECK_KEY, limit=FAILURES_LOOKED_AT, status={AssetCheckExecutionRecordStatus.FAILED}
+            check_key, limit=FAILURES_LOOKED_AT, status={AssetCheckExecutionRecordStatus.FAILED}
         )
     }
     failing = set()
     for partition in recently_failed.intersection(partitions):
         latest = storage.get_asset_check_execution_history(
-            SUM_CHECK_KEY, limit=1, partition_filter=PartitionKeyFilter(key=partition)
+            check_key, limit=1, partition_filter=PartitionKeyFilter(key=partition)
         )
         if latest and latest[0].status == AssetCheckExecutionRecordStatus.FAILED:
             failing.add(partition)
@@ -89,24 +99,37 @@ def _mismatch_metadata(mismatches: list) -> dict:
     }
 
 
-@dg.asset_check(
-    asset=SITE_SPEND_DAILY,
-    name=SUM_CHECK,
-    description="site_spend_daily equals the sums of ad_spend_daily over the site's links.",
-    partitions_def=spend_partitions,
-)
-def site_spend_equals_ad_sums(
-    context: dg.AssetCheckExecutionContext, rastro: RastroResource
-) -> dg.AssetCheckResult:
-    keys = context.partition_keys if context.has_partition_key_range else [context.partition_key]
-    mismatches = []
-    with rastro.warehouse().connect(read_only=True) as con:
-        for key in keys:
-            dims = key.keys_by_dimension
-            mismatches += site_spend_mismatches(
-                con, dims["account"], [date.fromisoformat(dims["date"])]
-            )
-    return dg.AssetCheckResult(passed=not mismatches, metadata=_mismatch_metadata(mismatches))
+def build_sum_check(shard: int) -> dg.AssetChecksDefinition:
+    spend = spend_shard(shard)
+
+    @dg.asset_check(
+        asset=spend.site_key,
+        name=SUM_CHECK,
+        description=(
+            f"{spend.site_key.to_user_string()} equals the sums of "
+            f"{spend.ad_key.to_user_string()} over the site's links."
+        ),
+        partitions_def=spend.partitions,
+    )
+    def site_spend_equals_ad_sums(
+        context: dg.AssetCheckExecutionContext, rastro: RastroResource
+    ) -> dg.AssetCheckResult:
+        keys = (
+            context.partition_keys if context.has_partition_key_range else [context.partition_key]
+        )
+        mismatches = []
+        with rastro.warehouse().connect(read_only=True) as con:
+            for key in keys:
+                dims = key.keys_by_dimension
+                mismatches += site_spend_mismatches(
+                    con, dims["account"], [date.fromisoformat(dims["date"])]
+                )
+        return dg.AssetCheckResult(passed=not mismatches, metadata=_mismatch_metadata(mismatches))
+
+    return site_spend_equals_ad_sums
+
+
+site_spend_equals_ad_sums = build_sum_check(0)
 
 
 ACCOUNTS_FRESH = "accounts_fresh"
@@ -133,8 +156,12 @@ HEALTH_SCHEMA = dg.TableSchema(
 _STATE_RANK = {"paused": 0, "error": 1, "backfilling": 2, "live": 3}
 
 
-def freshness_evaluation(accounts: list[PlannedAccount], now) -> dg.AssetCheckEvaluation:
+def freshness_evaluation(
+    accounts: list[PlannedAccount], now, shard: int = 0
+) -> dg.AssetCheckEvaluation:
     """Which accounts' today is older than the freshness limit, with every account's health.
+
+    The evaluation belongs to `shard`'s check; `accounts` are that shard's.
 
     A paused account (its token is dead) syncs nothing until someone connects a
     new token, so it is an ERROR; stale accounts that retry on their own, a WARN.
@@ -146,7 +173,7 @@ def freshness_evaluation(accounts: list[PlannedAccount], now) -> dg.AssetCheckEv
     paused = [row["ad_account_id"] for row in rows if row["state"] == "paused"]
     shown = rows[:MAX_HEALTH_ROWS]
     return dg.AssetCheckEvaluation(
-        asset_key=AD_SPEND_DAILY,
+        asset_key=spend_shard(shard).ad_key,
         check_name=ACCOUNTS_FRESH,
         passed=not stale and not paused,
         severity=dg.AssetCheckSeverity.ERROR if paused else dg.AssetCheckSeverity.WARN,
@@ -188,17 +215,27 @@ def _instant(value) -> str:
     return value.astimezone(UTC).isoformat(timespec="minutes") if value else ""
 
 
-@dg.asset_check(
-    asset=AD_SPEND_DAILY,
-    name=ACCOUNTS_FRESH,
-    description="Every linked account's local today was read within the last 50 minutes "
-    "(an idle account's, read live every 3 hours, within 3 h 5 min). The cadence sensor "
-    "re-evaluates it whenever the set of stale accounts changes.",
-)
-def accounts_fresh(rastro: RastroResource) -> dg.AssetCheckResult:
-    with rastro.warehouse().connect() as con:
-        accounts = planned_accounts(con)
-    evaluation = freshness_evaluation(accounts, rastro.clock()())
-    return dg.AssetCheckResult(
-        passed=evaluation.passed, severity=evaluation.severity, metadata=evaluation.metadata
+def build_freshness_check(shard: int, shard_count: int) -> dg.AssetChecksDefinition:
+    which = "" if shard_count == 1 else f" of shard {shard}"
+
+    @dg.asset_check(
+        asset=spend_shard(shard).ad_key,
+        name=ACCOUNTS_FRESH,
+        description=f"Every linked account{which}'s local today was read within the last 50 "
+        "minutes (an idle account's, read live every 3 hours, within 3 h 5 min). The cadence "
+        "sensor re-evaluates it whenever the set of stale accounts changes.",
     )
+    def accounts_fresh(rastro: RastroResource) -> dg.AssetCheckResult:
+        with rastro.warehouse().connect() as con:
+            accounts = planned_accounts(con)
+        if shard_count > 1:
+            accounts = [account for account in accounts if account.shard == shard]
+        evaluation = freshness_evaluation(accounts, rastro.clock()(), shard)
+        return dg.AssetCheckResult(
+            passed=evaluation.passed, severity=evaluation.severity, metadata=evaluation.metadata
+        )
+
+    return accounts_fresh
+
+
+accounts_fresh = build_freshness_check(0, SHARD_COUNT)

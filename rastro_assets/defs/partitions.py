@@ -32,21 +32,41 @@ from datetime import date
 
 import dagster as dg
 
+from rastro_assets import shards
 from rastro_assets.accounts import normalize_account_id
-from rastro_assets.settings import PARTITIONS_START
+from rastro_assets.settings import ACCOUNT_SHARDS, PARTITIONS_START
 
-ACCOUNT_PARTITIONS_NAME = "meta_ad_account"
+ACCOUNT_PARTITIONS_NAME = shards.accounts_name(0)
 AXIS_START = PARTITIONS_START
 FIRST_DATE = AXIS_START.isoformat()
 META_INSIGHTS_MONTHS = 37
+SHARD_COUNT = ACCOUNT_SHARDS
 
-account_partitions = dg.DynamicPartitionsDefinition(name=ACCOUNT_PARTITIONS_NAME)
 date_partitions = dg.DailyPartitionsDefinition(
     start_date=FIRST_DATE, timezone="Etc/GMT-14", end_offset=1
 )
-spend_partitions = dg.MultiPartitionsDefinition(
-    {"account": account_partitions, "date": date_partitions}
-)
+
+
+def shard_account_partitions(shard: int) -> dg.DynamicPartitionsDefinition:
+    return dg.DynamicPartitionsDefinition(name=shards.accounts_name(shard))
+
+
+def shard_spend_partitions(shard: int) -> dg.MultiPartitionsDefinition:
+    return dg.MultiPartitionsDefinition(
+        {"account": shard_account_partitions(shard), "date": date_partitions}
+    )
+
+
+account_partitions = shard_account_partitions(0)
+spend_partitions = shard_spend_partitions(0)
+
+# The catalog is one asset over every account (a key per account, cheap at any size).
+# With one shard that is the shard's own `meta_ad_account`; with several, a set of its
+# own that holds every linked account, so no shard's cache is rebuilt by another's link.
+
+
+def all_accounts_partitions_name(shard_count: int) -> str:
+    return ACCOUNT_PARTITIONS_NAME if shard_count == 1 else f"{ACCOUNT_PARTITIONS_NAME}_all"
 
 
 def spend_partition_key(ad_account_id: str, day: date) -> dg.MultiPartitionKey:

@@ -19,6 +19,7 @@ from datetime import date, datetime
 
 import dagster as dg
 
+from rastro_assets import shards
 from rastro_assets.defs.checks import freshness_evaluation
 from rastro_assets.defs.dagster_private import (
     AssetGraphSubset,
@@ -28,16 +29,17 @@ from rastro_assets.defs.dagster_private import (
 )
 from rastro_assets.defs.partitions import (
     ACCOUNT_PARTITIONS_NAME,
+    SHARD_COUNT,
+    all_accounts_partitions_name,
     reach_start,
     spend_partition_key,
-    spend_partitions,
 )
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend_assets import (
     ACCOUNT_TAG,
     AD_SPEND_DAILY,
-    SITE_SPEND_DAILY,
     SYNC_KIND_TAG,
+    spend_shard,
 )
 from rastro_assets.defs.wave import (
     DEFAULT_MAX_RUNTIME_SECONDS,
@@ -112,15 +114,27 @@ def _run_account(tags) -> str | None:
     return tags.get(ACCOUNT_DIMENSION_TAG) or tags.get(ACCOUNT_TAG)
 
 
+def is_ad_spend_key(asset_key: dg.AssetKey) -> bool:
+    """`ad_spend_daily` of any shard."""
+    name = asset_key.to_user_string()
+    return name == AD_SPEND_DAILY.to_user_string() or name.startswith(
+        shards.ad_spend_name(0) + "_shard_"
+    )
+
+
 def backfill_accounts(backfill: PartitionBackfill) -> set[str]:
-    """The accounts whose spend partitions the backfill targets."""
+    """The accounts whose spend partitions (in any shard) the backfill targets."""
     data = backfill.asset_backfill_data
     target = data.target_subset if data else None
-    if target is None or AD_SPEND_DAILY not in target.asset_keys:
+    spend_keys = [key for key in target.asset_keys if is_ad_spend_key(key)] if target else []
+    if not spend_keys:
         account = backfill.tags.get(ACCOUNT_TAG)
         return {account} if account else set()
-    keys = target.get_partitions_subset(AD_SPEND_DAILY).get_partition_keys()
-    return {str(key).split("|", 1)[0] for key in keys}
+    return {
+        str(key).split("|", 1)[0]
+        for asset_key in spend_keys
+        for key in target.get_partitions_subset(asset_key).get_partition_keys()
+    }
 
 
 @dataclass(frozen=True)
@@ -174,25 +188,28 @@ def shared_backfills(fills: Sequence[Fill]) -> list[list[Fill]]:
     return groups
 
 
-def backfill_request(fills: Sequence[Fill]) -> dg.RunRequest:
-    """One partition backfill of both spend assets over the fills' days.
+def backfill_request(fills: Sequence[Fill], shard: int = 0) -> dg.RunRequest:
+    """One partition backfill of `shard`'s spend pair over the fills' days.
 
-    Every run of a backfill carries the backfill's tags, so the `meta_account`
-    tag names the group: its limit of one run at a time (`dagster.yaml`) keeps
-    an account's 30-day runs from running together, where the spend writer
-    would refuse the older run's writes (`RUN_TIMEOUT: ... holds the account`).
+    Every run of a backfill carries the backfill's tags; the run queue
+    (`run_queue.AccountRunCoordinator`) then sets each range run's `meta_account`
+    tag to the one account its range covers, so its limit of one run at a time
+    (`dagster.yaml`) keeps an account's 30-day runs from running together, where
+    the spend writer would refuse the older run's writes (`RUN_TIMEOUT: ... holds
+    the account`), while the group's other accounts run beside it.
     """
+    spend = spend_shard(shard)
     keys = [
         spend_partition_key(fill.ad_account_id, day)
         for fill in fills
         for day in days_between(fill.since, fill.until)
     ]
-    subset = spend_partitions.empty_subset().with_partition_keys(keys)
+    subset = spend.partitions.empty_subset().with_partition_keys(keys)
     accounts = sorted(fill.ad_account_id for fill in fills)
     group = accounts[0] if len(accounts) == 1 else f"{accounts[0]} and {len(accounts) - 1} more"
     return dg.RunRequest.for_asset_graph_subset(
         AssetGraphSubset(
-            partitions_subsets_by_asset_key={AD_SPEND_DAILY: subset, SITE_SPEND_DAILY: subset}
+            partitions_subsets_by_asset_key={spend.ad_key: subset, spend.site_key: subset}
         ),
         tags={
             ACCOUNT_TAG: group,
@@ -203,42 +220,81 @@ def backfill_request(fills: Sequence[Fill]) -> dg.RunRequest:
 
 
 def _partition_changes(
-    existing: Iterable[str], linked: Iterable[str]
+    existing: Iterable[str], linked: Iterable[str], name: str = ACCOUNT_PARTITIONS_NAME
 ) -> list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest]:
     existing, linked = set(existing), set(linked)
     changes: list = []
     if linked - existing:
-        changes.append(
-            dg.AddDynamicPartitionsRequest(ACCOUNT_PARTITIONS_NAME, sorted(linked - existing))
-        )
+        changes.append(dg.AddDynamicPartitionsRequest(name, sorted(linked - existing)))
     if existing - linked:
-        changes.append(
-            dg.DeleteDynamicPartitionsRequest(ACCOUNT_PARTITIONS_NAME, sorted(existing - linked))
+        changes.append(dg.DeleteDynamicPartitionsRequest(name, sorted(existing - linked)))
+    return changes
+
+
+def shard_partition_changes(
+    instance: dg.DagsterInstance, accounts: Sequence[PlannedAccount], shard_count: int
+) -> list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest]:
+    """Each shard's account partitions equal to its linked accounts, and, with several
+    shards, the catalog's set equal to every linked account of a configured shard."""
+    placed = [account for account in accounts if account.shard < shard_count]
+    changes: list = []
+    for shard in range(shard_count):
+        name = shards.accounts_name(shard)
+        changes += _partition_changes(
+            instance.get_dynamic_partitions(name),
+            [account.state.ad_account_id for account in placed if account.shard == shard],
+            name,
+        )
+    if shard_count > 1:
+        name = all_accounts_partitions_name(shard_count)
+        changes += _partition_changes(
+            instance.get_dynamic_partitions(name),
+            [account.state.ad_account_id for account in placed],
+            name,
         )
     return changes
 
 
-@dg.sensor(
-    name="meta_accounts",
-    minimum_interval_seconds=ACCOUNTS_SENSOR_SECONDS,
-    asset_selection=[AD_SPEND_DAILY, SITE_SPEND_DAILY],
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Keeps meta_ad_account partitions equal to the linked accounts and starts "
-    "the owed backfills and gap fills of a tick as one partition backfill.",
-)
-def meta_accounts_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
+def build_meta_accounts_sensor(shard_count: int) -> dg.SensorDefinition:
+    """`meta_accounts` over the spend pairs of `shard_count` shards."""
+    selection = [key for shard in range(shard_count) for key in spend_shard(shard).keys]
+    which = "meta_ad_account" if shard_count == 1 else "each shard's meta_ad_account"
+
+    @dg.sensor(
+        name="meta_accounts",
+        minimum_interval_seconds=ACCOUNTS_SENSOR_SECONDS,
+        asset_selection=selection,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Keeps {which} partitions equal to the linked accounts and starts "
+        "the owed backfills and gap fills of a tick as one partition backfill"
+        + ("." if shard_count == 1 else " per shard."),
+    )
+    def meta_accounts_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
+        return _meta_accounts_tick(context, rastro, shard_count)
+
+    return meta_accounts_sensor
+
+
+def _meta_accounts_tick(
+    context: dg.SensorEvaluationContext, rastro: RastroResource, shard_count: int
+):
     try:
         accounts = load_accounts(rastro)
     except WarehouseLocked as exc:
         return dg.SkipReason(f"the warehouse is busy: {exc}")
     now = rastro.clock()()
-    changes = _partition_changes(
-        context.instance.get_dynamic_partitions(ACCOUNT_PARTITIONS_NAME),
-        [account.state.ad_account_id for account in accounts],
-    )
+    changes = shard_partition_changes(context.instance, accounts, shard_count)
     busy, _ = busy_accounts(context.instance)
     fills, waiting = [], []
+    shard_of = {account.state.ad_account_id: account.shard for account in accounts}
     for account in accounts:
+        if account.shard >= shard_count:
+            # Never moved silently: the operator lowered the count below this shard.
+            waiting.append(
+                f"{account.state.ad_account_id}: its shard {account.shard} is not among the"
+                f" {shard_count} of {shards.SHARDS_SETTING}; raise it again"
+            )
+            continue
         plan = cadence.plan(account.state, now)
         if plan.kind not in BACKFILL_KINDS:
             continue
@@ -254,27 +310,45 @@ def meta_accounts_sensor(context: dg.SensorEvaluationContext, rastro: RastroReso
         else:
             fills.append(fill)
     requests = []
-    for group in shared_backfills(fills):
-        requests.append(backfill_request(group))
-        context.log.info(
-            f"one {group[0].kind} backfill of {len(group)} accounts: "
-            + ", ".join(f"{fill.ad_account_id} {fill.since}..{fill.until}" for fill in group)
-        )
+    for shard in sorted({shard_of[fill.ad_account_id] for fill in fills}):
+        in_shard = [fill for fill in fills if shard_of[fill.ad_account_id] == shard]
+        for group in shared_backfills(in_shard):
+            requests.append(backfill_request(group, shard))
+            context.log.info(
+                f"one {group[0].kind} backfill of {len(group)} accounts"
+                + (f" in shard {shard}" if shard_count > 1 else "")
+                + ": "
+                + ", ".join(f"{fill.ad_account_id} {fill.since}..{fill.until}" for fill in group)
+            )
     if not requests and not changes:
         return dg.SkipReason("; ".join(waiting) or "no backfill owed and partitions up to date")
     return dg.SensorResult(run_requests=requests, dynamic_partitions_requests=changes)
 
 
-@dg.sensor(
-    name="meta_cadence",
-    minimum_interval_seconds=CADENCE_SENSOR_SECONDS,
-    job=sync_wave_job,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Every tick, asks the planner about every account and starts one wave run "
-    "for all live (45 min), daily (04:00 local, 7 days + catalog) and weekly (28 days) "
-    "syncs that are due.",
-)
-def meta_cadence_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
+meta_accounts_sensor = build_meta_accounts_sensor(SHARD_COUNT)
+
+
+def build_meta_cadence_sensor(shard_count: int) -> dg.SensorDefinition:
+    """`meta_cadence`; its freshness evaluations go to each of `shard_count` shards' check."""
+
+    @dg.sensor(
+        name="meta_cadence",
+        minimum_interval_seconds=CADENCE_SENSOR_SECONDS,
+        job=sync_wave_job,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Every tick, asks the planner about every account and starts one wave run "
+        "for all live (45 min), daily (04:00 local, 7 days + catalog) and weekly (28 days) "
+        "syncs that are due.",
+    )
+    def meta_cadence_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
+        return _meta_cadence_tick(context, rastro, shard_count)
+
+    return meta_cadence_sensor
+
+
+def _meta_cadence_tick(
+    context: dg.SensorEvaluationContext, rastro: RastroResource, shard_count: int
+):
     busy, wave_in_flight = busy_accounts(context.instance)
     if wave_in_flight:
         return dg.SkipReason("the previous wave is still running")
@@ -286,7 +360,11 @@ def meta_cadence_sensor(context: dg.SensorEvaluationContext, rastro: RastroResou
     due, skipped = [], {}
     for account in accounts:
         plan = cadence.plan(account.state, now)
-        if plan.kind not in WAVE_KINDS:
+        if account.shard >= shard_count:
+            skipped["outside the configured shards"] = (
+                skipped.get("outside the configured shards", 0) + 1
+            )
+        elif plan.kind not in WAVE_KINDS:
             skipped[plan.kind] = skipped.get(plan.kind, 0) + 1
         elif plan.ad_account_id in busy:
             skipped["busy"] = skipped.get("busy", 0) + 1
@@ -294,7 +372,7 @@ def meta_cadence_sensor(context: dg.SensorEvaluationContext, rastro: RastroResou
             due.append(plan)
         else:
             skipped["not due"] = skipped.get("not due", 0) + 1
-    freshness_events, cursor = _freshness_change(context.cursor, accounts, now)
+    freshness_events, cursor = _freshness_change(context.cursor, accounts, now, shard_count)
     if not due:
         summary = ", ".join(f"{count} {why}" for why, count in sorted(skipped.items()))
         return dg.SensorResult(
@@ -307,14 +385,29 @@ def meta_cadence_sensor(context: dg.SensorEvaluationContext, rastro: RastroResou
     )
 
 
-def _freshness_change(cursor: str | None, accounts: list[PlannedAccount], now):
-    """A freshness check evaluation when the set of stale accounts changed since the cursor."""
-    stale = ",".join(
-        account.state.ad_account_id for account in accounts if cadence.is_stale(account.state, now)
-    )
-    if cursor is not None and cursor == stale:
-        return [], cursor
-    return [freshness_evaluation(accounts, now)], stale
+def _freshness_change(
+    cursor: str | None, accounts: list[PlannedAccount], now, shard_count: int = 1
+):
+    """A freshness check evaluation for each shard whose set of stale accounts changed
+    since the cursor (one line of stale accounts per shard)."""
+    if shard_count == 1:
+        by_shard = [accounts]
+    else:
+        by_shard = [[a for a in accounts if a.shard == shard] for shard in range(shard_count)]
+    lines = [
+        ",".join(a.state.ad_account_id for a in members if cadence.is_stale(a.state, now))
+        for members in by_shard
+    ]
+    before = cursor.split("\n") if cursor is not None else []
+    events = [
+        freshness_evaluation(members, now, shard)
+        for shard, members in enumerate(by_shard)
+        if len(before) != len(lines) or before[shard] != lines[shard]
+    ]
+    return events, "\n".join(lines)
+
+
+meta_cadence_sensor = build_meta_cadence_sensor(SHARD_COUNT)
 
 
 def wave_request(due: list[cadence.Plan], now) -> dg.RunRequest:

@@ -8,12 +8,21 @@ other asset's partitions as materialized too.
 """
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import date
+from functools import cache
 
 import dagster as dg
 
+from rastro_assets import shards
 from rastro_assets.defs.metadata import day_metadata, run_summary, table_metadata
-from rastro_assets.defs.partitions import account_date_ranges, spend_partition_key, spend_partitions
+from rastro_assets.defs.partitions import (
+    SHARD_COUNT,
+    account_date_ranges,
+    shard_spend_partitions,
+    spend_partition_key,
+    spend_partitions,
+)
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.outcomes import FILL_KINDS
@@ -29,77 +38,132 @@ ACCOUNT_TAG = "meta_account"
 BACKFILL_ID_TAG = "dagster/backfill"
 MAX_DAYS_PER_RUN = 30
 
-AD_SPEND_DAILY = dg.AssetKey("ad_spend_daily")
-SITE_SPEND_DAILY = dg.AssetKey("site_spend_daily")
+AD_SPEND_DAILY = dg.AssetKey(shards.ad_spend_name(0))
+SITE_SPEND_DAILY = dg.AssetKey(shards.site_spend_name(0))
 
-ad_spend_spec = dg.AssetSpec(
-    AD_SPEND_DAILY,
-    description=(
-        "Spend, impressions, clicks and messaging conversations per ad and account-local day, "
-        "exactly as Meta reports them (spend in the account currency, DECIMAL(18,4)). "
-        "A materialized partition equals Meta's answer for that account-day: ad-days Meta no "
-        "longer returns are deleted after a complete read, never after a partial one."
-    ),
-    kinds={"meta", "duckdb"},
-    group_name=GROUP,
-    owners=OWNERS,
-    tags={"domain": "marketing"},
-    metadata=table_metadata("ad_spend_daily"),
-)
-site_spend_spec = dg.AssetSpec(
-    SITE_SPEND_DAILY,
-    description=(
-        "Per site, ad account and local day: the exact sums of ad_spend_daily over the site's "
-        "linked accounts. Written in the same transaction as the ad rows."
-    ),
-    deps=[AD_SPEND_DAILY],
-    kinds={"meta", "duckdb"},
-    group_name=GROUP,
-    owners=OWNERS,
-    tags={"domain": "marketing"},
-    metadata=table_metadata("site_spend_daily"),
-)
+
+@dataclass(frozen=True)
+class SpendShard:
+    """One shard of the account axis: its spend pair and the accounts' dynamic partitions."""
+
+    index: int
+    ad_key: dg.AssetKey
+    site_key: dg.AssetKey
+    accounts_name: str
+    partitions: dg.MultiPartitionsDefinition
+
+    @property
+    def keys(self) -> tuple[dg.AssetKey, dg.AssetKey]:
+        return (self.ad_key, self.site_key)
+
+
+@cache
+def spend_shard(index: int) -> SpendShard:
+    return SpendShard(
+        index=index,
+        ad_key=dg.AssetKey(shards.ad_spend_name(index)),
+        site_key=dg.AssetKey(shards.site_spend_name(index)),
+        accounts_name=shards.accounts_name(index),
+        partitions=spend_partitions if index == 0 else shard_spend_partitions(index),
+    )
+
+
+def _holds(shard: SpendShard, shard_count: int) -> str:
+    if shard_count == 1:
+        return ""
+    return (
+        f" Shard {shard.index} of {shard_count}: holds the accounts of its "
+        f"`{shard.accounts_name}` partitions, listed by `rastro status` (SHARD column; "
+        "`spend_asset` in `--json`)."
+    )
+
+
+def spend_specs(shard: SpendShard, shard_count: int) -> list[dg.AssetSpec]:
+    group = GROUP if shard.index == 0 else f"{GROUP}{shards.suffix(shard.index)}"
+    metadata = {} if shard_count == 1 else {"rastro/shard": shard.index}
+    ad_spec = dg.AssetSpec(
+        shard.ad_key,
+        description=(
+            "Spend, impressions, clicks and messaging conversations per ad and account-local "
+            "day, exactly as Meta reports them (spend in the account currency, DECIMAL(18,4)). "
+            "A materialized partition equals Meta's answer for that account-day: ad-days Meta "
+            "no longer returns are deleted after a complete read, never after a partial one."
+            + _holds(shard, shard_count)
+        ),
+        kinds={"meta", "duckdb"},
+        group_name=group,
+        owners=OWNERS,
+        tags={"domain": "marketing"},
+        metadata={**table_metadata("ad_spend_daily"), **metadata},
+    )
+    site_spec = dg.AssetSpec(
+        shard.site_key,
+        description=(
+            "Per site, ad account and local day: the exact sums of ad_spend_daily over the "
+            "site's linked accounts. Written in the same transaction as the ad rows."
+            + _holds(shard, shard_count)
+        ),
+        deps=[shard.ad_key],
+        kinds={"meta", "duckdb"},
+        group_name=group,
+        owners=OWNERS,
+        tags={"domain": "marketing"},
+        metadata={**table_metadata("site_spend_daily"), **metadata},
+    )
+    return [ad_spec, site_spec]
 
 
 SPEND_ASSETS = (AD_SPEND_DAILY, SITE_SPEND_DAILY)
 
 
 def materializations(
-    outcome: SyncOutcome, days: Iterable[date] | None = None
+    outcome: SyncOutcome, days: Iterable[date] | None = None, shard: int = 0
 ) -> Iterator[dg.AssetMaterialization]:
-    """Materializations for the account-days this sync replaced completely (or `days`)."""
+    """Materializations for the account-days this sync replaced completely (or `days`),
+    in the spend pair of the account's `shard`."""
+    ad_key, site_key = spend_shard(shard).keys
     for day in outcome.complete_days if days is None else days:
         key = spend_partition_key(outcome.request.ad_account_id, day)
-        for asset_key in SPEND_ASSETS:
+        for asset_key in (ad_key, site_key):
             yield dg.AssetMaterialization(
                 asset_key=asset_key,
                 partition=key,
-                metadata=day_metadata(outcome, day, row_count=asset_key == AD_SPEND_DAILY),
+                metadata=day_metadata(outcome, day, row_count=asset_key == ad_key),
             )
 
 
-@dg.multi_asset(
-    name="meta_spend",
-    specs=[ad_spend_spec, site_spend_spec],
-    partitions_def=spend_partitions,
-    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_DAYS_PER_RUN),
-    pool="meta_api",
-    can_subset=True,
-)
-def meta_spend(context: dg.AssetExecutionContext, rastro: RastroResource):
-    """Reads Meta for the run's account-days and replaces them in the warehouse."""
-    try:
-        outcomes = _sync_partitions(context, rastro)
-    except BaseException:
-        # A failed range may follow ranges that were written: they are published all the same.
+def build_meta_spend(index: int, shard_count: int) -> dg.AssetsDefinition:
+    """The spend multi-asset of one shard: `meta_spend` for shard 0, `meta_spend_shard_k`."""
+    shard = spend_shard(index)
+
+    @dg.multi_asset(
+        name=f"meta_spend{shards.suffix(index)}",
+        specs=spend_specs(shard, shard_count),
+        partitions_def=shard.partitions,
+        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_DAYS_PER_RUN),
+        pool="meta_api",
+        can_subset=True,
+    )
+    def meta_spend(context: dg.AssetExecutionContext, rastro: RastroResource):
+        """Reads Meta for the run's account-days and replaces them in the warehouse."""
+        try:
+            outcomes = _sync_partitions(context, rastro, shard)
+        except BaseException:
+            # A failed range may follow ranges that were written: they are published all the
+            # same.
+            publish_after_writes(context, rastro)
+            raise
+        yield from _record(context, outcomes, shard)
         publish_after_writes(context, rastro)
-        raise
-    yield from _record(context, outcomes)
-    publish_after_writes(context, rastro)
+
+    return meta_spend
+
+
+meta_spend = build_meta_spend(0, SHARD_COUNT)
 
 
 def _record(
-    context: dg.AssetExecutionContext, outcomes: list[SyncOutcome]
+    context: dg.AssetExecutionContext, outcomes: list[SyncOutcome], shard: SpendShard
 ) -> Iterator[dg.MaterializeResult]:
     """Each partition's own figures, and the run's summary once: on its last event.
 
@@ -113,11 +177,11 @@ def _record(
         for day in days_between(outcome.request.since, outcome.request.until)
     }
     keys = [key for key in context.partition_keys if key in by_key]
-    selected = [asset_key for asset_key in SPEND_ASSETS if asset_key in context.selected_asset_keys]
-    for asset_key in SPEND_ASSETS:
+    selected = [asset_key for asset_key in shard.keys if asset_key in context.selected_asset_keys]
+    for asset_key in shard.keys:
         for key in keys:
             outcome, day = by_key[key]
-            metadata = day_metadata(outcome, day, row_count=asset_key == AD_SPEND_DAILY)
+            metadata = day_metadata(outcome, day, row_count=asset_key == shard.ad_key)
             if asset_key not in selected:
                 context.log_event(
                     dg.AssetMaterialization(asset_key=asset_key, partition=key, metadata=metadata)
@@ -131,7 +195,7 @@ def _record(
 
 
 def _sync_partitions(
-    context: dg.AssetExecutionContext, rastro: RastroResource
+    context: dg.AssetExecutionContext, rastro: RastroResource, shard: SpendShard
 ) -> list[SyncOutcome]:
     syncer = rastro.syncer()
     kind = context.run.tags.get(SYNC_KIND_TAG, "manual")
@@ -143,7 +207,7 @@ def _sync_partitions(
             request = SyncRequest(account, since, until, kind=kind, run_id=context.run_id)
             context.log.info(
                 f"{account}: reading {since} .. {until} ({_days(since, until)} days)"
-                f"{_backfill_position(context, account, since)}"
+                f"{_backfill_position(context, shard, account, since)}"
             )
             try:
                 outcome = syncer.sync(request, synced_at=rastro.run_started_at(context))
@@ -151,7 +215,7 @@ def _sync_partitions(
                 raise dg.Failure(description=str(exc)) from None
             outcomes.append(outcome)
             if not outcome.ok:
-                for event in materializations(outcome):
+                for event in materializations(outcome, shard=shard.index):
                     context.log_event(event)
                 raise dg.Failure(
                     description=outcome.error,
@@ -187,7 +251,9 @@ def _wait_out_back_off(rastro: RastroResource, account: str) -> None:
         )
 
 
-def _backfill_position(context: dg.AssetExecutionContext, account: str, since: date) -> str:
+def _backfill_position(
+    context: dg.AssetExecutionContext, shard: SpendShard, account: str, since: date
+) -> str:
     """", block 2 of 3 of backfill <id>" when this run is one range of a partition backfill.
 
     A backfill's runs each see only their own range; an engineer watching a
@@ -197,10 +263,12 @@ def _backfill_position(context: dg.AssetExecutionContext, account: str, since: d
     backfill = context.instance.get_backfill(backfill_id) if backfill_id else None
     data = backfill.asset_backfill_data if backfill else None
     target = data.target_subset if data else None
-    if target is None or AD_SPEND_DAILY not in target.asset_keys:
+    if target is None or shard.ad_key not in target.asset_keys:
         return ""
-    keys = target.get_partitions_subset(AD_SPEND_DAILY).get_partition_keys()
-    ranges = account_date_ranges(spend_partitions.get_partition_key_from_str(key) for key in keys)
+    keys = target.get_partitions_subset(shard.ad_key).get_partition_keys()
+    ranges = account_date_ranges(
+        shard.partitions.get_partition_key_from_str(key) for key in keys
+    )
     days = [day for first, last in ranges.get(account, []) for day in days_between(first, last)]
     if since not in days:
         return ""

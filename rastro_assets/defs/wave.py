@@ -8,7 +8,7 @@ recorded as a materialization of its partition, so the partition grid and
 freshness stay true.
 """
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import date
 
 import dagster as dg
@@ -18,10 +18,11 @@ from rastro_assets.defs.checks import failing_sum_check_partitions, sum_check_ev
 from rastro_assets.defs.partitions import spend_partition_key
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, materializations
+from rastro_assets.defs.spend_assets import materializations, spend_shard
 from rastro_assets.planner import cadence
 from rastro_assets.sync.types import SyncOutcome, SyncRequest
 from rastro_assets.timekeeping import zone
+from rastro_assets.warehouse.registry import account_shards
 
 WAVE_TAG = "rastro/wave"
 # Accounts a wave syncs at once. A live sync mostly waits on Meta (0.3-2 s a request),
@@ -92,15 +93,25 @@ def empty_days(outcome: SyncOutcome) -> list[date]:
     ]
 
 
-def materialized_partitions(instance: dg.DagsterInstance, partitions) -> set[str]:
-    """Of `partitions`, those `ad_spend_daily` already has a materialization of (one query)."""
-    if not partitions:
-        return set()
-    return set(
-        instance.get_latest_storage_id_by_partition(
-            AD_SPEND_DAILY, dg.DagsterEventType.ASSET_MATERIALIZATION, partitions=set(partitions)
+def materialized_partitions(
+    instance: dg.DagsterInstance, partitions, shard_of: Mapping[str, int] | None = None
+) -> set[str]:
+    """Of `partitions`, those their account's shard's `ad_spend_daily` already has a
+    materialization of (one query a shard)."""
+    by_shard: dict[int, set[str]] = {}
+    for partition in partitions:
+        account = str(partition).split("|", 1)[0]
+        by_shard.setdefault((shard_of or {}).get(account, 0), set()).add(partition)
+    found: set[str] = set()
+    for shard, keys in sorted(by_shard.items()):
+        found.update(
+            instance.get_latest_storage_id_by_partition(
+                spend_shard(shard).ad_key,
+                dg.DagsterEventType.ASSET_MATERIALIZATION,
+                partitions=keys,
+            )
         )
-    )
+    return found
 
 
 def _first_wave_of_block(outcome: SyncOutcome) -> bool:
@@ -138,6 +149,10 @@ def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: Rastro
     # Each log line is an event the instance stores (~8 ms): accounts that
     # synced fine are summed up in one line and the run's metadata.
     outcomes = wave.outcomes
+    # Read when recording, not from the sensor's tick: a `rastro shard move` meanwhile
+    # must not leave this wave's days in the account's old shard.
+    with rastro.warehouse().connect(read_only=True) as con:
+        shard_of = account_shards(con, [item.ad_account_id for item in config.syncs])
     already_recorded = materialized_partitions(
         context.instance,
         [
@@ -146,13 +161,18 @@ def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: Rastro
             if outcome.request.kind == "live"
             for day in empty_days(outcome)
         ],
+        shard_of,
     )
     failed = recorded = rows_written = rows_deleted = 0
     checked = []
     for outcome in outcomes:
         days = days_worth_recording(outcome, already_recorded)
         checked += [(outcome.request.ad_account_id, day) for day in days]
-        for event in [*materializations(outcome, days), *catalog_materializations(outcome)]:
+        shard = shard_of.get(outcome.request.ad_account_id, 0)
+        for event in [
+            *materializations(outcome, days, shard),
+            *catalog_materializations(outcome),
+        ]:
             context.log_event(event)
             recorded += 1
         if outcome.catalog_error:
@@ -164,11 +184,19 @@ def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: Rastro
             failed += 1
             context.log.warning(f"{outcome.request.ad_account_id}: {outcome.error}")
     if checked:
-        failing = failing_sum_check_partitions(
-            context.instance, [spend_partition_key(account, day) for account, day in checked]
-        )
+        failing: set[str] = set()
+        for shard in sorted({shard_of.get(account, 0) for account, _ in checked}):
+            failing |= failing_sum_check_partitions(
+                context.instance,
+                [
+                    spend_partition_key(account, day)
+                    for account, day in checked
+                    if shard_of.get(account, 0) == shard
+                ],
+                shard,
+            )
         with rastro.warehouse().connect(read_only=True) as con:
-            for evaluation in sum_check_evaluations(con, checked, failing):
+            for evaluation in sum_check_evaluations(con, checked, failing, shard_of):
                 context.log_event(evaluation)
     context.log.info(
         f"{len(outcomes) - failed} of {len(requests)} accounts synced: {rows_written} rows "

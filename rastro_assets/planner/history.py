@@ -95,6 +95,8 @@ class PlannedAccount:
     state: AccountState
     sites: tuple[str, ...]
     connection_id: str
+    shard: int = 0
+    """The Dagster shard holding the account's spend partitions."""
 
 
 def planned_accounts(
@@ -112,10 +114,11 @@ def planned_accounts(
     query = """
         SELECT a.ad_account_id, a.timezone, a.created_at, a.sync_requested_at, a.connection_id,
                c.status, c.last_error, c.sealed_at,
-               list(l.site_id ORDER BY l.site_id) AS sites
+               list(l.site_id ORDER BY l.site_id) AS sites, coalesce(s.shard, 0) AS shard
         FROM meta_ad_accounts a
         JOIN site_ad_accounts l USING (ad_account_id)
         LEFT JOIN meta_connections c USING (connection_id)
+        LEFT JOIN ad_account_shards s USING (ad_account_id)
     """
     params: list[object] = []
     if ad_account_ids is not None:
@@ -143,6 +146,7 @@ def planned_accounts(
             ),
             sites=tuple(sites),
             connection_id=connection_id,
+            shard=int(shard or 0),
         )
         for (
             account,
@@ -154,6 +158,7 @@ def planned_accounts(
             last_error,
             sealed_at,
             sites,
+            shard,
         ) in rows
     ]
 

@@ -62,6 +62,7 @@ class LinkedAccount:
     sites: tuple[str, ...]
     connection_status: str | None
     connection_sealed_at: datetime | None
+    shard: int = 0
 
 
 def normalize_currency(raw: str) -> str:
@@ -233,10 +234,12 @@ def link_account(
     currency: str,
     now: datetime,
     name: str | None = None,
+    shards: int = 1,
 ) -> LinkResult:
     """Link a site to an ad account synced through `connection_id`.
 
-    The account is created on its first link. An account synced through
+    The account is created on its first link, in the least-filled of `shards`
+    shards; a linked account keeps its shard. An account synced through
     another connection is refused until every site has unlinked it. A new
     link to an account that already has spend gets its `site_spend_daily`
     rows in the same transaction.
@@ -258,6 +261,7 @@ def link_account(
         ).fetchone()
         linked_sites = _sites_linking(con, ad_account_id)
         if account is None or not linked_sites:
+            shard = least_filled_shard(con, shards)
             con.execute(
                 """
                 INSERT INTO meta_ad_accounts
@@ -269,6 +273,7 @@ def link_account(
                 """,
                 [ad_account_id, connection_id, timezone, currency, name, now],
             )
+            _store_shard(con, ad_account_id, shard)
         else:
             stored_connection, stored_timezone, stored_currency = account
             if stored_connection != connection_id:
@@ -295,6 +300,51 @@ def link_account(
         )
         rebuild_site_spend(con, ad_account_id, site_ids=[site_id])
     return LinkResult.LINKED
+
+
+def shard_counts(con: duckdb.DuckDBPyConnection) -> dict[int, int]:
+    """Linked accounts per shard (shards holding none are absent)."""
+    rows = con.execute(
+        "SELECT coalesce(s.shard, 0) AS shard, count(*) FROM meta_ad_accounts a"
+        " LEFT JOIN ad_account_shards s USING (ad_account_id)"
+        " WHERE a.ad_account_id IN (SELECT ad_account_id FROM site_ad_accounts) GROUP BY ALL"
+    ).fetchall()
+    return {int(shard): int(count) for shard, count in rows}
+
+
+def least_filled_shard(con: duckdb.DuckDBPyConnection, shards: int) -> int:
+    """The shard among the first `shards` holding fewest linked accounts, the lowest on a tie."""
+    counts = shard_counts(con)
+    return min(range(max(shards, 1)), key=lambda shard: (counts.get(shard, 0), shard))
+
+
+def account_shards(
+    con: duckdb.DuckDBPyConnection, ad_account_ids: Iterable[str] | None = None
+) -> dict[str, int]:
+    """The stored shard of each account (of those named, or of every account)."""
+    query = (
+        "SELECT a.ad_account_id, coalesce(s.shard, 0) FROM meta_ad_accounts a"
+        " LEFT JOIN ad_account_shards s USING (ad_account_id)"
+    )
+    params: list[object] = []
+    if ad_account_ids is not None:
+        query += " WHERE list_contains(?::VARCHAR[], a.ad_account_id)"
+        params.append(sorted(set(ad_account_ids)))
+    return {account: int(shard) for account, shard in con.execute(query, params).fetchall()}
+
+
+def set_account_shard(con: duckdb.DuckDBPyConnection, ad_account_id: str, shard: int) -> None:
+    """Store the account's new shard (`rastro shard move`, once Dagster holds its partitions)."""
+    with transaction(con):
+        _store_shard(con, ad_account_id, shard)
+
+
+def _store_shard(con: duckdb.DuckDBPyConnection, ad_account_id: str, shard: int) -> None:
+    con.execute(
+        "INSERT INTO ad_account_shards (ad_account_id, shard) VALUES (?, ?)"
+        " ON CONFLICT (ad_account_id) DO UPDATE SET shard = excluded.shard",
+        [ad_account_id, shard],
+    )
 
 
 def unlink_account(con: duckdb.DuckDBPyConnection, site_id: str, ad_account_id: str) -> bool:
@@ -325,6 +375,7 @@ def unlink_account(con: duckdb.DuckDBPyConnection, site_id: str, ad_account_id: 
             " (SELECT ad_id FROM ad_catalog WHERE ad_account_id = ?)",
             "DELETE FROM ad_catalog WHERE ad_account_id = ?",
             "DELETE FROM meta_sync_runs WHERE ad_account_id = ?",
+            "DELETE FROM ad_account_shards WHERE ad_account_id = ?",
             "DELETE FROM meta_ad_accounts WHERE ad_account_id = ?",
         ):
             con.execute(statement, [ad_account_id])
@@ -334,10 +385,11 @@ def unlink_account(con: duckdb.DuckDBPyConnection, site_id: str, ad_account_id: 
 _LINKED_ACCOUNTS = """
     SELECT a.ad_account_id, a.connection_id, a.timezone, a.currency, a.name, a.created_at,
            a.sync_requested_at, list(l.site_id ORDER BY l.site_id) AS sites,
-           c.status, c.sealed_at
+           c.status, c.sealed_at, coalesce(s.shard, 0) AS shard
     FROM meta_ad_accounts a
     JOIN site_ad_accounts l USING (ad_account_id)
     LEFT JOIN meta_connections c USING (connection_id)
+    LEFT JOIN ad_account_shards s USING (ad_account_id)
     WHERE CAST(? AS VARCHAR) IS NULL OR a.ad_account_id = ?
     GROUP BY ALL
     ORDER BY a.ad_account_id
@@ -391,4 +443,5 @@ def _linked_account(row: tuple) -> LinkedAccount:
         sites=tuple(row[7]),
         connection_status=row[8],
         connection_sealed_at=row[9],
+        shard=int(row[10] or 0),
     )

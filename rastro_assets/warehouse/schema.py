@@ -164,9 +164,24 @@ _V2 = (
     """,
 )
 
+_V3 = (
+    # The account's shard: which spend asset pair holds its partitions in Dagster. Set at
+    # link time and changed only by `rastro shard move`. A table of its own, not a column
+    # of `meta_ad_accounts`, whose columns analysts and scripts read with `SELECT *`; an
+    # account without a row (linked before shards existed) is in shard 0, the pair every
+    # install has.
+    """
+    CREATE TABLE IF NOT EXISTS ad_account_shards (
+        ad_account_id VARCHAR PRIMARY KEY,
+        shard INTEGER NOT NULL DEFAULT 0
+    )
+    """,
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "sites, connections, accounts, links, spend, catalog, thumbnails, runs", _V1),
     Migration(2, "analytics snapshot publish state", _V2),
+    Migration(3, "the Dagster shard of each ad account", _V3),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -1,0 +1,99 @@
+"""Shards of the account axis: names and sizes, shared by the Dagster definitions and the CLI.
+
+Dagster's cost of a partitioned asset follows the materialized keys of that one
+asset (its status cache is read, rebuilt after every link and rewritten after every
+materialization), so the spend pair exists once per shard and each shard holds about
+`FAST_SHARD_ACCOUNTS` accounts. Shard 0 keeps the names an install with one shard
+has always had; shard k >= 1 appends `_shard_k` to every name, so a glob such as
+`ad_spend_daily*` selects every shard and no key needs a path prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+SHARDS_SETTING = "RASTRO_ACCOUNT_SHARDS"
+MOVE_COMMAND = "rastro shard move"
+# Accounts whose spend one asset serves within about a second on the partitions page and
+# after a link (a year of history; /work/shared/dagster-scale.md: 0.36 s warm, 0.95 s after
+# a link at 100 accounts, 4.3 s and 8.2 s at 1,000).
+FAST_SHARD_ACCOUNTS = 100
+
+AD_SPEND = "ad_spend_daily"
+SITE_SPEND = "site_spend_daily"
+ACCOUNTS = "meta_ad_account"
+
+
+def suffix(shard: int) -> str:
+    return "" if shard == 0 else f"_shard_{shard}"
+
+
+def ad_spend_name(shard: int) -> str:
+    return AD_SPEND + suffix(shard)
+
+
+def site_spend_name(shard: int) -> str:
+    return SITE_SPEND + suffix(shard)
+
+
+def accounts_name(shard: int) -> str:
+    """The dynamic partitions holding the shard's accounts."""
+    return ACCOUNTS + suffix(shard)
+
+
+def least_filled(counts: Mapping[int, int], shards: int) -> int:
+    """The shard a new account goes to: the one holding fewest accounts, the lowest on a tie."""
+    return min(range(shards), key=lambda shard: (counts.get(shard, 0), shard))
+
+
+def crowded(counts: Mapping[int, int]) -> dict[int, int]:
+    """The shards holding more accounts than their pages serve fast."""
+    return {shard: n for shard, n in sorted(counts.items()) if n > FAST_SHARD_ACCOUNTS}
+
+
+def crowded_warning(counts: Mapping[int, int], shards: int) -> str | None:
+    """What to tell the operator when a shard is crowded, naming the setting and the command."""
+    full = crowded(counts)
+    if not full:
+        return None
+    which = ", ".join(f"{ad_spend_name(shard)} holds {n}" for shard, n in full.items())
+    total = sum(counts.values())
+    wanted = -(-total // FAST_SHARD_ACCOUNTS)
+    if wanted > shards:
+        advice = (
+            f"set {SHARDS_SETTING}={wanted} (now {shards}), restart the code location,"
+            f" then run `{MOVE_COMMAND}`"
+        )
+    else:
+        advice = f"{SHARDS_SETTING} is {shards}: run `{MOVE_COMMAND}` to spread them"
+    return (
+        f"{which} accounts, more than the {FAST_SHARD_ACCOUNTS} its Dagster pages serve fast;"
+        f" {advice}"
+    )
+
+
+def planned_moves(shard_of: Mapping[str, int], shard_count: int) -> dict[str, int]:
+    """Which accounts move, and where, so every shard holds at most its even share.
+
+    An account outside the configured shards always moves; otherwise only accounts
+    above their shard's share do (the newest ids of that shard), each to the
+    least-filled shard, so a second run moves nothing.
+    """
+    share = -(-len(shard_of) // shard_count) if shard_of else 0
+    counts = {shard: 0 for shard in range(shard_count)}
+    stay: dict[str, int] = {}
+    leaving: list[str] = []
+    for account in sorted(shard_of):
+        shard = shard_of[account]
+        if shard < shard_count and counts[shard] < share:
+            counts[shard] += 1
+            stay[account] = shard
+        else:
+            leaving.append(account)
+    moves = {}
+    for account in leaving:
+        target = least_filled(counts, shard_count)
+        counts[target] += 1
+        if target != shard_of[account]:
+            moves[account] = target
+    return moves
