@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 
 import duckdb
@@ -19,6 +21,7 @@ from rastro_assets.vault import ENV_VAR, Vault
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.cli.conftest import assert_usage_error
+from rastro_assets_tests.conftest import record_sync_run
 
 TOKEN = "EAAB0rastroTestToken0123456789abcdef"
 NEW_TOKEN = "EAAB0rastroNewToken9876543210fedcba"
@@ -253,6 +256,41 @@ def test_a_new_token_revives_a_paused_connection(rastro, env: Path, world, now):
     )
     assert (status, invalid_since) == ("active", None)
     assert Vault.from_env().open("c1", sealed) == NEW_TOKEN
+
+
+def test_status_forgets_the_dead_tokens_error_once_a_new_token_is_sealed(
+    rastro, env: Path, world, now
+):
+    """The sync that failed started before the new token; the next one uses the new token."""
+    rastro(*explicit_link("s1", "act_5", "c1", "UTC", "USD"))
+    failed_at = now - timedelta(minutes=10)
+    with Warehouse(env).connect() as con:
+        sealed_at = registry.get_connection(con, "c1").sealed_at
+        record_sync_run(
+            con,
+            "r1",
+            "act_5",
+            "live",
+            failed_at.date(),
+            failed_at.date(),
+            failed_at,
+            outcome="token",
+            error="META_TOKEN_INVALID: Session has expired",
+            token_sealed_at=sealed_at,
+        )
+        registry.mark_connection_invalid(
+            con,
+            "c1",
+            "META_TOKEN_INVALID: Session has expired",
+            failed_at,
+            token_sealed_at=sealed_at,
+        )
+    [paused] = json.loads(rastro("status", "--json")[1])
+    assert (paused["state"], paused["last_error"][:19]) == ("paused", "META_TOKEN_INVALID:")
+
+    assert rastro("connect", "c1", "--no-verify", stdin=NEW_TOKEN)[0] == 0
+    [resumed] = json.loads(rastro("status", "--json")[1])
+    assert (resumed["state"], resumed["last_error"]) == ("backfilling", None)
 
 
 @pytest.mark.parametrize(
