@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from datetime import timedelta
+from pathlib import Path
 
 from rastro_assets.defs.checks import failing_sum_check_partitions, sum_check_evaluations
 from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
@@ -172,3 +175,34 @@ def test_a_live_wave_records_an_empty_day_once_whatever_the_block(
     for later in (NOW + timedelta(hours=2), NOW + timedelta(hours=3)):  # 11:00, then a block
         fake_clock.set(later)
         assert spend_materializations(run_wave(instance, rastro_at(later), [live("act_101")])) == []
+
+
+class WalModes(list):
+    """Stands in for the fake world's request log: at each Meta request, the `.wal`'s mode."""
+
+    def __init__(self, wal: Path) -> None:
+        super().__init__()
+        self.wal = wal
+        self.modes: list[int | None] = []
+
+    def append(self, request) -> None:
+        super().append(request)
+        try:
+            self.modes.append(stat.S_IMODE(os.stat(self.wal).st_mode))
+        except FileNotFoundError:
+            self.modes.append(None)
+
+
+def test_the_wal_is_private_under_umask_000_while_a_wave_holds_the_file(
+    instance, rastro, duckdb_path, linked_world
+):
+    """The wave's run rows are written before its first Meta call: the `.wal` exists by then."""
+    observed = WalModes(Path(f"{duckdb_path}.wal"))
+    linked_world.requests = observed
+    previous = os.umask(0)
+    try:
+        result = run_wave(instance, rastro, [live("act_101"), live("act_202")])
+    finally:
+        os.umask(previous)
+    assert result.success
+    assert observed.modes and set(observed.modes) == {0o600}, observed.modes
