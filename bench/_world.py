@@ -6,7 +6,7 @@ benchmark's GIL, and it answers from pre-rendered pages:
 
 - every ad of the account delivers every day (the bench process sets the fake's
   `DELIVERY_SHARE` to 1 and `VANISH_SHARE` to 0 and makes every ad ACTIVE, in its own
-  memory: nothing under rastro_assets/meta/fake is edited);
+  memory: nothing under rastro_fake_graph is edited);
 - `world.rows` is memoised per day, and the JSON items of an insights query are rendered once
   per query instead of once per page (the fake re-renders the whole range for every page,
   which costs O(rows of the range) per page: it would dominate a 180,000-row backfill);
@@ -63,8 +63,8 @@ def backfill_blocks(days: int = 90, block: int = 30) -> list[tuple[date, date]]:
 
 def build_world(n_ads: int, row_cap: int):
     """A FakeWorld with one account whose `n_ads` ads all deliver every day."""
-    from rastro_assets.meta.fake import world as world_module
-    from rastro_assets.meta.fake.world import FakeWorld, MutableClock
+    from rastro_fake_graph import world as world_module
+    from rastro_fake_graph.world import FakeWorld, MutableClock
 
     world_module.DELIVERY_SHARE = 1.0
     world_module.VANISH_SHARE = 0.0
@@ -80,8 +80,8 @@ def build_world(n_ads: int, row_cap: int):
 
 def prerender(world) -> None:
     """Memoise the fake's per-day rows, per-query JSON items and GET insights answers."""
-    from rastro_assets.meta.fake import app, server
-    from rastro_assets.meta.fake.world import FAILURES
+    from rastro_fake_graph import app, server
+    from rastro_fake_graph.world import FAILURES
 
     original_rows = world.rows
     day_rows: dict = {}
@@ -155,7 +155,7 @@ def add_wave_accounts(world, n_accounts: int, n_ads: int) -> None:
 
 
 def _serve_main(args: argparse.Namespace) -> None:
-    from rastro_assets.meta.fake.server import serve
+    from rastro_fake_graph.server import serve
 
     world = build_world(args.ads, args.row_cap)
     add_wave_accounts(world, args.wave_accounts, args.wave_ads)
@@ -200,7 +200,7 @@ def serve_world(
         line = process.stdout.readline()
         if not line.startswith("PORT "):
             raise RuntimeError(f"the fake Graph did not start: {line!r}")
-        from rastro_assets.meta.fake.world import GRAPH_VERSION
+        from rastro_fake_graph.world import GRAPH_VERSION
 
         yield Server(process, f"http://127.0.0.1:{int(line.split()[1])}/{GRAPH_VERSION}")
     finally:

@@ -257,11 +257,11 @@ def reference_calls() -> float:
 
 
 def measure_waves(sizes: list[int], kinds: list[str]) -> dict:
-    from rastro_assets.meta.fake.server import serve
-    from rastro_assets.meta.fake.world import FakeWorld, MutableClock
     from rastro_assets.vault import Vault, generate_key
     from rastro_assets.warehouse import registry
     from rastro_assets.warehouse.connection import Warehouse
+    from rastro_fake_graph.server import serve
+    from rastro_fake_graph.world import FakeWorld, MutableClock
 
     results = {}
     token = "EAAbenchTOKENc4d3nc3"

@@ -52,8 +52,6 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from rastro_assets.meta.client import MetaClient  # noqa: E402
-from rastro_assets.meta.fake.app import FakeGraphTransport  # noqa: E402
-from rastro_assets.meta.fake.world import FakeWorld, MutableClock  # noqa: E402
 from rastro_assets.planner import cadence  # noqa: E402
 from rastro_assets.planner.history import planned_accounts  # noqa: E402
 from rastro_assets.planner.retention import prune_sync_runs  # noqa: E402
@@ -64,6 +62,8 @@ from rastro_assets.vault import Vault  # noqa: E402
 from rastro_assets.warehouse import registry  # noqa: E402
 from rastro_assets.warehouse.connection import Warehouse  # noqa: E402
 from rastro_assets.warehouse.runs import SyncRunStart, start_sync_runs  # noqa: E402
+from rastro_fake_graph.app import FakeGraphTransport  # noqa: E402
+from rastro_fake_graph.world import FakeWorld, MutableClock  # noqa: E402
 
 START = datetime(2026, 11, 23, 0, 0, tzinfo=UTC)
 TIMEZONES = (

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import duckdb
 
-from rastro_assets.meta.fake.world import DEMO_TOKEN, FakeWorld
 from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault, generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
+from rastro_fake_graph.world import DEMO_TOKEN, FakeWorld
 
 DEMO_CONNECTION = "demo"
 DEMO_SITES = {"demo-shop": "Demo shop", "demo-clinic": "Demo clinic"}

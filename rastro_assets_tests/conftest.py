@@ -77,7 +77,7 @@ TOKEN = "EAAtestTOKENx7Qv93LmZpR2sKd81"
 
 @pytest.fixture
 def fake_clock():
-    from rastro_assets.meta.fake.world import MutableClock
+    from rastro_fake_graph.world import MutableClock
 
     return MutableClock(NOW)
 
@@ -85,7 +85,7 @@ def fake_clock():
 @pytest.fixture
 def fake_world(fake_clock):
     """Two accounts on both sides of UTC: act_101 (Sao Paulo, BRL), act_202 (Tokyo, JPY)."""
-    from rastro_assets.meta.fake.world import FakeWorld
+    from rastro_fake_graph.world import FakeWorld
 
     world = FakeWorld(clock=fake_clock, seed=7)
     world.add_account("act_101", timezone="America/Sao_Paulo", currency="BRL", n_ads=6, token=TOKEN)
@@ -96,7 +96,7 @@ def fake_world(fake_clock):
 @pytest.fixture
 def fake_graph(fake_world):
     """The fake Graph on a loopback server: real sockets, real HTTP."""
-    from rastro_assets.meta.fake.server import serve
+    from rastro_fake_graph.server import serve
 
     with serve(fake_world) as server:
         yield server
@@ -121,8 +121,8 @@ def linked_world(warehouse: Warehouse, vault: Vault, fake_world, now: datetime):
 def syncer(warehouse: Warehouse, linked_world, fake_clock, secrets_key):
     """A Syncer reaching the fake in-process, with retries that do not sleep."""
     from rastro_assets.meta.client import MetaClient
-    from rastro_assets.meta.fake.app import FakeGraphTransport
     from rastro_assets.sync.syncer import Syncer
+    from rastro_fake_graph.app import FakeGraphTransport
 
     def client(token: str) -> MetaClient:
         return MetaClient(

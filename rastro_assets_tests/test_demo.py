@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from rastro_assets import demo
-from rastro_assets.meta.fake import DEMO_TOKEN, FakeWorld
 from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
+from rastro_fake_graph import DEMO_TOKEN, FakeWorld
 
 REPO = Path(__file__).resolve().parents[1]
 TABLES = ("sites", "meta_connections", "meta_ad_accounts", "site_ad_accounts")

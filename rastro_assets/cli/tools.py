@@ -152,7 +152,7 @@ def _fake_meta(args: argparse.Namespace, ctx: Context) -> int:
     host = loopback_host(args.host)
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} is not a port number (0-65535)")
-    from rastro_assets.meta.fake.server import run_server
+    from rastro_fake_graph.server import run_server
 
     try:
         run_server(args.port, host=host)

@@ -1,4 +1,4 @@
-"""The Meta Graph API: client, typed models, errors and the fake Graph."""
+"""The Meta Graph API: client, typed models and errors (the fake Graph is `rastro_fake_graph`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def make_client(settings: Settings, token: str, **kwargs: Any) -> MetaClient:
     an in-process transport (no network); the fake is imported only then.
     """
     if settings.use_fake_graph:
-        from rastro_assets.meta.fake import FakeGraphTransport, demo_world
+        from rastro_fake_graph import FakeGraphTransport, demo_world
 
         kwargs.setdefault("transport", FakeGraphTransport(demo_world()))
         return MetaClient(token, base_url=FAKE_GRAPH_BASE_URL, **kwargs)

@@ -19,10 +19,10 @@ from rastro_assets.analytics.frames import (
     open_snapshot,
 )
 from rastro_assets.analytics.publish import Publisher
-from rastro_assets.meta.fake.world import Figures
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets.warehouse import registry
 from rastro_assets_tests.analytics.helpers import WEEK, publish_week
+from rastro_fake_graph.world import Figures
 
 METRICS = ["currency", "spend", "impressions", "clicks", "conversations"]
 

@@ -28,13 +28,13 @@ import pyarrow as pa
 import pytest
 
 from rastro_assets.analytics.publish import Publisher
-from rastro_assets.meta.fake.world import Figures
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets.warehouse.connection import register_arrow
 from rastro_assets_tests.analytics._publish_child import POINTS
 from rastro_assets_tests.analytics.analyst import Analyst
 from rastro_assets_tests.analytics.helpers import WEEK, assert_snapshot_equals_pipeline
 from rastro_assets_tests.conftest import NOW
+from rastro_fake_graph.world import Figures
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD_AT = NOW + timedelta(hours=1)

@@ -592,7 +592,7 @@ def test_the_command_loads_without_dagster():
 
 
 def test_against_the_fake_graph(rastro, env: Path, monkeypatch):
-    from rastro_assets.meta.fake import DEMO_TOKEN
+    from rastro_fake_graph import DEMO_TOKEN
 
     monkeypatch.setenv("RASTRO_META_FAKE", "true")
     rastro("site", "add", "s1")

@@ -9,11 +9,11 @@ import pytest
 
 from rastro_assets import demo
 from rastro_assets.cli import tools
-from rastro_assets.meta.fake import server
 from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault, generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.cli.conftest import assert_usage_error
+from rastro_fake_graph import server
 
 TOKENS = {
     "c1": "EAAB0rotateTokenOne0123456789abcdef",

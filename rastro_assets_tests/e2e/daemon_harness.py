@@ -17,8 +17,6 @@ from pathlib import Path
 import yaml
 
 from rastro_assets.analytics.publish import Publisher
-from rastro_assets.meta.fake.server import serve
-from rastro_assets.meta.fake.world import FakeWorld
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.timekeeping import local_date
@@ -27,6 +25,8 @@ from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.conftest import TOKEN
 from rastro_assets_tests.truth import assert_equals_truth
+from rastro_fake_graph.server import serve
+from rastro_fake_graph.world import FakeWorld
 
 REPO = Path(__file__).resolve().parents[2]
 ACCOUNT = "act_777"

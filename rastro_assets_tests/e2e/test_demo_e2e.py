@@ -32,9 +32,9 @@ import duckdb
 import pytest
 
 from rastro_assets.demo import DEMO_LINKS, DEMO_SITES
-from rastro_assets.meta.fake.world import FakeWorld
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
+from rastro_fake_graph.world import FakeWorld
 
 pytestmark = [
     pytest.mark.slow,

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from rastro_assets.meta.client import MetaClient
-from rastro_assets.meta.fake import FakeGraphTransport, FakeWorld, MutableClock
+from rastro_fake_graph import FakeGraphTransport, FakeWorld, MutableClock
 
 # 15:00 in Sao Paulo, 03:00 next day in Tokyo: the two accounts' todays differ.
 INSTANT = datetime(2026, 3, 15, 18, 0, tzinfo=UTC)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from rastro_assets.meta.fake import FakeGraphTransport, FakeWorld
 from rastro_assets_tests.meta.conftest import BASE_URL, BRL, JPY, TOKEN, ClientFactory
+from rastro_fake_graph import FakeGraphTransport, FakeWorld
 
 KIND_TO_TYPE = {"video": "video", "image": "image", "photo": "image", "carousel": "carousel",
                 "other": "other"}

@@ -9,13 +9,13 @@ import httpx
 import pytest
 
 from rastro_assets.meta.errors import ErrorKind, MetaError, classify_error
-from rastro_assets.meta.fake import FakeGraphTransport, FakeWorld
 from rastro_assets_tests.meta.conftest import (
     BASE_URL,
     BRL,
     TOKEN,
     ClientFactory,
 )
+from rastro_fake_graph import FakeGraphTransport, FakeWorld
 
 TOKEN_CASES = [("token", None), *[(f"token_{s}", s) for s in (458, 459, 460, 463, 464, 467, 492)]]
 

@@ -15,10 +15,10 @@ import pytest
 from rastro_assets.meta import FAKE_GRAPH_BASE_URL, make_client
 from rastro_assets.meta.client import MetaClient
 from rastro_assets.meta.errors import ErrorKind, MetaError
-from rastro_assets.meta.fake import DEMO_TOKEN, FakeWorld, serve
 from rastro_assets.settings import Settings
 from rastro_assets_tests.insight_rows import chunk_rows
 from rastro_assets_tests.meta.conftest import BRL, TOKEN, truth_rows
+from rastro_fake_graph import DEMO_TOKEN, FakeWorld, serve
 
 PAST_DAY = date(2026, 2, 10)
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +117,7 @@ def test_run_server_serves_the_same_demo_world_in_another_process() -> None:
     port = _free_port()
     process = subprocess.Popen(
         [sys.executable, "-c",
-         f"from rastro_assets.meta.fake import run_server; run_server({port})"],
+         f"from rastro_fake_graph import run_server; run_server({port})"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO_ROOT,
     )
     try:

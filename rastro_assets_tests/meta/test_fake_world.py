@@ -11,11 +11,11 @@ from decimal import Decimal
 import httpx
 import pytest
 
-from rastro_assets.meta.fake import DEMO_TOKEN, FakeGraphTransport, FakeWorld, MutableClock
-from rastro_assets.meta.fake.app import parse_fields
-from rastro_assets.meta.fake.images import png
-from rastro_assets.meta.fake.world import SETTLE_DAYS
 from rastro_assets_tests.meta.conftest import BASE_URL, BRL, INSTANT, JPY, TOKEN
+from rastro_fake_graph import DEMO_TOKEN, FakeGraphTransport, FakeWorld, MutableClock
+from rastro_fake_graph.app import parse_fields
+from rastro_fake_graph.images import png
+from rastro_fake_graph.world import SETTLE_DAYS
 
 INSIGHTS_PARAMS = {
     "level": "ad", "time_increment": "1",

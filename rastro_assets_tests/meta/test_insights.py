@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rastro_assets.meta.errors import ErrorKind, MalformedResponse, MetaError
-from rastro_assets.meta.fake import FakeWorld
 from rastro_assets.meta.insights import _by_day_and_ad
 from rastro_assets.meta.models import (
     INSIGHT_SCHEMA,
@@ -23,6 +22,7 @@ from rastro_assets.meta.models import (
 )
 from rastro_assets_tests.insight_rows import chunk_from_rows, chunk_rows
 from rastro_assets_tests.meta.conftest import BRL, JPY, ClientFactory, truth_rows
+from rastro_fake_graph import FakeWorld
 
 
 def assert_covers(chunks: list[InsightsChunk], since: date, until: date) -> None:

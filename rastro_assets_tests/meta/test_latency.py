@@ -10,11 +10,11 @@ import pytest
 
 from rastro_assets.meta.client import MetaClient
 from rastro_assets.meta.errors import ErrorKind, MetaError
-from rastro_assets.meta.fake import FakeGraphTransport, FakeWorld, serve
 from rastro_assets.meta.insights import RANGE_CONCURRENCY, TARGET_ROWS_PER_RANGE
 from rastro_assets.meta.models import InsightsChunk
 from rastro_assets_tests.insight_rows import chunk_rows
 from rastro_assets_tests.meta.conftest import BASE_URL, BRL, TOKEN, ClientFactory, truth_rows
+from rastro_fake_graph import FakeGraphTransport, FakeWorld, serve
 
 SINCE, UNTIL = date(2026, 2, 1), date(2026, 3, 2)
 BIG = "act_2077"

@@ -11,7 +11,6 @@ import pytest
 
 from rastro_assets.meta.client import MetaClient
 from rastro_assets.meta.errors import ErrorKind, MalformedResponse, MetaError
-from rastro_assets.meta.fake import FakeGraphTransport, FakeWorld
 from rastro_assets_tests.meta.conftest import (
     BASE_URL,
     BRL,
@@ -19,6 +18,7 @@ from rastro_assets_tests.meta.conftest import (
     ClientFactory,
     RecordingTransport,
 )
+from rastro_fake_graph import FakeGraphTransport, FakeWorld
 
 
 @pytest.mark.parametrize(

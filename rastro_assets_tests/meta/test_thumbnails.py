@@ -6,9 +6,9 @@ import httpx
 import pytest
 
 from rastro_assets.meta.errors import ErrorKind, MetaError
-from rastro_assets.meta.fake import FakeGraphTransport, FakeWorld
-from rastro_assets.meta.fake.images import PNG_SIGNATURE
 from rastro_assets_tests.meta.conftest import BASE_URL, BRL, TOKEN, ClientFactory
+from rastro_fake_graph import FakeGraphTransport, FakeWorld
+from rastro_fake_graph.images import PNG_SIGNATURE
 
 
 def test_thumbnail_is_the_creatives_image(world: FakeWorld, client) -> None:

@@ -8,10 +8,10 @@ from datetime import date
 import pytest
 
 from rastro_assets.meta.errors import MetaError
-from rastro_assets.meta.fake import FakeWorld
 from rastro_assets.meta.models import Usage
 from rastro_assets.meta.usage import parse_usage
 from rastro_assets_tests.meta.conftest import BRL, ClientFactory
+from rastro_fake_graph import FakeWorld
 
 
 def header(value: object) -> str:

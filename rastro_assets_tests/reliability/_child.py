@@ -70,13 +70,13 @@ class _StallAfterDelete:
 
 
 def _stall(args: argparse.Namespace) -> int:
-    from rastro_assets.meta.fake.world import MutableClock
     from rastro_assets.sync import account
     from rastro_assets.sync.syncer import Syncer
     from rastro_assets.sync.types import SyncRequest
     from rastro_assets.warehouse.connection import Warehouse
     from rastro_assets_tests.conftest import TOKEN
     from rastro_assets_tests.reliability.helpers import build_world, client_factory, perturb
+    from rastro_fake_graph.world import MutableClock
 
     clock = MutableClock(datetime.fromisoformat(args.at))
     world = build_world(clock, TOKEN)

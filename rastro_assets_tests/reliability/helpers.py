@@ -9,10 +9,10 @@ from decimal import Decimal
 from pathlib import Path
 
 from rastro_assets.meta.client import MetaClient
-from rastro_assets.meta.fake.world import Figures
 from rastro_assets.sync.syncer import Syncer
 from rastro_assets.timekeeping import days_between
 from rastro_assets.warehouse.connection import Warehouse
+from rastro_fake_graph.world import Figures
 
 GRAPH = "https://graph.facebook.com/v25.0"
 TABLES = (
@@ -31,7 +31,7 @@ TABLES = (
 
 def client_factory(world, *, page_size: int = 4, transport=None, base_url: str = GRAPH):
     """MetaClients on `world` that never sleep; an async job gives up after 5 polls."""
-    from rastro_assets.meta.fake.app import FakeGraphTransport
+    from rastro_fake_graph.app import FakeGraphTransport
 
     def client(token: str) -> MetaClient:
         return MetaClient(
@@ -55,7 +55,7 @@ def make_syncer(warehouse: Warehouse, world, clock, **kwargs) -> Syncer:
 
 def build_world(clock, token: str):
     """act_101 (Sao Paulo, BRL, 12 ads) and act_202 (Tokyo, JPY, 4 ads), read by `token`."""
-    from rastro_assets.meta.fake.world import FakeWorld
+    from rastro_fake_graph.world import FakeWorld
 
     world = FakeWorld(clock=clock, seed=7)
     world.add_account(

@@ -24,8 +24,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rastro_assets.meta.fake.app import FakeGraphTransport
-from rastro_assets.meta.fake.world import FakeWorld
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts, sync_runs_by_account
 from rastro_assets.sync.syncer import Syncer
@@ -43,6 +41,8 @@ from rastro_assets_tests.reliability.helpers import (
 )
 from rastro_assets_tests.truth import assert_equals_truth
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
+from rastro_fake_graph.app import FakeGraphTransport
+from rastro_fake_graph.world import FakeWorld
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD = [sys.executable, "-m", "rastro_assets_tests.reliability._child"]

@@ -24,13 +24,6 @@ from pathlib import Path
 
 import pytest
 
-from rastro_assets.meta.fake.world import (
-    DEFAULT_ROW_CAP,
-    FAILURES,
-    TOKEN_SUBCODES,
-    FakeWorld,
-    MutableClock,
-)
 from rastro_assets.planner.history import sync_runs_by_account
 from rastro_assets.sync.syncer import Syncer
 from rastro_assets.sync.types import SyncOutcome, SyncRequest
@@ -49,6 +42,13 @@ from rastro_assets_tests.reliability.helpers import (
 )
 from rastro_assets_tests.truth import assert_equals_truth
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
+from rastro_fake_graph.world import (
+    DEFAULT_ROW_CAP,
+    FAILURES,
+    TOKEN_SUBCODES,
+    FakeWorld,
+    MutableClock,
+)
 
 ACCOUNT = "act_101"
 TODAY = date(2026, 11, 30)  # Sao Paulo's date at the fixtures' NOW

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from rastro_assets.meta.fake.world import MutableClock
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts, sync_runs_by_account
 from rastro_assets.sync.types import SyncRequest
@@ -33,6 +32,7 @@ from rastro_assets_tests.reliability.helpers import (
 )
 from rastro_assets_tests.truth import assert_equals_truth
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
+from rastro_fake_graph.world import MutableClock
 
 pytestmark = pytest.mark.slow
 

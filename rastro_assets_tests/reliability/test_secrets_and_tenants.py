@@ -27,7 +27,6 @@ from rastro_assets.defs.catalog_assets import ad_catalog, ad_thumbnails
 from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, spend_partition_key
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend_assets import meta_spend
-from rastro_assets.meta.fake.world import FakeWorld, MutableClock
 from rastro_assets.sync.catalog import CatalogSyncer
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets.vault import ENV_VAR, Vault
@@ -43,6 +42,7 @@ from rastro_assets_tests.reliability.helpers import (
 )
 from rastro_assets_tests.truth import assert_equals_truth
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
+from rastro_fake_graph.world import FakeWorld, MutableClock
 
 TODAY = date(2026, 11, 30)
 WEEK = (TODAY - timedelta(days=6), TODAY)

@@ -7,7 +7,6 @@ from decimal import Decimal
 
 import pytest
 
-from rastro_assets.meta.fake.world import Figures
 from rastro_assets.planner.history import sync_runs_by_account
 from rastro_assets.sync import reader
 from rastro_assets.sync.types import SyncRefused, SyncRequest
@@ -16,6 +15,7 @@ from rastro_assets.warehouse import registry
 from rastro_assets_tests.conftest import TOKEN, record_sync_run
 from rastro_assets_tests.truth import assert_equals_truth, stored_rows
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
+from rastro_fake_graph.world import Figures
 
 SAO_PAULO_TODAY = date(2026, 11, 30)  # 12:00 UTC is 09:00 in Sao Paulo
 TOKYO_TODAY = date(2026, 11, 30)  # and 21:00 in Tokyo

@@ -25,7 +25,7 @@ BASE_URL = "https://graph.facebook.com/v25.0"
 
 @pytest.fixture
 def client_factory(linked_world):
-    from rastro_assets.meta.fake.app import FakeGraphTransport
+    from rastro_fake_graph.app import FakeGraphTransport
 
     def client(token: str) -> MetaClient:
         return MetaClient(token, base_url=BASE_URL, transport=FakeGraphTransport(linked_world),

@@ -10,13 +10,13 @@ import httpx
 import pytest
 
 from rastro_assets.meta.client import MetaClient
-from rastro_assets.meta.fake.app import FakeGraphTransport
-from rastro_assets.meta.fake.world import Figures
 from rastro_assets.sync.syncer import Syncer
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets.timekeeping import days_between
 from rastro_assets_tests.truth import assert_equals_truth, stored_rows
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
+from rastro_fake_graph.app import FakeGraphTransport
+from rastro_fake_graph.world import Figures
 
 TODAY = date(2026, 11, 30)  # act_101's local today at the tests' NOW
 ACCOUNT = "act_101"

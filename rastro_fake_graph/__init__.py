@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import functools
 
-from rastro_assets.meta.fake.app import FakeGraphTransport, FakeResponse, handle
-from rastro_assets.meta.fake.server import FakeGraphServer, run_server, serve
-from rastro_assets.meta.fake.world import (
+from rastro_fake_graph.app import FakeGraphTransport, FakeResponse, handle
+from rastro_fake_graph.server import FakeGraphServer, run_server, serve
+from rastro_fake_graph.world import (
     CDN_BASE,
     DEMO_TOKEN,
     FAILURES,

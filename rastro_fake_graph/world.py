@@ -29,9 +29,9 @@ from datetime import date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-from rastro_assets.meta.fake.images import png
 from rastro_assets.meta.models import InsightRow
 from rastro_assets.timekeeping import Clock, local_date, local_midnight, system_clock, zone
+from rastro_fake_graph.images import png
 
 DEMO_TOKEN = "EAAFakeRastroDemoToken0000000000"
 DEMO_SEED = 2026

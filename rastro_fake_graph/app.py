@@ -29,8 +29,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
 
-from rastro_assets.meta.fake.images import jpeg
-from rastro_assets.meta.fake.world import (
+from rastro_assets.timekeeping import local_date, zone
+from rastro_fake_graph.images import jpeg
+from rastro_fake_graph.world import (
     ASYNC_POLLS_TO_FINISH,
     CDN_BASE,
     CDN_HOST,
@@ -53,7 +54,6 @@ from rastro_assets.meta.fake.world import (
     ReportJob,
     months_before,
 )
-from rastro_assets.timekeeping import local_date, zone
 
 SERVER_CDN_PREFIX = "/fake-cdn"
 JSON_TYPE = "application/json; charset=UTF-8"

@@ -16,8 +16,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from rastro_assets.meta.fake.app import SERVER_CDN_PREFIX, handle
-from rastro_assets.meta.fake.world import GRAPH_VERSION, FakeWorld
+from rastro_fake_graph.app import SERVER_CDN_PREFIX, handle
+from rastro_fake_graph.world import GRAPH_VERSION, FakeWorld
 
 log = logging.getLogger(__name__)
 
