@@ -12,8 +12,6 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 
-from rastro_assets.meta.errors import ErrorKind
-
 
 class Outcome(StrEnum):
     """How one account sync ended (`meta_sync_runs.outcome`)."""
@@ -79,23 +77,12 @@ ERROR_CODES: dict[Outcome, str] = {
 }
 """The contract's error code of each failed outcome."""
 
-OUTCOME_OF_ERROR_KIND: dict[ErrorKind, Outcome] = {
-    ErrorKind.TOKEN: Outcome.TOKEN,
-    ErrorKind.THROTTLED: Outcome.THROTTLED,
-    ErrorKind.PERMISSION: Outcome.PERMISSION,
-}
-"""The outcome a Meta failure ends a sync with; any other kind is `Outcome.OTHER`."""
-
 MAX_ERROR_CHARS = 300
 """An error line is cut here: it is stored, shown by `rastro status` and in run logs."""
 
 RUN_TIMEOUT_ERROR = "RUN_TIMEOUT: the previous sync did not finish"
 
 _CODE_PREFIX = re.compile(r"^[A-Z][A-Z0-9_]*: ")
-
-
-def outcome_of(kind: ErrorKind) -> Outcome:
-    return OUTCOME_OF_ERROR_KIND.get(kind, Outcome.OTHER)
 
 
 def error_line(outcome: Outcome | str, message: str) -> str:

@@ -1,13 +1,20 @@
 """The layers the README promises, read from the source (AST), so a new import cannot slip by.
 
-- Only `defs/` and `definitions.py` import Dagster (the CLI may reach `defs`
-  lazily, as the top layer).
-- The pure core is layered (`LAYERS`): `meta/` imports only the leaves (the
-  root modules of settings, time, vault, shared vocabulary, account ids,
-  token shape and the spend schema); `warehouse/` adds `meta/`; `planner/` and `sync/` add
-  `warehouse/`; none of them the analytics, the CLI or `defs/`.
-- Within `sync/`, the spend and the catalog know nothing of each other: the
-  syncer chains them.
+This file is the whole contract; each rule is a function that returns what breaks it, so the
+last tests can plant a bad import in a copy of the tree and watch the rule catch it.
+
+- Every module belongs to one layer (`LAYERS`), a leaf, `definitions.py` or the fake Graph.
+- A layer imports only the leaves, itself and the layers it names: `meta/` (the Graph client)
+  is the bottom; `warehouse/` adds `meta/`; `planner/` and `sync/` add `warehouse/`;
+  `analytics/` adds `planner/`; `defs/` adds the pure core and `analytics/`; `demo.py` and
+  `cli/` sit on top (the CLI may reach `defs` lazily).
+- The leaves (settings, time, vault, shared vocabulary, account ids, token shape, shards, the
+  spend schema) import nothing of ours.
+- Only `defs/` and `definitions.py` import any `dagster*` package.
+- The fake Graph (`rastro_fake_graph`, shipped beside the product) imports only the leaves and
+  `meta/`; of the product only `demo.py`, the CLI and `make_client` (the `RASTRO_META_FAKE`
+  switch in `meta/__init__.py`, imported lazily) reach it.
+- Within `sync/`, the spend and the catalog know nothing of each other: the syncer chains them.
 - No import circle, counting imports inside functions and for type checking.
 - No test module imports another (shared pieces live in helper modules).
 """
@@ -15,25 +22,64 @@
 from __future__ import annotations
 
 import ast
+import shutil
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "rastro_assets"
+ROOT = Path(__file__).resolve().parents[1]
+PRODUCT = "rastro_assets"
+FAKE = "rastro_fake_graph"
 
-LEAVES = {"settings", "timekeeping", "vault", "outcomes", "accounts", "spend_schema", "tokens"}
-DAGSTER_ALLOWED = ("rastro_assets.defs", "rastro_assets.definitions")
+LEAVES = {
+    f"{PRODUCT}.{leaf}"
+    for leaf in (
+        "settings", "timekeeping", "vault", "outcomes", "accounts", "spend_schema", "tokens",
+        "shards",
+    )
+}
+DAGSTER_ALLOWED = (f"{PRODUCT}.defs", f"{PRODUCT}.definitions")
+
+_META = f"{PRODUCT}.meta"
+_WAREHOUSE = f"{PRODUCT}.warehouse"
+_PLANNER = f"{PRODUCT}.planner"
+_SYNC = f"{PRODUCT}.sync"
+_ANALYTICS = f"{PRODUCT}.analytics"
+_DEFS = f"{PRODUCT}.defs"
+_DEMO = f"{PRODUCT}.demo"
+_CLI = f"{PRODUCT}.cli"
+
+# Each layer, and what it may import besides the leaves and itself.
+LAYERS: dict[str, tuple[str, ...]] = {
+    _META: (),
+    _WAREHOUSE: (_META,),
+    _PLANNER: (_WAREHOUSE, _META),
+    _SYNC: (_WAREHOUSE, _META),
+    _ANALYTICS: (_PLANNER, _WAREHOUSE, _META),
+    _DEFS: (_ANALYTICS, _SYNC, _PLANNER, _WAREHOUSE, _META),
+    _DEMO: (_WAREHOUSE, _META, FAKE),
+    _CLI: (_DEFS, _DEMO, _ANALYTICS, _SYNC, _PLANNER, _WAREHOUSE, _META, FAKE),
+    f"{PRODUCT}.definitions": (_DEFS,),
+    FAKE: (_META,),
+}
+
+# The product modules that may import the fake Graph, besides the CLI.
+FAKE_USERS = (_META, _DEMO)
+
+# Imports against the layers, allowed only inside a function, so a user never loads the target:
+# `make_client` builds a client on the fake Graph when `RASTRO_META_FAKE` is set.
+LAZY_ONLY = {(_META, FAKE)}
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(path: Path) -> set[str]:
+def imports_of(path: Path, root: Path) -> set[str]:
     """Every module named by an import anywhere in the file (functions included)."""
     tree = ast.parse(path.read_text(), str(path))
-    name = module_name(path)
+    name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -52,87 +98,95 @@ def imports_of(path: Path) -> set[str]:
     return found
 
 
-def graph() -> dict[str, set[str]]:
-    modules = {module_name(path): path for path in PACKAGE.rglob("*.py")}
-    edges: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        edges[name] = {
-            target for target in imports_of(path) if target in modules and target != name
-        }
-    return edges
+def top_level_imports(path: Path) -> set[str]:
+    """The absolute imports run when the module loads (not those inside functions)."""
+    found: set[str] = set()
+    pending = list(ast.parse(path.read_text(), str(path)).body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+        elif not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            pending.extend(ast.iter_child_nodes(node))
+    return found
 
 
-def external_imports() -> dict[str, set[str]]:
-    return {module_name(path): imports_of(path) for path in PACKAGE.rglob("*.py")}
+def sources(root: Path) -> dict[str, Path]:
+    return {
+        module_name(path, root): path
+        for package in (PRODUCT, FAKE)
+        for path in (root / package).rglob("*.py")
+    }
+
+
+def external_imports(root: Path) -> dict[str, set[str]]:
+    return {name: imports_of(path, root) for name, path in sources(root).items()}
+
+
+def graph(root: Path) -> dict[str, set[str]]:
+    modules = sources(root)
+    return {
+        name: {target for target in imports_of(path, root) if target in modules and target != name}
+        for name, path in modules.items()
+    }
 
 
 def is_in(module: str, *prefixes: str) -> bool:
     return any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes)
 
 
-def test_only_defs_import_dagster():
-    offenders = {
-        module
-        for module, names in external_imports().items()
-        if any(is_in(name, "dagster", "dagster_duckdb") for name in names)
-        and not is_in(module, *DAGSTER_ALLOWED)
+def layer_of(module: str) -> str | None:
+    if module in LEAVES:
+        return "leaf"
+    return next((layer for layer in LAYERS if is_in(module, layer)), None)
+
+
+def modules_in_no_layer(root: Path) -> set[str]:
+    return {name for name in sources(root) if name != PRODUCT and layer_of(name) is None}
+
+
+def dagster_outside_defs(root: Path) -> set[tuple[str, str]]:
+    return {
+        (module, name)
+        for module, names in external_imports(root).items()
+        for name in names
+        if name.split(".")[0].startswith("dagster") and not is_in(module, *DAGSTER_ALLOWED)
     }
-    assert offenders == set()
 
 
-# What each layer of the pure core may import of ours, besides the leaves.
-LAYERS = {
-    "rastro_assets.meta": ("rastro_assets.meta",),
-    "rastro_assets.warehouse": ("rastro_assets.warehouse", "rastro_assets.meta"),
-    "rastro_assets.planner": (
-        "rastro_assets.planner", "rastro_assets.warehouse", "rastro_assets.meta"
-    ),
-    "rastro_assets.sync": ("rastro_assets.sync", "rastro_assets.warehouse", "rastro_assets.meta"),
-}
-
-
-@pytest.mark.parametrize("layer", sorted(LAYERS))
-def test_a_layer_imports_nothing_above_it(layer):
-    allowed = (*LAYERS[layer], *(f"rastro_assets.{leaf}" for leaf in LEAVES))
-    wrong = {
-        (module, target)
-        for module, targets in graph().items()
-        if is_in(module, layer)
-        for target in targets
-        if not is_in(target, *allowed) and target != "rastro_assets"
-    }
-    assert wrong == set()
-
-
-def test_the_syncer_alone_chains_the_catalog_after_the_spend():
-    edges = graph()
-    assert "rastro_assets.sync.catalog" not in edges["rastro_assets.sync.account"]
-    assert "rastro_assets.sync.account" not in edges["rastro_assets.sync.catalog"]
-
-
-def test_no_test_module_imports_another():
-    tests = Path(__file__).resolve().parent
+def imports_above_their_layer(root: Path) -> set[tuple[str, str]]:
+    modules = sources(root)
     wrong = set()
-    for path in tests.rglob("*.py"):
-        tree = ast.parse(path.read_text(), str(path))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-            elif isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            else:
-                continue
-            wrong |= {
-                (path.name, name)
-                for name in names
-                if name.startswith("rastro_assets_tests.")
-                and name.rpartition(".")[2].startswith("test_")
-            }
-    assert wrong == set()
+    for module, targets in graph(root).items():
+        layer = layer_of(module)
+        if layer is None:
+            continue
+        allowed = () if layer == "leaf" else (layer, *LAYERS[layer], *LEAVES)
+        loaded = top_level_imports(modules[module])
+        wrong |= {
+            (module, target)
+            for target in targets
+            if target != PRODUCT
+            and not is_in(target, *allowed)
+            and not ((module, target) in LAZY_ONLY and target not in loaded)
+        }
+    return wrong
 
 
-def test_no_import_circles():
-    edges = graph()
+def fake_reached_from_the_product(root: Path) -> set[tuple[str, str]]:
+    return {
+        (module, target)
+        for module, targets in graph(root).items()
+        if is_in(module, PRODUCT) and not (module in FAKE_USERS or is_in(module, _CLI))
+        for target in targets
+        if is_in(target, FAKE)
+    }
+
+
+def import_circles(root: Path) -> list[set[str]]:
+    edges = graph(root)
     circles: list[set[str]] = []
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -165,4 +219,122 @@ def test_no_import_circles():
     for node in sorted(edges):
         if node not in index:
             visit(node)
-    assert circles == []
+    return circles
+
+
+def test_every_module_is_in_a_layer():
+    assert modules_in_no_layer(ROOT) == set()
+
+
+def test_only_defs_import_dagster():
+    assert dagster_outside_defs(ROOT) == set()
+
+
+def test_a_layer_imports_nothing_above_it():
+    assert imports_above_their_layer(ROOT) == set()
+
+
+def test_only_the_demo_the_cli_and_make_client_reach_the_fake_graph():
+    assert fake_reached_from_the_product(ROOT) == set()
+
+
+def test_the_syncer_alone_chains_the_catalog_after_the_spend():
+    edges = graph(ROOT)
+    assert "rastro_assets.sync.catalog" not in edges["rastro_assets.sync.account"]
+    assert "rastro_assets.sync.account" not in edges["rastro_assets.sync.catalog"]
+
+
+def test_no_import_circles():
+    assert import_circles(ROOT) == []
+
+
+def test_no_test_module_imports_another():
+    tests = Path(__file__).resolve().parent
+    wrong = set()
+    for path in tests.rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            wrong |= {
+                (path.name, name)
+                for name in names
+                if name.startswith("rastro_assets_tests.")
+                and name.rpartition(".")[2].startswith("test_")
+            }
+    assert wrong == set()
+
+
+# The test of the test: each rule, run over a copy of the tree with one bad import planted,
+# must name it.
+
+
+@pytest.fixture
+def tree_copy(tmp_path: Path) -> Path:
+    for package in (PRODUCT, FAKE):
+        shutil.copytree(
+            ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    return tmp_path
+
+
+def plant(root: Path, relative: str, line: str) -> None:
+    path = root / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = path.read_text() if path.exists() else ""
+    path.write_text(f"{text}\n{line}\n")
+
+
+def test_the_copy_is_clean(tree_copy: Path):
+    assert modules_in_no_layer(tree_copy) == set()
+    assert dagster_outside_defs(tree_copy) == set()
+    assert imports_above_their_layer(tree_copy) == set()
+    assert fake_reached_from_the_product(tree_copy) == set()
+    assert import_circles(tree_copy) == []
+
+
+@pytest.mark.parametrize("package", ["dagster_shared", "dagster_graphql", "dagster_duckdb"])
+def test_a_planted_dagster_import_fails(tree_copy: Path, package: str):
+    plant(tree_copy, "rastro_assets/sync/types.py", f"import {package}.utils")
+    assert dagster_outside_defs(tree_copy) == {("rastro_assets.sync.types", f"{package}.utils")}
+
+
+def test_a_planted_upward_import_fails(tree_copy: Path):
+    plant(tree_copy, "rastro_assets/planner/state.py", "from rastro_assets.sync import types")
+    assert imports_above_their_layer(tree_copy) == {
+        ("rastro_assets.planner.state", "rastro_assets.sync"),
+        ("rastro_assets.planner.state", "rastro_assets.sync.types"),
+    }
+
+
+def test_a_planted_import_in_a_leaf_fails(tree_copy: Path):
+    plant(tree_copy, "rastro_assets/outcomes.py", "from rastro_assets.meta.errors import ErrorKind")
+    assert ("rastro_assets.outcomes", "rastro_assets.meta.errors") in imports_above_their_layer(
+        tree_copy
+    )
+
+
+def test_a_planted_package_in_no_layer_fails(tree_copy: Path):
+    plant(tree_copy, "rastro_assets/reports/__init__.py", "from rastro_assets import settings")
+    assert modules_in_no_layer(tree_copy) == {"rastro_assets.reports"}
+
+
+def test_a_planted_reach_for_the_fake_fails(tree_copy: Path):
+    plant(tree_copy, "rastro_assets/sync/syncer.py", "from rastro_fake_graph import FakeWorld")
+    assert fake_reached_from_the_product(tree_copy) == {
+        ("rastro_assets.sync.syncer", "rastro_fake_graph")
+    }
+
+
+def test_a_planted_lazy_import_loaded_with_its_module_fails(tree_copy: Path):
+    plant(tree_copy, "rastro_assets/meta/__init__.py", "import rastro_fake_graph")
+    assert imports_above_their_layer(tree_copy) == {("rastro_assets.meta", "rastro_fake_graph")}
+
+
+def test_a_planted_circle_fails(tree_copy: Path):
+    plant(tree_copy, "rastro_assets/meta/values.py", "from rastro_assets.meta import errors")
+    assert import_circles(tree_copy) == [{"rastro_assets.meta.errors", "rastro_assets.meta.values"}]

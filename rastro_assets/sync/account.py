@@ -23,10 +23,9 @@ from rastro_assets.outcomes import (
     ConnectionStatus,
     Outcome,
     error_line,
-    outcome_of,
 )
 from rastro_assets.sync.reader import SpendBatch, read_spend
-from rastro_assets.sync.types import SyncOutcome, SyncRefused, SyncRequest, Wiring
+from rastro_assets.sync.types import SyncOutcome, SyncRefused, SyncRequest, Wiring, outcome_of
 from rastro_assets.timekeeping import local_date
 from rastro_assets.vault import SecretsKeyError
 from rastro_assets.warehouse import registry

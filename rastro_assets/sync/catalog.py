@@ -26,13 +26,14 @@ from typing import TypeVar
 from rastro_assets.meta.client import MetaClient
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.meta.models import Ad
-from rastro_assets.outcomes import ConnectionStatus, Outcome, SyncKind, error_line, outcome_of
+from rastro_assets.outcomes import ConnectionStatus, Outcome, SyncKind, error_line
 from rastro_assets.sync.types import (
     CatalogOutcome,
     CatalogRefused,
     Preview,
     ThumbnailOutcome,
     Wiring,
+    outcome_of,
 )
 from rastro_assets.timekeeping import local_date
 from rastro_assets.vault import SecretsKeyError

@@ -8,6 +8,7 @@ from datetime import date, datetime
 from decimal import Decimal
 
 from rastro_assets.meta.client import MetaClient
+from rastro_assets.meta.errors import ErrorKind
 from rastro_assets.meta.models import Usage
 from rastro_assets.outcomes import Outcome, SyncKind
 from rastro_assets.timekeeping import Clock, days_between
@@ -15,6 +16,18 @@ from rastro_assets.vault import Vault
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.spend import DaySummary
 from rastro_assets.warehouse.thumbnails import StoredThumbnail
+
+OUTCOME_OF_ERROR_KIND: dict[ErrorKind, Outcome] = {
+    ErrorKind.TOKEN: Outcome.TOKEN,
+    ErrorKind.THROTTLED: Outcome.THROTTLED,
+    ErrorKind.PERMISSION: Outcome.PERMISSION,
+}
+"""The outcome a Meta failure ends a sync with; any other kind is `Outcome.OTHER`."""
+
+
+def outcome_of(kind: ErrorKind) -> Outcome:
+    return OUTCOME_OF_ERROR_KIND.get(kind, Outcome.OTHER)
+
 
 ClientFactory = Callable[[str], MetaClient]
 """Makes a Meta client from a token: the real Graph API, or the fake one in tests."""
