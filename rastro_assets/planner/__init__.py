@@ -8,9 +8,13 @@ Pure rules over an injected instant, and the history they read. The rows of
   recent delivery, for the idle rule).
 - `marks`: the live, daily and weekly marks a run earns, each beside the SQL
   that over-approximates it.
-- `cadence`: `plan` and `status`, the back-off and the freshness rule.
-- `history`: loads an account's state from the warehouse, reduced to the rows
-  the answers depend on.
+- `rules`: one rule per kind of read (backfill, gap, weekly, daily, live).
+- `coverage`: which days good runs have read (backfill and gap progress).
+- `backoff`: what holds the next sync back (a run in flight, failures, usage).
+- `cadence`: `plan` and `status` from those, and the freshness rule.
+- `instants`: the UTC instants the rules compare, and how reasons print waits.
+- `history`: loads each account's state from the warehouse; `reduced` picks
+  the rows the answers depend on, `runs` turns rows into `SyncRun`s.
 - `retention`: prunes `meta_sync_runs` without changing an answer.
 
 Imports nothing from Dagster: only `warehouse/`, `meta/` and the leaves lie below.

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 
 import duckdb
 
-from rastro_assets.planner.cadence import GAP_AFTER
+from rastro_assets.planner.rules import GAP_AFTER
 
 _GAP_AFTER_US = GAP_AFTER // timedelta(microseconds=1)
 

@@ -7,7 +7,7 @@ from datetime import UTC, date, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rastro_assets.planner.cadence import _first_missing, covered_days, first_unread_day
+from rastro_assets.planner.coverage import covered_days, first_missing, first_unread_day
 from rastro_assets.planner.state import SyncRun
 
 BASE = date(2026, 3, 1)
@@ -35,5 +35,5 @@ def runs(draw):
 def test_first_unread_day_matches_the_day_sets(history, start, length) -> None:
     since = BASE + timedelta(days=start)
     until = since + timedelta(days=length)
-    expected = _first_missing(covered_days(history, since, until), since, until)
+    expected = first_missing(covered_days(history, since, until), since, until)
     assert first_unread_day(history, since, until) == expected
