@@ -20,10 +20,10 @@ DEFAULT_ANALYTICS_LAG_SECONDS = 300
 
 # Operators may make the sensors tick faster (tests, demos); read once, when the code loads.
 SENSOR_INTERVAL_OVERRIDE_SECONDS = int(os.environ.get("RASTRO_SENSOR_INTERVAL_SECONDS") or 0)
-# How long a started sync holds its account (the reference's 15 minutes); a test or
+# How long a started sync holds its account (15 minutes, a wave's run timeout too); a test or
 # demo that kills runs may shorten it. Read once, when the code loads.
 SYNC_LEASE_SECONDS = int(os.environ.get("RASTRO_SYNC_LEASE_SECONDS") or 15 * 60)
-# The reference reads every account live this often; an idle one (no spend today or
+# Every account's today and yesterday are read this often; an idle one (no spend today or
 # yesterday, no ACTIVE ad) every RASTRO_IDLE_LIVE_INTERVAL_MINUTES, where setting the live
 # interval itself turns idling off.
 LIVE_INTERVAL_MINUTES = 45

@@ -15,8 +15,7 @@ from collections.abc import Mapping
 SHARDS_SETTING = "RASTRO_ACCOUNT_SHARDS"
 MOVE_COMMAND = "rastro shard move"
 # Accounts whose spend one asset serves within about a second on the partitions page and
-# after a link (a year of history; /work/shared/dagster-scale.md: 0.36 s warm, 0.95 s after
-# a link at 100 accounts, 4.3 s and 8.2 s at 1,000).
+# after a link, with a year of history (bench/README.md, "Dagster at scale").
 FAST_SHARD_ACCOUNTS = 100
 
 AD_SPEND = "ad_spend_daily"

@@ -13,11 +13,10 @@ tests and benchmarks pin 2026-11-23 .. 2026-11-30), so its first day is in
 August 2026. A deployment that wants older history as partitions (a backfill
 from the UI of last year, say) sets an earlier start. Every day before it would only grow
 Dagster's key space (accounts x dates), which the backfill daemon lists in
-full for each backfill it takes up: at 3,000 accounts 374,000 keys today
-(6 s, 300 MB), against 3.2 million from 2024-01-01 (60 s, 2.6 GB); it grows by
-one day's keys a day. A day before an account's reach (`reach_start`: the
-axis, or Meta's 37 months of insights) is never asked of Dagster or Meta: the
-sensors leave it out.
+full for each backfill it takes up, in time and memory that grow with the keys
+(bench/README.md); it grows by one day's keys a day. A day before an account's
+reach (`reach_start`: the axis, or Meta's 37 months of insights) is never asked
+of Dagster or Meta: the sensors leave it out.
 
 Moving `FIRST_DATE` either way changes the date dimension's identity: Dagster then
 rebuilds both spend assets' partition-status caches, and a backfill in flight

@@ -24,7 +24,7 @@ keeps its record and log, so the grid's link to it works.
 The run-based rule this replaces kept every run holding any partition's
 latest materialization: a backfill run or a wave holds some, so almost
 nothing went, and finding the holders read every latest-materialization
-record (193 s a tick at 3,000 accounts). This one walks the event ids in
+record (minutes a tick at thousands of accounts, bench/README.md). This one walks the event ids in
 windows from a cursor and stops starting new windows, or deleting runs, once
 `TICK_BUDGET_SECONDS` are spent, so a tick costs the same at any size; what
 is left waits for the next tick. A window's newest events may be superseded
@@ -278,7 +278,7 @@ def _runs_holding_events(instance: dg.DagsterInstance, run_ids: list[str]) -> se
     event = SqlEventLogStorageTable
     # One probe a run, stopping at its first asset event: a single `run_id IN (...)` query
     # is answered from the event-type index and reads every asset event of the instance
-    # (4.9 s at 3,000 accounts with a year of history; these probes take 10 ms).
+    # (bench/README.md, "Retention at 3,000").
     holds = (
         sa.select(sa.literal(1))
         .where(

@@ -1,7 +1,7 @@
 """The sync wave: one Dagster run syncs every account that fell due together.
 
-A run costs ~2.8 s of Dagster overhead; a live sync of one account costs a
-few Meta calls. Grouping the accounts due in one sensor tick into one run,
+A run costs seconds of Dagster overhead (bench/README.md); a live sync of
+one account costs a few Meta calls. Grouping the accounts due in one sensor tick into one run,
 with bounded concurrency inside, keeps the 45-minute cadence cheap at a
 thousand accounts. Each account-day the wave replaced completely is still
 recorded as a materialization of its partition, so the partition grid and
@@ -57,7 +57,7 @@ LIVE_RECORD_BLOCK_MINUTES = 180
 def days_worth_recording(outcome: SyncOutcome, recorded: Collection[str] = ()) -> list[date]:
     """The completely read days whose partition a materialization should mark.
 
-    A materialization costs ~10 ms of CPU and ~5-10 KB of instance storage, and
+    A materialization costs CPU and instance storage (bench/README.md), and
     live waves re-read today and yesterday of every account every 45 minutes:
     recording each would be most of the cadence's cost. So a day unchanged
     since its last write is not recorded (the materialization that wrote its
@@ -146,7 +146,7 @@ def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: Rastro
     for request, reason in wave.refused:
         context.log.warning(f"{request.ad_account_id}: skipped: {reason}")
 
-    # Each log line is an event the instance stores (~8 ms): accounts that
+    # Each log line is an event the instance stores, one write each: accounts that
     # synced fine are summed up in one line and the run's metadata.
     outcomes = wave.outcomes
     # Read when recording, not from the sensor's tick: a `rastro shard move` meanwhile

@@ -8,10 +8,10 @@
    reader refuses: `parse_insight_table` takes the page `json.loads` decoded
    row by row through it. It states every field rule and words every refusal.
 
-The byte reader gives exactly what the reference gives, or refuses the page
+The byte reader gives exactly what the per-row reader gives, or refuses the page
 (the differential tests in `rastro_assets_tests/meta/test_insights_parse_bytes.py`
 hold it to that; `test_insights_parse.py` and `test_insights_parse_rows.py`
-state the reference's rules). Every check raises `MalformedResponse` with a
+state the per-row reader's rules). Every check raises `MalformedResponse` with a
 message naming the field, never echoing a whole body.
 """
 
@@ -204,7 +204,7 @@ class InsightsPage:
 def parse_insight_table(raw_rows: Any, since: date, until: date) -> pa.Table:
     """A page's `data`, as `json.loads` decodes it, as an `INSIGHT_SCHEMA` table in page order.
 
-    The reference: every row, in order, goes through `parse_insight_row`, so
+    The per-row path: every row, in order, goes through `parse_insight_row`, so
     the values and every error are the ones it gives. The client takes this
     path only for a body `read_insights_page` refuses; what that reads from
     the bytes is what this gives for the decoded page.
@@ -221,7 +221,7 @@ def read_insights_page(body: bytes, since: date, until: date) -> InsightsPage | 
     per-row reference, `parse_insight_table`) for anything that is not plain:
     a body that is not one JSON object starting with `{`, any key or type
     outside `_BODY_SCHEMA`, a duplicated key, invalid UTF-8, a lone surrogate,
-    a null or odd row. What comes back is then what the reference gives.
+    a null or odd row. What comes back is then what `parse_insight_table` gives.
     """
     # `json` guesses UTF-16/32 from NULs in the first four bytes and skips a BOM.
     if body[:1] != b"{" or b"\x00" in body[:4] or len(body) >= _MAX_BODY_BYTES:

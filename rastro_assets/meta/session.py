@@ -48,7 +48,7 @@ PageReader = Callable[[bytes], InsightsPage | None]
 def _shared_ssl_context() -> ssl.SSLContext:
     """One TLS context for every client of the process.
 
-    Building one loads the CA bundle (~40 ms of CPU); a wave builds a client per
+    Building one loads and parses the CA bundle; a wave builds a client per
     account sync, hundreds per run.
     """
     return httpx.create_ssl_context()

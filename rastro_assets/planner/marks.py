@@ -1,10 +1,14 @@
-"""The marks the reference kept on an account, each recovered from the run that earned it.
+"""The marks the cadence goes by, each recovered from the run that earned it.
 
-A good run that read its own local today is a live mark; the daily and weekly
-marks are live marks that also read the trailing days of the re-sync, or that
-ended a backfill or gap fill (its last block reaches today, and the reference
-counts a finished fill as both re-syncs). The
-planner applies these rules to `SyncRun`s. The history loader (`history`) looks for
+A sync loop would keep these on the account (last live read, last daily, last
+weekly); the planner finds them in `meta_sync_runs` instead, so there is no
+second copy to drift. A good run that read its own local today is a live mark;
+the daily and weekly marks are live marks that also read the trailing days of
+the re-sync, or that ended a backfill or gap fill: its last block reaches today
+and reads the catalog, and the fill has just read every day up to today, so it
+counts as both re-syncs (docs/operations.md, "The cadence").
+
+The planner applies these rules to `SyncRun`s. The history loader looks for
 candidates in SQL, with the predicate beside each rule: it over-approximates
 the rule on day numbers of `since`, `until` and the UTC day of the start (a
 run's local start day is within one day of that, so each bound gets a day of

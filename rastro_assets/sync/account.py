@@ -262,7 +262,7 @@ class SpendSync(Wiring):
             outcome = outcome_of(exc.kind)
             result.token_rejected_by_meta = outcome == Outcome.TOKEN
             # A throttle that names no wait of its own waits for the longest
-            # one Meta announced earlier in this read (the reference does too).
+            # one Meta announced earlier in this read: the quota it named is still spent.
             regain = exc.regain_seconds or client.stats.usage.regain_seconds
             self._fail(result, outcome, str(exc), regain_seconds=regain)
         except (AccountNotLinked, AccountTakenOver, SpendInputError) as exc:

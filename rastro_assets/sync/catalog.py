@@ -46,7 +46,7 @@ from rastro_assets.warehouse.runs import SyncRunEnd, SyncRunStart, record_finish
 log = logging.getLogger(__name__)
 
 CATALOG_BATCH = 500  # ads merged per transaction while the listing streams in
-MISSING_NAMES_LOOKBACK_DAYS = 7  # days before local today: 8 days in all, as the reference
+MISSING_NAMES_LOOKBACK_DAYS = 7  # days before local today: 8 days, the daily re-sync's and today
 MAX_MISSING_NAMES = 50
 MAX_THUMBNAILS_PER_RUN = 300
 THUMBNAIL_CONCURRENCY = 8
@@ -327,8 +327,9 @@ class CatalogSyncer(Wiring):
     ) -> None:
         """The throttled read as a `manual` sync of the account's local today, ended `throttled`.
 
-        The reference backs off after any throttled call; the planner's one
-        state is `meta_sync_runs`, so this row is what holds the account.
+        A throttled catalog read backs the account off as a throttled spend read does
+        (docs/operations.md, "A throttle outside the cadence"); the planner's one state is
+        `meta_sync_runs`, so this row is what holds the account.
         """
         ended = self.clock()
         today = local_date(started_at, account.timezone)

@@ -23,7 +23,7 @@ class SpendInputError(ValueError):
 class AccountTakenOver(Exception):
     """A sync of the account started after this write's run: this run's write is refused.
 
-    One writer per account (the reference's `heldLink`): a run whose lease ran
+    One writer per account, as the lease promises: a run whose lease ran
     out and was taken again, or a hand-launched run beside a wave, must never
     interleave its rows with the run that holds the account now.
     """

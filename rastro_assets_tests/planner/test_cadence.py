@@ -584,7 +584,7 @@ def test_a_running_sync_holds_a_lease_then_times_out():
     assert not owed.is_due(started + 10 * MIN)
     assert status(account(history), started + 10 * MIN).state == "live"
 
-    # The lease ran out: the run is re-taken at once (the reference's loop), not backed off.
+    # The lease ran out: the run is re-taken at once (a lost run is no failure), not backed off.
     owed = plan(account(history), started + 15 * MIN)
     assert owed.is_due(started + 15 * MIN)
     assert "RUN_TIMEOUT: the previous sync did not finish" in owed.reason
