@@ -200,6 +200,11 @@ class InsightsPage:
     next_url: str | None  # `paging.next`
     after: str | None  # `paging.cursors.after`
 
+    @property
+    def data(self) -> pa.Table:
+        """The rows, as `GraphSession.pages` hands a page on."""
+        return self.table
+
 
 def parse_insight_table(raw_rows: Any, since: date, until: date) -> pa.Table:
     """A page's `data`, as `json.loads` decodes it, as an `INSIGHT_SCHEMA` table in page order.

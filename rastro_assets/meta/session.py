@@ -17,11 +17,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlencode
 
 import httpx
-import pyarrow as pa
 
 from rastro_assets.meta.errors import (
     ErrorKind,
@@ -30,7 +29,6 @@ from rastro_assets.meta.errors import (
     TimedOut,
     classify_error,
 )
-from rastro_assets.meta.insights_parse import InsightsPage
 from rastro_assets.meta.models import CallStats, Usage
 from rastro_assets.meta.usage import parse_usage
 
@@ -40,8 +38,20 @@ BACKOFF_BASE_SECONDS = 1.0
 BACKOFF_CAP_SECONDS = 60.0
 
 T = TypeVar("T")
+
+
+class DecodedPage(Protocol):
+    """A page a `PageReader` read straight from its bytes: its data and its paging."""
+
+    @property
+    def data(self) -> Any: ...
+
+    next_url: str | None  # `paging.next`
+    after: str | None  # `paging.cursors.after`
+
+
 # Reads an HTTP 200 body straight into a page; None: decode it with `json` as usual.
-PageReader = Callable[[bytes], InsightsPage | None]
+PageReader = Callable[[bytes], DecodedPage | None]
 
 
 @functools.cache
@@ -149,11 +159,11 @@ class GraphSession:
         what: str,
         retry_timeouts: bool = True,
         read_page: PageReader | None = None,
-    ) -> Iterator[list[Any] | pa.Table]:
+    ) -> Iterator[Any]:
         """Each page's `data`, following `after` cursors while `next` is given.
 
-        With `read_page`, a page it reads comes as its table; any other as the
-        `data` list `json` decoded.
+        With `read_page`, a page it reads comes as its `data` (the insights reader's
+        is a table); any other as the `data` list `json` decoded.
         """
         after: str | None = None
         next_url: str | None = None
@@ -170,8 +180,8 @@ class GraphSession:
                 url = first_url
             body = self.call("GET", url, what=what, retry_timeouts=retry_timeouts,
                              read_page=read_page)
-            if isinstance(body, InsightsPage):
-                yield body.table
+            if not isinstance(body, dict):
+                yield body.data
                 next_link, cursor = body.next_url, body.after
             else:
                 data = body.get("data")
