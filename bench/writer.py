@@ -128,7 +128,8 @@ def main() -> None:
 
     from rastro_assets.meta.models import insight_table
     from rastro_assets.warehouse.connection import Warehouse
-    from rastro_assets.warehouse.spend import _incoming_table, write_spend
+    from rastro_assets.warehouse.spend import write_spend
+    from rastro_assets.warehouse.spend_input import incoming_table
 
     today = _world.account_today()
     days = [today - timedelta(days=offset) for offset in range(DAYS - 1, -1, -1)]
@@ -146,10 +147,10 @@ def main() -> None:
         check_times, convert_times = [], []
         for _ in range(args.rounds):
             started = time.perf_counter()
-            _incoming_table(days, days, incoming)
+            incoming_table(days, days, incoming)
             check_times.append(time.perf_counter() - started)
             started = time.perf_counter()
-            _incoming_table(days, days, insight_table(new))
+            incoming_table(days, days, insight_table(new))
             convert_times.append(time.perf_counter() - started)
         print(f"pre-filled {len(old)} rows; the new read has {len(new)} rows over {len(days)} "
               f"days ({incoming.column('ad_id').num_chunks} pages), account linked to "
@@ -203,7 +204,7 @@ def main() -> None:
           f"{len(new) / best_write:,.0f} rows/s (best of {args.rounds})")
     print(f"bare insert of the table in one chunk: {min(one_chunk_floors) * 1000:.0f} ms "
           f"(write_spend against it: {best_write / min(one_chunk_floors):.2f}x)")
-    print(f"of which checking the table (`_incoming_table`): {min(check_times) * 1000:.0f} ms; "
+    print(f"of which checking the table (`incoming_table`): {min(check_times) * 1000:.0f} ms; "
           f"load average {os.getloadavg()[0]:.1f} on 2 cores")
     print(f"from InsightRows: write_spend {min(row_writes) * 1000:.0f} ms "
           f"({min(row_writes) / best_floor:.2f}x), of which their conversion and checks "

@@ -240,8 +240,8 @@ def test_only_the_demo_the_cli_and_make_client_reach_the_fake_graph():
 
 def test_the_syncer_alone_chains_the_catalog_after_the_spend():
     edges = graph(ROOT)
-    assert "rastro_assets.sync.catalog" not in edges["rastro_assets.sync.account"]
-    assert "rastro_assets.sync.account" not in edges["rastro_assets.sync.catalog"]
+    assert "rastro_assets.sync.catalog" not in edges["rastro_assets.sync.spend"]
+    assert "rastro_assets.sync.spend" not in edges["rastro_assets.sync.catalog"]
 
 
 def test_no_import_circles():

@@ -16,8 +16,9 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 
 from rastro_assets.outcomes import Outcome, error_line
-from rastro_assets.sync.account import DeadTokens, SpendSync, Target, Unwritten
 from rastro_assets.sync.catalog import CatalogSyncer, safe_text
+from rastro_assets.sync.spend import DeadTokens, SpendSync, Target
+from rastro_assets.sync.spend_writer import SpendWriter, Unwritten
 from rastro_assets.sync.types import SyncOutcome, SyncRequest, WaveOutcome, Wiring
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.runs import SyncRunEnd, finish_sync_runs
@@ -38,6 +39,10 @@ class Syncer(Wiring):
         return SpendSync(**self._wiring())
 
     @property
+    def writer(self) -> SpendWriter:
+        return SpendWriter(self.warehouse, self.clock)
+
+    @property
     def catalog(self) -> CatalogSyncer:
         return CatalogSyncer(**self._wiring())
 
@@ -54,14 +59,14 @@ class Syncer(Wiring):
             SyncRefused: the account is not linked, or the range is wrong.
         """
         started_at = synced_at or self.clock()
-        spend = self.spend
+        spend, writer = self.spend, self.writer
         targets, refused = spend.start([request], started_at)
         if refused:
             raise refused[0][1]
         [target] = targets
-        result, unwritten = spend.read(target, started_at, DeadTokens())
+        result, unwritten = _read(spend, writer, target, started_at, DeadTokens())
         if unwritten is not None:
-            spend.write([unwritten], started_at)
+            writer.write_many([unwritten], started_at)
         full_catalog = result.ok and target.request.catalog
         if full_catalog:
             self.catalog_after_spend(target, result)
@@ -87,7 +92,7 @@ class Syncer(Wiring):
         A sync that dies with the process leaves its run open until the
         lease runs out, as any killed run does.
         """
-        spend = self.spend
+        spend, writer = self.spend, self.writer
         with self.warehouse.held():
             targets, refused = spend.start(requests, synced_at)
             dead = DeadTokens()
@@ -105,7 +110,7 @@ class Syncer(Wiring):
                             pool.submit(self.catalog_after_spend, target, result)
 
                     reads = {
-                        pool.submit(spend.read, target, synced_at, dead): index
+                        pool.submit(_read, spend, writer, target, synced_at, dead): index
                         for index, target in enumerate(targets)
                     }
                     waiting: list[Unwritten] = []
@@ -119,7 +124,7 @@ class Syncer(Wiring):
                             waiting.append(unwritten)
                         if waiting and (len(waiting) >= WAVE_WRITE_BATCH or done == len(reads)):
                             # Written here while the pool goes on reading Meta.
-                            spend.write(waiting, synced_at)
+                            writer.write_many(waiting, synced_at)
                             for read in waiting:
                                 settle(read.target, read.result)
                             waiting = []
@@ -192,6 +197,21 @@ class Syncer(Wiring):
                 result.regain_at = max(filter(None, (result.regain_at, regain_at)))
         if failure is not None:
             result.outcome, result.error = failure
+
+
+def _read(
+    spend: SpendSync, writer: SpendWriter, target: Target, started_at: datetime, dead: DeadTokens
+) -> tuple[SyncOutcome, Unwritten | None]:
+    """One account's read, a large one written as it comes; a small one comes back unwritten.
+
+    A token Meta refused is noted in `dead`, so the wave's later reads on that
+    connection do not call Meta with it.
+    """
+    read = spend.read(target, started_at, dead)
+    unwritten = writer.take(read)
+    if read.result.token_rejected_by_meta:
+        dead.add(target.account.connection_id, read.result.error or "")
+    return read.result, unwritten
 
 
 class _FinishedRuns:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import date, datetime
@@ -10,12 +11,14 @@ from decimal import Decimal
 from rastro_assets.meta.client import MetaClient
 from rastro_assets.meta.errors import ErrorKind
 from rastro_assets.meta.models import Usage
-from rastro_assets.outcomes import Outcome, SyncKind
+from rastro_assets.outcomes import Outcome, SyncKind, error_line
 from rastro_assets.timekeeping import Clock, days_between
 from rastro_assets.vault import Vault
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.spend import DaySummary
 from rastro_assets.warehouse.thumbnails import StoredThumbnail
+
+log = logging.getLogger(__name__)
 
 OUTCOME_OF_ERROR_KIND: dict[ErrorKind, Outcome] = {
     ErrorKind.TOKEN: Outcome.TOKEN,
@@ -27,6 +30,17 @@ OUTCOME_OF_ERROR_KIND: dict[ErrorKind, Outcome] = {
 
 def outcome_of(kind: ErrorKind) -> Outcome:
     return OUTCOME_OF_ERROR_KIND.get(kind, Outcome.OTHER)
+
+
+def fail(
+    result: SyncOutcome, outcome: Outcome, message: str, *, regain_at: datetime | None = None
+) -> None:
+    """End a sync's outcome as failed, with the contract's error line (logged)."""
+    result.outcome = outcome
+    result.error = error_line(outcome, message)
+    if regain_at is not None:
+        result.regain_at = regain_at
+    log.warning("%s %s", result.request.ad_account_id, result.error)
 
 
 ClientFactory = Callable[[str], MetaClient]

@@ -20,19 +20,16 @@ from decimal import Decimal
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from rastro_assets.meta.models import INSIGHT_SCHEMA, InsightRow, first_unrepresentable
-from rastro_assets.spend_schema import SPEND_LIMIT
 from rastro_assets.warehouse.connection import register_arrow, transaction
 from rastro_assets.warehouse.errors import (
     AccountTakenOver,
     SpendInputError,
     WriteRefusal,
     not_linked,
-    read_columns,
 )
 from rastro_assets.warehouse.site_spend import SCOPE, DaySummary, replace_site_spend
+from rastro_assets.warehouse.spend_input import SPEND_COLUMNS, first_duplicate, incoming_table
 
 __all__ = [
     "SPEND_COLUMNS",
@@ -46,10 +43,6 @@ __all__ = [
 ]
 
 ZERO_SPEND = Decimal("0.0000")
-# The columns the writer reads, with the types it takes them in.
-SPEND_COLUMNS = pa.schema(INSIGHT_SCHEMA.field(name) for name in (
-    "ad_id", "day", "spend", "impressions", "clicks", "conversations"
-))
 
 # The name the reads' Arrow table is registered under, spelled out in the SQL below.
 _INCOMING = "incoming_spend"
@@ -135,7 +128,7 @@ def write_spend_many(
     for index, write in enumerate(writes):
         day_list, complete_list = sorted(set(write.days)), sorted(set(write.complete_days))
         try:
-            table = _incoming_table(day_list, complete_list, write.rows)
+            table = incoming_table(day_list, complete_list, write.rows)
         except SpendInputError as exc:
             answers[index] = exc
             continue
@@ -195,7 +188,7 @@ def _write_batch(
                 refused.add(account)
             elif repeated:
                 answers[account] = SpendInputError(
-                    f"the read repeats an ad-day: {_first_duplicate(batch[account].table)}"
+                    f"the read repeats an ad-day: {first_duplicate(batch[account].table)}"
                 )
                 refused.add(account)
             elif not sites:
@@ -414,49 +407,3 @@ def spend_by_day(
     ).fetchall()
     found = {day: DaySummary(spend, int(count)) for day, spend, count in rows}
     return {day: found.get(day, DaySummary(ZERO_SPEND, 0)) for day in days}
-
-
-def _incoming_table(days: list[date], complete_days: list[date], rows: pa.Table) -> pa.Table:
-    """The read as `SPEND_COLUMNS`, checked; SpendInputError when it is wrong.
-
-    Repeated ad-days are counted by DuckDB in the writer's first query.
-    """
-    day_set = set(days)
-    stray = [day for day in complete_days if day not in day_set]
-    if stray:
-        raise SpendInputError(f"complete day {stray[0].isoformat()} is not one of the days written")
-    table = read_columns(rows, SPEND_COLUMNS)
-    if not table.num_rows:
-        return table
-    ad_id, day = table["ad_id"], table["day"]
-    written = pc.is_in(day, value_set=pa.array(days, pa.date32()))
-    if not pc.all(written).as_py():
-        outside = pc.index(written, False).as_py()
-        raise SpendInputError(
-            f"ad {ad_id[outside].as_py()} has a row for {day[outside].as_py()}, which is not"
-            " one of the days written"
-        )
-    if ad_id.null_count or pc.any(pc.equal(ad_id, "")).as_py():
-        raise SpendInputError("the read has a row without an ad id")
-    if any(column.null_count for column in table.columns):
-        raise SpendInputError(_first_unrepresentable(table) or "the read has an empty figure")
-    # decimal128(18, 4) promises 18 digits, but an array built unchecked may hold more.
-    extremes = pc.min_max(table["spend"])
-    if extremes["min"].as_py() <= -SPEND_LIMIT or extremes["max"].as_py() >= SPEND_LIMIT:
-        raise SpendInputError(_first_unrepresentable(table) or "a spend is out of range")
-    return table
-
-
-def _first_unrepresentable(table: pa.Table) -> str | None:
-    """The refusal naming the first row that does not fit."""
-    columns = [table[field.name].to_pylist() for field in SPEND_COLUMNS]
-    return first_unrepresentable(list(map(InsightRow, *columns)))
-
-
-def _first_duplicate(table: pa.Table) -> str:
-    seen: set[tuple[str, date]] = set()
-    for ad_id, day in zip(table["ad_id"].to_pylist(), table["day"].to_pylist(), strict=True):
-        if (ad_id, day) in seen:
-            return f"ad {ad_id} on {day.isoformat()}"
-        seen.add((ad_id, day))
-    return "unknown"

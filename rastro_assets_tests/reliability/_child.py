@@ -70,7 +70,7 @@ class _StallAfterDelete:
 
 
 def _stall(args: argparse.Namespace) -> int:
-    from rastro_assets.sync import account
+    from rastro_assets.sync import spend_writer
     from rastro_assets.sync.syncer import Syncer
     from rastro_assets.sync.types import SyncRequest
     from rastro_assets.warehouse.connection import Warehouse
@@ -82,12 +82,12 @@ def _stall(args: argparse.Namespace) -> int:
     world = build_world(clock, TOKEN)
     since, until = date.fromisoformat(args.since), date.fromisoformat(args.until)
     perturb(world, args.account, since, until)
-    real_write = account.write_spend_many
+    real_write = spend_writer.write_spend_many
 
     def stalling_write(con, *write_args, **kwargs):
         return real_write(_StallAfterDelete(con), *write_args, **kwargs)
 
-    account.write_spend_many = stalling_write
+    spend_writer.write_spend_many = stalling_write
     syncer = Syncer(Warehouse(args.db), client_factory(world), clock=clock)
     outcome = syncer.sync(SyncRequest(args.account, since, until, kind="manual",
                                       run_id=args.run_id))

@@ -1,0 +1,268 @@
+"""One account's spend sync, in the steps a caller chains: start, read, end.
+
+`start` checks requests and opens their runs' leases in one statement; `read`
+returns Meta's answer as batches, read as they are asked for, and never
+writes: the token is opened from the vault when the first batch is asked for
+and never leaves the read. `spend_writer.SpendWriter` writes what the read
+brings; `end` closes the runs' rows. `syncer.Syncer` chains them for one sync
+or for a wave.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import date, datetime, timedelta
+
+from rastro_assets.meta.errors import MetaError
+from rastro_assets.outcomes import FILL_KINDS, ConnectionStatus, Outcome
+from rastro_assets.sync.reader import SpendBatch, read_spend
+from rastro_assets.sync.types import (
+    SyncOutcome,
+    SyncRefused,
+    SyncRequest,
+    Wiring,
+    fail,
+    outcome_of,
+)
+from rastro_assets.timekeeping import local_date
+from rastro_assets.vault import SecretsKeyError
+from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.connection import transaction
+from rastro_assets.warehouse.runs import (
+    SyncRunEnd,
+    SyncRunStart,
+    start_sync_runs,
+)
+
+log = logging.getLogger(__name__)
+
+SIZING_HISTORY_DAYS = 35
+"""Days of history before a read whose rows per day size its insights ranges."""
+
+
+class DeadTokens:
+    """Connections whose token Meta refused during this wave, with the first error."""
+
+    def __init__(self) -> None:
+        self._errors: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def add(self, connection_id: str, error: str) -> None:
+        with self._lock:
+            self._errors.setdefault(connection_id, error)
+
+    def error(self, connection_id: str) -> str | None:
+        with self._lock:
+            return self._errors.get(connection_id)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A checked request with its account and connection as the sync started."""
+
+    request: SyncRequest
+    account: registry.LinkedAccount
+    connection: registry.Connection | None
+    rows_per_day: int | None = None
+    """The most ad rows one day of the account held lately: sizes the insights ranges."""
+
+    @property
+    def token_sealed_at(self) -> datetime | None:
+        return self.connection.sealed_at if self.connection else None
+
+
+@dataclass
+class SpendRead:
+    """One started sync's read: its outcome so far, and Meta's answer as it comes.
+
+    `batches` reads Meta as it is iterated; its last batch may be the read's whole
+    answer (`SpendBatch.whole`). A failure ends it and is recorded in `result`.
+    """
+
+    target: Target
+    result: SyncOutcome
+    batches: Generator[SpendBatch, None, None]
+
+
+class SpendSync(Wiring):
+    """The steps of spend syncs against one warehouse with one way of reaching Meta."""
+
+    def start(
+        self, requests: Sequence[SyncRequest], started_at: datetime
+    ) -> tuple[list[Target], list[tuple[SyncRequest, SyncRefused]]]:
+        """Check each request and open the lease of every one that can run."""
+        targets: list[Target] = []
+        refused: list[tuple[SyncRequest, SyncRefused]] = []
+        now = self.clock()
+        with self.warehouse.connect() as con, transaction(con):
+            if len(requests) == 1:
+                found = registry.get_account(con, requests[0].ad_account_id)
+                accounts = {found.ad_account_id: found} if found else {}
+            else:
+                accounts = {a.ad_account_id: a for a in registry.linked_accounts(con)}
+            connections = registry.get_connections(
+                con, {account.connection_id for account in accounts.values()}
+            )
+            for request in requests:
+                try:
+                    account = _linked(request, accounts, now)
+                except SyncRefused as exc:
+                    refused.append((request, exc))
+                    continue
+                request = _with_catalog_if_last_block(request, local_date(now, account.timezone))
+                targets.append(Target(request, account, connections.get(account.connection_id)))
+            busiest = busiest_days(con, targets)
+            targets = [
+                replace(target, rows_per_day=busiest.get(target.request.ad_account_id))
+                for target in targets
+            ]
+            start_sync_runs(
+                con,
+                [
+                    SyncRunStart(
+                        run_id=target.request.run_id,
+                        ad_account_id=target.request.ad_account_id,
+                        kind=target.request.kind,
+                        since=target.request.since,
+                        until=target.request.until,
+                        started_at=started_at,
+                        catalog=target.request.catalog,
+                        token_sealed_at=target.token_sealed_at,
+                    )
+                    for target in targets
+                ],
+            )
+        return targets, refused
+
+    def read(self, target: Target, started_at: datetime, dead: DeadTokens) -> SpendRead:
+        """Meta's answer for one started sync, as batches read when iterated; never writes.
+
+        Neither this nor the iteration raises for Meta's failures, a missing
+        key or a dead token: they end the read and are recorded in its outcome.
+        """
+        request, connection = target.request, target.connection
+        result = SyncOutcome(
+            request=request,
+            timezone=target.account.timezone,
+            currency=target.account.currency,
+            started_at=started_at,
+        )
+        dead_error = dead.error(connection.connection_id) if connection else None
+        if connection is None or connection.status != ConnectionStatus.ACTIVE or dead_error:
+            reason = dead_error or (connection.last_error if connection else None)
+            reason = reason or "no valid token"
+            fail(result, Outcome.TOKEN, f"the connection's token is invalid: {reason}")
+            return SpendRead(target, result, _no_batches())
+        return SpendRead(target, result, self._batches(target, result))
+
+    def _batches(
+        self, target: Target, result: SyncOutcome
+    ) -> Generator[SpendBatch, None, None]:
+        request, connection = target.request, target.connection
+        try:
+            token = self.vault_factory().open(connection.connection_id, connection.sealed_token)
+        except SecretsKeyError as exc:
+            fail(result, Outcome.KEY, str(exc))
+            return
+        client = self.client_factory(token)
+        del token
+        try:
+            yield from read_spend(client, request.ad_account_id, request.since, request.until,
+                                  rows_per_day=target.rows_per_day)
+        except MetaError as exc:
+            outcome = outcome_of(exc.kind)
+            result.token_rejected_by_meta = outcome == Outcome.TOKEN
+            # A throttle that names no wait of its own waits for the longest
+            # one Meta announced earlier in this read: the quota it named is still spent.
+            regain = exc.regain_seconds or client.stats.usage.regain_seconds
+            fail(result, outcome, str(exc), regain_at=self._after(regain))
+        finally:
+            result.api_calls = client.stats.api_calls
+            result.usage = client.stats.usage
+            client.close()
+
+    def _after(self, seconds: int | None) -> datetime | None:
+        return self.clock() + timedelta(seconds=seconds) if seconds else None
+
+    def end(self, target: Target, result: SyncOutcome) -> tuple[str, str, SyncRunEnd]:
+        """The run's row as the sync ended, for `finish_sync_runs`."""
+        end = SyncRunEnd(
+            finished_at=self.clock(),
+            outcome=result.outcome,
+            rows_written=result.rows_written,
+            rows_deleted=result.rows_deleted,
+            api_calls=result.api_calls,
+            error=result.error,
+            usage_pct=result.usage.pct,
+            regain_at=result.regain_at,
+            incomplete_days=tuple(result.incomplete_days),
+        )
+        return target.request.run_id, target.request.ad_account_id, end
+
+    def mark_token(self, con, target: Target, result: SyncOutcome) -> None:
+        """Mark the connection dead when Meta refused its token during this sync."""
+        if result.token_rejected_by_meta:
+            registry.mark_connection_invalid(
+                con,
+                target.account.connection_id,
+                result.error or "",
+                self.clock(),
+                token_sealed_at=target.token_sealed_at,
+            )
+
+def _no_batches() -> Generator[SpendBatch, None, None]:
+    yield from ()
+
+
+def busiest_days(con, targets: Sequence[Target]) -> dict[str, int]:
+    """Each target account's most ad rows in one day, from `SIZING_HISTORY_DAYS` before
+    the earliest range asked on.
+
+    One statement for the whole wave. A backfill's later blocks learn from its earlier
+    ones, whichever way round they run.
+    """
+    if not targets:
+        return {}
+    earliest = min(target.request.since for target in targets)
+    accounts = sorted({target.request.ad_account_id for target in targets})
+    found = con.execute(
+        "SELECT ad_account_id, max(n) FROM ("
+        " SELECT ad_account_id, day, count(*) AS n FROM ad_spend_daily"
+        " WHERE day >= ? AND ad_account_id IN (SELECT unnest(?::VARCHAR[]))"
+        " GROUP BY ad_account_id, day"
+        ") GROUP BY ad_account_id",
+        [earliest - timedelta(days=SIZING_HISTORY_DAYS), accounts],
+    ).fetchall()
+    return {account: int(rows) for account, rows in found}
+
+
+def _with_catalog_if_last_block(request: SyncRequest, today: date) -> SyncRequest:
+    """A fill's block that reaches the account's local today is its last: it reads the catalog.
+
+    The planner then counts it as the daily and weekly re-sync (`planner.marks`),
+    so a new account's backfill is not followed by a 7- or 28-day read of days
+    it has just read.
+    """
+    if request.kind in FILL_KINDS and request.until >= today and not request.catalog:
+        return replace(request, catalog=True)
+    return request
+
+
+def _linked(
+    request: SyncRequest, accounts: Mapping[str, registry.LinkedAccount], now: datetime
+) -> registry.LinkedAccount:
+    account = accounts.get(request.ad_account_id)
+    if account is None:
+        raise SyncRefused(f"{request.ad_account_id} is not linked to any site")
+    today = local_date(now, account.timezone)
+    if request.until > today:
+        raise SyncRefused(
+            f"{request.ad_account_id}: {request.until} is after the account's local "
+            f"today ({today} in {account.timezone}); Meta has no figures for it yet"
+        )
+    if request.since > request.until:
+        raise SyncRefused(f"since {request.since} is after until {request.until}")
+    return account
