@@ -14,7 +14,6 @@ import logging
 import random
 import ssl
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
 from typing import Any, Protocol, TypeVar
@@ -110,18 +109,10 @@ class GraphSession:
     """One httpx client with its token, retries and what it spent (`stats`)."""
 
     def __init__(
-        self,
-        token: str,
-        *,
-        base_url: str,
-        transport: httpx.BaseTransport | None = None,
-        timeout_seconds: float = 60,
-        max_retries: int = 3,
-        sleep: Callable[[float], None] = time.sleep,
+        self, token: str, *, base_url: str, transport: httpx.BaseTransport | None,
+        timeout_seconds: float, max_retries: int, sleep: Callable[[float], None],
     ) -> None:
-        check_token_text(token)
-        if max_retries < 0 or timeout_seconds <= 0:
-            raise ValueError("timeout_seconds must be positive, max_retries >= 0")
+        """Built by `MetaClient`, which checks the token's text and defaults the rest."""
         self._token = _Secret(token)
         self.base_url = base_url.rstrip("/")
         self.timeout_seconds = timeout_seconds
