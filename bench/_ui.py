@@ -251,7 +251,7 @@ def check() -> None:
     import tempfile
 
     import dagster as dg
-    from scale import workspace_context
+    from _world import workspace_context
 
     from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
 

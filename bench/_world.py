@@ -26,7 +26,8 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -290,3 +291,50 @@ if __name__ == "__main__":
     serve_parser.add_argument("--wave-accounts", type=int, default=0)
     serve_parser.add_argument("--wave-ads", type=int, default=20)
     _serve_main(parser.parse_args())
+
+
+def timed_into(spent: dict[str, float], name: str, fn: Callable) -> Callable:
+    """`fn`, adding the wall seconds of each call to `spent[name]`."""
+    def wrapper(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - started
+    return wrapper
+
+
+def workspace_context(instance):
+    """The code location loaded in this process, as `dagster-webserver` serves it."""
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import ModuleTarget
+
+    return WorkspaceProcessContext(
+        instance,
+        ModuleTarget(
+            module_name="rastro_assets.definitions",
+            attribute=None,
+            working_directory=str(REPO),
+            location_name="rastro_assets",
+        ),
+    )
+
+
+def resync_runs_sql(days: str, where: str) -> str:
+    """`meta_sync_runs` rows of the re-syncs from 04:02 local, as a SELECT for an INSERT.
+
+    Each day of `days` (a query of `act, tz, d, day`) gets the daily re-sync (7 days and the
+    catalog), every seventh one the weekly (28 days); `where` filters on `started_at`. The
+    statement's `$linked` parameter is each row's `token_sealed_at` (the token of the link).
+    """
+    return f"""
+            SELECT kind || '-' || d, act, kind,
+                   day - CASE kind WHEN 'weekly' THEN 27 ELSE 6 END, day, started_at,
+                   started_at + INTERVAL 90 SECOND, 'ok', 9000, 3, 30, NULL, true, 8.0,
+                   NULL, NULL, $linked
+            FROM (
+                SELECT act, d, day, timezone(tz, day + TIME '04:02:00') AS started_at,
+                       CASE WHEN d % 7 = 3 THEN 'weekly' ELSE 'daily' END AS kind
+                FROM ({days})
+            )
+            WHERE {where}"""

@@ -90,13 +90,7 @@ def breakdown(base_url: str, blocks) -> None:
     spent: dict[str, float] = {}
 
     def timed(name, fn):
-        def wrapper(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                spent[name] = spent.get(name, 0.0) + time.perf_counter() - started
-        return wrapper
+        return _world.timed_into(spent, name, fn)
 
     nested = "  of which: insights pages read from bytes"
     patches = [

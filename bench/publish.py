@@ -224,8 +224,13 @@ def _build_runs(con, linked_at, backfill_days: int) -> None:
     """The rows a steady cadence leaves once retention has pruned older live reads, in start
     order (as syncs append them)."""
     blocks = -(-backfill_days // 30)
+    resyncs = _world.resync_runs_sql(
+        "SELECT act, tz, d, link_day + 1 + d::INTEGER AS day"
+        " FROM bench_accounts, range(($now::DATE - $linked::DATE) + 1) t(d)",
+        "started_at > $linked AND started_at < $now",
+    )
     con.execute(
-        """
+        f"""
         INSERT INTO meta_sync_runs
         SELECT * FROM (
             SELECT 'bf-' || b, act, 'backfill',
@@ -235,17 +240,7 @@ def _build_runs(con, linked_at, backfill_days: int) -> None:
                    60000, 0, 120, NULL, b = 0, 3.0, NULL, NULL, $linked
             FROM bench_accounts, range($blocks) t(b)
             UNION ALL
-            SELECT kind || '-' || d, act, kind,
-                   day - CASE kind WHEN 'weekly' THEN 27 ELSE 6 END, day, started_at,
-                   started_at + INTERVAL 90 SECOND, 'ok', 9000, 3, 30, NULL, true, 8.0,
-                   NULL, NULL, $linked
-            FROM (
-                SELECT act, d, day, timezone(tz, day + TIME '04:02:00') AS started_at,
-                       CASE WHEN d % 7 = 3 THEN 'weekly' ELSE 'daily' END AS kind
-                FROM (SELECT act, tz, d, link_day + 1 + d::INTEGER AS day
-                      FROM bench_accounts, range(($now::DATE - $linked::DATE) + 1) t(d))
-            )
-            WHERE started_at > $linked AND started_at < $now
+            {resyncs}
             UNION ALL
             SELECT 'live-' || k, act, 'live', local_day - 1, local_day, started_at,
                    started_at + INTERVAL 40 SECOND, outcome, 400, 0, 2,
@@ -414,13 +409,7 @@ def instrumented(log: list, parts: dict):
                  shutil.copyfile)
 
     def timed(name, fn):
-        def wrapper(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                parts[name] = parts.get(name, 0.0) + time.perf_counter() - started
-        return wrapper
+        return _world.timed_into(parts, name, fn)
 
     snapshot.refresh = timed("snapshot.refresh", lambda con, *a: originals[0](_Timed(con, log),
                                                                               *a))

@@ -75,6 +75,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _world  # noqa: E402
 
 NEW_ACCOUNTS = 20
 HISTORY_DAYS = 90
@@ -353,21 +356,6 @@ def build_year(builder: Builder, ids: list[str], now: datetime, started: float) 
     return finish(builder, started)
 
 
-def workspace_context(instance):
-    from dagster._core.workspace.context import WorkspaceProcessContext
-    from dagster._core.workspace.load_target import ModuleTarget
-
-    return WorkspaceProcessContext(
-        instance,
-        ModuleTarget(
-            module_name="rastro_assets.definitions",
-            attribute=None,
-            working_directory=str(REPO),
-            location_name="rastro_assets",
-        ),
-    )
-
-
 def new_accounts(accounts: int) -> list[str]:
     return [account_id(accounts + n) for n in range(NEW_ACCOUNTS)]
 
@@ -424,7 +412,7 @@ def measure_daemon(instance, accounts: int, now: datetime, iterations: int,
     previous = os.environ.pop(PLANNED_SUBSET_VARIABLE, None)
     if planned_subset:
         os.environ[PLANNED_SUBSET_VARIABLE] = "true"
-    with workspace_context(instance) as context:
+    with _world.workspace_context(instance) as context:
         context.create_request_context()  # loads the code location before the clock starts
         backfill_ids = submit_new_accounts(instance, accounts, now, per_account)
         figures = []
@@ -588,7 +576,7 @@ def measure_ui(instance) -> dict[str, dict[str, float]]:
             )
         return figures
 
-    with workspace_context(instance) as context:
+    with _world.workspace_context(instance) as context:
         context.create_request_context()
         for key in (AD_SPEND_DAILY, SITE_SPEND_DAILY):
             instance.wipe_asset_cached_status([key])

@@ -93,8 +93,13 @@ def build(path: Path, accounts: int) -> None:
         # linking (three 30-day runs up to the link date), a live sync every 45 minutes
         # (today and yesterday local; ~1% failed, 0.5% throttled), and the re-sync from
         # 04:00 local (7 days and the catalog; 28 days every seventh day).
+        resyncs = _world.resync_runs_sql(
+            "SELECT act, tz, d, timezone(tz, $linked::TIMESTAMPTZ)::DATE + 1 + d::INTEGER AS day"
+            " FROM bench_accounts, range(90) t(d)",
+            "started_at < $now",
+        )
         con.execute(
-            """
+            f"""
             INSERT INTO meta_sync_runs
             SELECT * FROM (
                 SELECT 'bf-' || b, act, 'backfill',
@@ -123,18 +128,7 @@ def build(path: Path, accounts: int) -> None:
                     WHERE started_at < $now
                 )
                 UNION ALL
-                SELECT kind || '-' || d, act, kind,
-                       day - CASE kind WHEN 'weekly' THEN 27 ELSE 6 END, day, started_at,
-                       started_at + INTERVAL 90 SECOND, 'ok', 9000, 3, 30, NULL, true, 8.0,
-                       NULL, NULL, $linked
-                FROM (
-                    SELECT act, d, day, timezone(tz, day + TIME '04:02:00') AS started_at,
-                           CASE WHEN d % 7 = 3 THEN 'weekly' ELSE 'daily' END AS kind
-                    FROM (SELECT act, tz, d,
-                                 timezone(tz, $linked::TIMESTAMPTZ)::DATE + 1 + d::INTEGER AS day
-                          FROM bench_accounts, range(90) t(d))
-                )
-                WHERE started_at < $now
+                {resyncs}
             ) ORDER BY 6
             """,
             {"linked": LINKED_AT, "now": _world.NOW, "live": 90 * LIVE_PER_DAY},
