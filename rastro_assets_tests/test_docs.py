@@ -73,7 +73,7 @@ def test_scaled_instance_config_matches_dagsters_schema(scaled_env):
     config, custom_class = dagster_instance_config(str(DOCS), config_filename=SCALED)
     assert custom_class is None
     assert set(config["storage"]) == {"postgres"}
-    assert config["run_coordinator"]["class"] == "QueuedRunCoordinator"
+    assert config["run_coordinator"]["class"] == "AccountRunCoordinator"
 
 
 def test_every_configured_class_accepts_its_config(scaled_env, tmp_path: Path):
