@@ -275,3 +275,39 @@ def test_the_docs_name_the_snapshots_variables():
     readme = README.read_text()
     assert "data/analytics.duckdb" in readme
     assert "duckdb -readonly data/rastro.duckdb" not in readme
+
+
+def test_the_readme_says_how_many_accounts_a_wave_syncs_at_once():
+    from rastro_assets.defs.wave import WAVE_CONCURRENCY
+
+    said = re.findall(r"(\d+|four) accounts at a time", README.read_text())
+    assert said == [str(WAVE_CONCURRENCY)]
+
+
+def test_a_hand_run_without_dagster_home_lands_where_the_guide_says(tmp_path: Path, monkeypatch):
+    """The guide: from the repo root a hand-run `dagster asset materialize` writes to the
+    demo's instance (the repo's dagster.yaml); from elsewhere, to a temporary one."""
+    from dagster import DagsterInstance
+    from dagster._cli.utils import get_possibly_temporary_instance_for_cli
+    from dagster._core.instance.ref import InstanceRef as Ref
+
+    text = " ".join(GUIDE.read_text().split())
+    assert "from the repo root that is the repo's own" in text
+    assert "they land in a temporary instance" in text
+    root, elsewhere = tmp_path / "repo", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    (root / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    for cwd, account in ((root, "act_1"), (elsewhere, "act_2")):
+        monkeypatch.chdir(cwd)
+        with get_possibly_temporary_instance_for_cli("dagster asset materialize") as instance:
+            instance.add_dynamic_partitions("meta_ad_account", [account])
+    # The demo's instance: DAGSTER_HOME=data/dagster_home with the repo's dagster.yaml, run
+    # from the repo root (rastro demo).
+    monkeypatch.chdir(root)
+    home = root / "data" / "dagster_home"
+    (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    with DagsterInstance.from_ref(Ref.from_dir(str(home))) as demo:
+        assert demo.get_dynamic_partitions("meta_ad_account") == ["act_1"]
+    assert list(elsewhere.iterdir()) == []

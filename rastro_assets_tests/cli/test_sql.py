@@ -9,6 +9,7 @@ import io
 import json
 import subprocess
 import sys
+import unicodedata
 from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -399,3 +400,30 @@ def test_explain_prints_the_plan_as_drawn(rastro, snapshot_path):
     code, out, _ = rastro("sql", "EXPLAIN SELECT * FROM sites")
     assert code == 0 and "\\n" not in out and len(out.splitlines()) > 3
     assert "SEQ_SCAN" in out.upper().replace(" ", "_")
+
+
+def test_table_aligns_double_width_names(rastro, snapshot_path):
+    code, out, err = rastro(
+        "sql",
+        "SELECT * FROM (VALUES ('夏のセール広告', 'é', 1.5), ('ad', '東京', 10.25))"
+        " t(campaign_name, city, spend)",
+    )
+    assert (code, err) == (0, "")
+    header, rule, *body, count = out.splitlines()
+    assert count == "(2 rows)"
+    # In a terminal a Japanese character takes two columns: each column starts where the
+    # header's does, and the right-aligned spend ends in the same column on every line.
+    city_at = display_columns(header[: header.index("city")])
+    pairs = zip(body, ("é", "東京"), strict=True)
+    cities = [display_columns(line[: line.index(city)]) for line, city in pairs]
+    assert cities == [city_at, city_at]
+    widths = {display_columns(line) for line in [header, rule, *body]}
+    assert widths == {display_columns(header)}
+
+
+def display_columns(text: str) -> int:
+    return sum(
+        2 if unicodedata.east_asian_width(char) in "WF" else 0 if unicodedata.combining(char)
+        else 1
+        for char in text
+    )
