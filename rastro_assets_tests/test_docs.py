@@ -311,3 +311,15 @@ def test_a_hand_run_without_dagster_home_lands_where_the_guide_says(tmp_path: Pa
     with DagsterInstance.from_ref(Ref.from_dir(str(home))) as demo:
         assert demo.get_dynamic_partitions("meta_ad_account") == ["act_1"]
     assert list(elsewhere.iterdir()) == []
+
+
+def test_the_docs_say_how_the_files_are_found():
+    from rastro_assets.settings import CODE_LOCATION_MODULE, DATA_DIR
+
+    guide = " ".join(GUIDE.read_text().split())
+    assert "Where the files are, the same from any working directory" in guide
+    assert f"its `workspace.yaml` loads `{CODE_LOCATION_MODULE}`" in guide
+    assert f"`{DATA_DIR}/` with `rastro.duckdb` or `analytics.duckdb`" in guide
+    assert CODE_LOCATION_MODULE in (REPO / "workspace.yaml").read_text()
+    readme = " ".join(README.read_text().split())
+    assert '"Where the files are"' in readme

@@ -103,8 +103,9 @@ def _sql(args: argparse.Namespace, ctx: Context) -> int:
     if output is not None and kind is not duckdb.StatementType.SELECT:
         raise UsageError("--output needs a SELECT (or FROM, WITH, VALUES...) query")
     settings = ctx.settings()
+    snapshot_path = settings.require_snapshot_path()
     try:
-        with open_snapshot(settings.snapshot_path, pipeline_path=settings.duckdb_path) as con:
+        with open_snapshot(snapshot_path, pipeline_path=settings.duckdb_path) as con:
             if output is not None:
                 count = _write_parquet(con, query, output)
             else:
@@ -114,7 +115,7 @@ def _sql(args: argparse.Namespace, ctx: Context) -> int:
     except (SnapshotMissing, NotTheSnapshot) as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:  # the snapshot's directory or the output's, unreadable
-        raise UsageError(f"{exc.filename or settings.snapshot_path}: {exc.strerror}") from None
+        raise UsageError(f"{exc.filename or snapshot_path}: {exc.strerror}") from None
     except duckdb.PermissionException as exc:
         raise UsageError(
             f"rastro sql reads the analytics snapshot and nothing else; refused: {exc}"

@@ -18,6 +18,7 @@ import duckdb
 import pytest
 
 from rastro_assets.cli.sql import _duration
+from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.analytics.helpers import publish_week
 from rastro_assets_tests.cli.conftest import assert_usage_error
 
@@ -187,6 +188,15 @@ def test_parquet_output_refuses_other_files_and_statements(rastro, snapshot_path
 
 
 def test_a_missing_snapshot_is_one_line_and_never_created(rastro, duckdb_path: Path, tmp_path):
+    # Neither file is there: the line says so, and never "not published yet".
+    nothing = assert_usage_error(
+        rastro("sql", "SELECT 1"),
+        f"no analytics snapshot at {duckdb_path.parent / 'analytics.duckdb'}: no such file",
+        f"nor is the pipeline's file at {duckdb_path}",
+        "RASTRO_ANALYTICS_PATH",
+    )
+    assert "published yet" not in nothing
+    Warehouse(duckdb_path).migrate()
     line = assert_usage_error(
         rastro("sql", "SELECT 1"),
         "no analytics snapshot has been published yet",
@@ -199,7 +209,8 @@ def test_a_missing_snapshot_is_one_line_and_never_created(rastro, duckdb_path: P
         rastro("sql", "SELECT 1", environ={"RASTRO_ANALYTICS_PATH": str(elsewhere)}),
         str(elsewhere),
     )
-    assert not duckdb_path.parent.exists() and not elsewhere.parent.exists()
+    assert not (duckdb_path.parent / "analytics.duckdb").exists()
+    assert not elsewhere.parent.exists()
 
 
 def test_rastro_analytics_path_is_where_it_reads(rastro, snapshot_path, tmp_path):
