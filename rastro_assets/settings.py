@@ -7,6 +7,7 @@ a test can build a `Settings` without touching `os.environ`.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date, timedelta
@@ -17,6 +18,10 @@ DEFAULT_GRAPH_URL = "https://graph.facebook.com/v25.0"
 ANALYTICS_FILE_NAME = "analytics.duckdb"
 DEFAULT_ANALYTICS_MODE = 0o644
 DEFAULT_ANALYTICS_LAG_SECONDS = 300
+# The oldest DuckDB storage that holds every type of the snapshot (DECIMAL, TIMESTAMPTZ, BLOB,
+# lists): DuckDB 1.0 and later, and the tools that bundle one (DBeaver, Metabase, Evidence),
+# open it; the newest storage would shut out every DuckDB older than the pipeline's.
+DEFAULT_ANALYTICS_STORAGE_VERSION = "v1.0.0"
 
 # Operators may make the sensors tick faster (tests, demos); read once, when the code loads.
 SENSOR_INTERVAL_OVERRIDE_SECONDS = int(os.environ.get("RASTRO_SENSOR_INTERVAL_SECONDS") or 0)
@@ -190,6 +195,8 @@ class Settings:
     """How far the snapshot may lag a write to the pipeline's file."""
     account_shards: int = DEFAULT_ACCOUNT_SHARDS
     """How many spend asset pairs (shards) the code location defines."""
+    analytics_storage_version: str = DEFAULT_ANALYTICS_STORAGE_VERSION
+    """The DuckDB storage version the snapshot is written in (`STORAGE_VERSION`)."""
     not_found: str | None = field(default=None, compare=False)
     """Why `duckdb_path` is only a guess: no variable named it and no project was found
     from the working directory (`from_env`); None when it was named or found."""
@@ -254,8 +261,21 @@ class Settings:
             analytics_path=env.get("RASTRO_ANALYTICS_PATH") or None,
             analytics_mode=_octal_mode(env.get("RASTRO_ANALYTICS_MODE")),
             analytics_lag_seconds=_positive_seconds(env.get("RASTRO_ANALYTICS_LAG_SECONDS")),
+            analytics_storage_version=storage_version(env.get("RASTRO_ANALYTICS_STORAGE_VERSION")),
             account_shards=account_shards(env.get("RASTRO_ACCOUNT_SHARDS")),
         )
+
+
+def storage_version(raw: str | None) -> str:
+    """`RASTRO_ANALYTICS_STORAGE_VERSION`: a DuckDB release, `v1.0.0` or later, like `v1.2.0`."""
+    if not raw:
+        return DEFAULT_ANALYTICS_STORAGE_VERSION
+    if not re.fullmatch(r"v[1-9][0-9]*\.[0-9]+\.[0-9]+", raw.strip()):
+        raise SettingsError(
+            f"RASTRO_ANALYTICS_STORAGE_VERSION must be a DuckDB release from v1.0.0 on, like"
+            f" {DEFAULT_ANALYTICS_STORAGE_VERSION} or v1.2.0, not {raw!r}"
+        )
+    return raw.strip()
 
 
 def _octal_mode(raw: str | None) -> int:

@@ -270,7 +270,12 @@ def test_the_guides_notebook_examples_run(
 def test_the_docs_name_the_snapshots_variables():
     example = (REPO / ".env.example").read_text()
     guide = GUIDE.read_text()
-    for name in ("RASTRO_ANALYTICS_PATH", "RASTRO_ANALYTICS_MODE", "RASTRO_ANALYTICS_LAG_SECONDS"):
+    for name in (
+        "RASTRO_ANALYTICS_PATH",
+        "RASTRO_ANALYTICS_MODE",
+        "RASTRO_ANALYTICS_LAG_SECONDS",
+        "RASTRO_ANALYTICS_STORAGE_VERSION",
+    ):
         assert name in example and name in guide, name
     readme = README.read_text()
     assert "data/analytics.duckdb" in readme
@@ -323,3 +328,17 @@ def test_the_docs_say_how_the_files_are_found():
     assert CODE_LOCATION_MODULE in (REPO / "workspace.yaml").read_text()
     readme = " ".join(README.read_text().split())
     assert '"Where the files are"' in readme
+
+
+def test_the_docs_say_which_duckdb_opens_the_snapshot():
+    from rastro_assets.settings import DEFAULT_ANALYTICS_STORAGE_VERSION
+
+    guide = " ".join(GUIDE.read_text().split())
+    assert f"`RASTRO_ANALYTICS_STORAGE_VERSION`, default `{DEFAULT_ANALYTICS_STORAGE_VERSION}`" in (
+        guide
+    )
+    readme = " ".join(README.read_text().split())
+    assert "written in DuckDB 1.0's storage" in readme and DEFAULT_ANALYTICS_STORAGE_VERSION == (
+        "v1.0.0"
+    )
+    assert "duckdb-cli" in (REPO / "pyproject.toml").read_text()
