@@ -12,6 +12,7 @@ and weekly syncs that are due. Both read `meta_sync_runs` through the planner:
 there is no cursor to drift.
 """
 
+import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from datetime import date, datetime
 import dagster as dg
 
 from rastro_assets import shards
-from rastro_assets.defs.checks import freshness_evaluation
+from rastro_assets.defs.checks import freshness, freshness_evaluation
 from rastro_assets.defs.dagster_private import (
     AssetGraphSubset,
     BulkActionsFilter,
@@ -338,7 +339,9 @@ def build_meta_cadence_sensor(shard_count: int) -> dg.SensorDefinition:
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Every tick, asks the planner about every account and starts one wave run "
         "for all live (45 min), daily (04:00 local, 7 days + catalog) and weekly (28 days) "
-        "syncs that are due.",
+        "syncs that are due. It reports the accounts_fresh check when the accounts it names "
+        "change; its cursor lists, per shard, the stale and paused accounts and the number "
+        "backfilling it last reported.",
     )
     def meta_cadence_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
         return _meta_cadence_tick(context, rastro, shard_count)
@@ -385,26 +388,40 @@ def _meta_cadence_tick(
     )
 
 
+CURSOR_KEY = "accounts_fresh as last reported, per shard"
+
+
 def _freshness_change(
     cursor: str | None, accounts: list[PlannedAccount], now, shard_count: int = 1
 ):
-    """A freshness check evaluation for each shard whose set of stale accounts changed
-    since the cursor (one line of stale accounts per shard)."""
+    """A freshness check evaluation for each shard whose stale, paused or backfilling
+    accounts changed since the cursor.
+
+    The cursor is the JSON the UI shows on the sensor's page: for each shard, the
+    accounts its last reported `accounts_fresh` evaluation named stale and paused,
+    and how many were backfilling. A cursor of an older format reads as nothing
+    reported, so the first tick after an upgrade reports once.
+    """
     if shard_count == 1:
         by_shard = [accounts]
     else:
         by_shard = [[a for a in accounts if a.shard == shard] for shard in range(shard_count)]
-    lines = [
-        ",".join(a.state.ad_account_id for a in members if cadence.is_stale(a.state, now))
-        for members in by_shard
-    ]
-    before = cursor.split("\n") if cursor is not None else []
+    entries = [freshness(members, now).cursor_entry() for members in by_shard]
+    before = _reported(cursor)
     events = [
         freshness_evaluation(members, now, shard)
         for shard, members in enumerate(by_shard)
-        if len(before) != len(lines) or before[shard] != lines[shard]
+        if len(before) != len(entries) or before[shard] != entries[shard]
     ]
-    return events, "\n".join(lines)
+    return events, json.dumps({CURSOR_KEY: entries})
+
+
+def _reported(cursor: str | None) -> list:
+    try:
+        reported = json.loads(cursor or "{}")
+    except ValueError:
+        return []
+    return reported.get(CURSOR_KEY, []) if isinstance(reported, dict) else []
 
 
 meta_cadence_sensor = build_meta_cadence_sensor(SHARD_COUNT)

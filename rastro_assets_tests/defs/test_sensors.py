@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import date, timedelta
 
@@ -310,6 +311,7 @@ def test_freshness_is_reported_when_the_stale_set_changes(instance, rastro, ware
     from rastro_assets.definitions import defs
 
     backfilled(warehouse, "act_101", at=NOW - timedelta(minutes=10))
+    backfilled(warehouse, "act_202", at=NOW - timedelta(hours=2))
     context = dg.build_sensor_context(
         instance=instance, definitions=defs, resources={"rastro": rastro}
     )
@@ -318,5 +320,43 @@ def test_freshness_is_reported_when_the_stale_set_changes(instance, rastro, ware
     assert not evaluation.passed
     assert evaluation.metadata["stale_accounts"].value == 1
     assert "act_202" in evaluation.metadata["stale"].value
+    assert evaluation.description == "1 stale: act_202 (of 2 accounts)"
     context.update_cursor(first.cursor)
     assert meta_cadence_sensor(context).asset_events == []
+
+
+def test_accounts_in_their_first_backfill_are_backfilling_not_stale(instance, rastro, warehouse):
+    from rastro_assets.definitions import defs
+
+    context = dg.build_sensor_context(
+        instance=instance, definitions=defs, resources={"rastro": rastro}
+    )
+    first = meta_cadence_sensor(context)
+    [evaluation] = first.asset_events
+    assert evaluation.passed
+    assert evaluation.description == "nothing stale: 2 accounts backfilling"
+    states = {row.data["ad_account_id"]: row.data for row in evaluation.metadata["health"].records}
+    assert states["act_101"]["state"] == "backfilling"
+    assert states["act_101"]["backfill"] == "0 of 90 days"
+
+    # One account's backfill ends: the set the check names changes, so it is reported again.
+    backfilled(warehouse, "act_101", at=NOW - timedelta(minutes=10))
+    context.update_cursor(first.cursor)
+    [second] = meta_cadence_sensor(context).asset_events
+    assert second.passed
+    assert second.description == "1 account fresh, none stale; 1 backfilling"
+
+
+def test_the_cadence_cursor_says_what_it_holds(instance, rastro, warehouse):
+    from rastro_assets.definitions import defs
+
+    backfilled(warehouse, "act_101", at=NOW - timedelta(hours=2))
+    context = dg.build_sensor_context(
+        instance=instance, definitions=defs, resources={"rastro": rastro}
+    )
+    cursor = json.loads(meta_cadence_sensor(context).cursor)
+    assert cursor == {
+        "accounts_fresh as last reported, per shard": [
+            {"stale": ["act_101"], "paused": [], "backfilling": 1}
+        ]
+    }

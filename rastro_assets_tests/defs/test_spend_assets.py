@@ -309,3 +309,25 @@ def test_a_fills_next_block_waits_out_the_back_off_of_the_last(
     after = rastro_at(NOW + timedelta(minutes=62))
     assert materialize_range(instance, after, "act_101", TODAY - timedelta(days=2), TODAY,
                              tags=backfill).success
+
+
+def test_a_range_run_evaluates_the_sum_check_for_each_of_its_days(instance, rastro, linked_world):
+    from rastro_assets.defs.checks import SUM_CHECK_KEY
+    from rastro_assets.defs.dagster_private import AssetCheckExecutionRecordStatus
+
+    since = TODAY - timedelta(days=2)
+    assert materialize_range(instance, rastro, "act_202", since, TODAY).success
+    records = instance.event_log_storage.get_asset_check_execution_history(
+        SUM_CHECK_KEY, limit=50
+    )
+    days = [str(spend_partition_key("act_202", since + timedelta(days=n))) for n in range(3)]
+    # Dagster plans the check once per day of the range: a day left planned reads "Skipped".
+    assert {record.partition: record.status for record in records} == {
+        **{day: AssetCheckExecutionRecordStatus.SUCCEEDED for day in days},
+        None: AssetCheckExecutionRecordStatus.SUCCEEDED,
+    }
+    descriptions = {
+        record.partition: record.evaluation.description for record in records
+    }
+    assert descriptions[None] == "3 account-days: the site rows equal the sums of their ad rows"
+    assert descriptions[days[0]] == f"{days[0]}: the site rows equal the sums of their ad rows"

@@ -131,6 +131,9 @@ def test_a_wave_checks_every_day_it_records_and_reports_each_accounts_newest(
         (f"act_202|{TODAY}", True),
     ]
     assert checked[0].metadata["mismatches"].value >= 1
+    assert checked[0].description.startswith(
+        f"1 site-day differs from the ad rows' sums: s1 act_101 {YESTERDAY}"
+    )
 
 
 def test_a_partition_whose_sum_check_failed_turns_green_when_a_wave_rewrites_it(
