@@ -5,7 +5,7 @@ as the run: a partition's event carries only that account-day's figures, and
 a run's summary goes on one event of the run, never on each of its partitions.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import date
 from decimal import Decimal
 from functools import cache
@@ -13,12 +13,15 @@ from functools import cache
 import dagster as dg
 import duckdb
 
-from rastro_assets.sync.types import SyncOutcome
+from rastro_assets.sync.types import CatalogOutcome, SyncOutcome, ThumbnailOutcome
 from rastro_assets.warehouse.schema import migrate
 
 TABLE_NAME_KEY = "dagster/table_name"
 COLUMN_SCHEMA_KEY = "dagster/column_schema"
 ROW_COUNT_KEY = "dagster/row_count"
+
+AD_CATALOG = dg.AssetKey("ad_catalog")
+AD_THUMBNAILS = dg.AssetKey("ad_thumbnails")
 
 # Meanings a column's name and type do not tell; the types come from the DDL itself.
 COLUMN_MEANINGS = {
@@ -127,3 +130,51 @@ def run_summary(outcomes: Sequence[SyncOutcome]) -> dict:
             max((float(outcome.usage.pct) for outcome in outcomes), default=0.0)
         ),
     }
+
+
+# -- the catalog's events: written by its own assets and by the spend runs that read it --
+
+
+def catalog_metadata(outcome: CatalogOutcome) -> dict[str, dg.MetadataValue]:
+    return {
+        "ad_account_id": dg.MetadataValue.text(outcome.ad_account_id),
+        "read": dg.MetadataValue.text("full catalog" if outcome.full else "unnamed ads by id"),
+        "ads_read": dg.MetadataValue.int(outcome.ads_read),
+        "ads_added": dg.MetadataValue.int(outcome.added),
+        "ads_renamed": dg.MetadataValue.int(outcome.renamed),
+        "status_changes": dg.MetadataValue.int(outcome.status_changed),
+        "ads_total": dg.MetadataValue.int(outcome.total_ads),
+        "api_calls": dg.MetadataValue.int(outcome.api_calls),
+        ROW_COUNT_KEY: dg.MetadataValue.int(outcome.total_ads),
+    }
+
+
+def thumbnail_metadata(outcome: ThumbnailOutcome) -> dict[str, dg.MetadataValue]:
+    return {
+        "ad_account_id": dg.MetadataValue.text(outcome.ad_account_id),
+        "thumbnails_wanted": dg.MetadataValue.int(outcome.wanted),
+        "thumbnails_fetched": dg.MetadataValue.int(outcome.fetched),
+        "thumbnails_failed": dg.MetadataValue.int(outcome.failed),
+        "thumbnails_removed": dg.MetadataValue.int(outcome.removed),
+        "failures": dg.MetadataValue.text("\n".join(outcome.failures) or "none"),
+        # Ids only: the pictures themselves live in DuckDB, and image bytes in an event
+        # would stay in the instance's event log for as long as the run does.
+        "latest_ads": dg.MetadataValue.text(
+            ", ".join(preview.ad_id for preview in outcome.preview) or "none"
+        ),
+    }
+
+
+def catalog_materializations(outcome: SyncOutcome) -> Iterator[dg.AssetMaterialization]:
+    """Events for the catalog work a spend sync did (a full read, its thumbnails)."""
+    account = outcome.request.ad_account_id
+    if outcome.catalog is not None and outcome.catalog.ok and outcome.catalog.full:
+        yield dg.AssetMaterialization(
+            asset_key=AD_CATALOG, partition=account, metadata=catalog_metadata(outcome.catalog)
+        )
+        if outcome.thumbnails is not None and outcome.thumbnails.ok:
+            yield dg.AssetMaterialization(
+                asset_key=AD_THUMBNAILS,
+                partition=account,
+                metadata=thumbnail_metadata(outcome.thumbnails),
+            )

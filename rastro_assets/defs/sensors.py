@@ -329,17 +329,50 @@ def _meta_accounts_tick(
 meta_accounts_sensor = build_meta_accounts_sensor(SHARD_COUNT)
 
 
+CATALOG_JOB = "meta_catalog_sync"
+
+
+def cadence_asset_jobs(shard_count: int) -> list:
+    """Jobs over the assets a wave records: each shard's spend pair, and the catalog pair.
+
+    Dagster lists a sensor in an asset's automation panel only when the sensor
+    targets the asset or a job holding it, and a wave is an op job that records
+    these assets' events without holding them. `meta_cadence` names these jobs
+    among its targets, so the panel shows who keeps them fresh; launched from the
+    UI for a partition, each is a correct sync of it by hand.
+    """
+    spend = [
+        dg.define_asset_job(
+            f"meta_spend{shards.suffix(shard)}_sync",
+            selection=list(spend_shard(shard).keys),
+            description="The spend pair of the account-days chosen: read from Meta and "
+            "replaced. The meta_cadence sensor keeps these assets fresh through "
+            "meta_sync_wave runs; launch this job for a partition to sync it by hand.",
+        )
+        for shard in range(shard_count)
+    ]
+    catalog = dg.define_asset_job(
+        CATALOG_JOB,
+        selection=["ad_catalog", "ad_thumbnails"],
+        description="The account's full catalog and its thumbnails. The daily wave of "
+        "meta_cadence and a backfill's last block keep them fresh; launch this job for an "
+        "account to read them by hand.",
+    )
+    return [*spend, catalog]
+
+
 def build_meta_cadence_sensor(shard_count: int) -> dg.SensorDefinition:
     """`meta_cadence`; its freshness evaluations go to each of `shard_count` shards' check."""
 
     @dg.sensor(
         name="meta_cadence",
         minimum_interval_seconds=CADENCE_SENSOR_SECONDS,
-        job=sync_wave_job,
+        jobs=[sync_wave_job, *cadence_asset_jobs(shard_count)],
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Every tick, asks the planner about every account and starts one wave run "
         "for all live (45 min), daily (04:00 local, 7 days + catalog) and weekly (28 days) "
-        "syncs that are due. It reports the accounts_fresh check when the accounts it names "
+        "syncs that are due (the other jobs it names hold the assets a wave records). "
+        "It reports the accounts_fresh check when the accounts it names "
         "change; its cursor lists, per shard, the stale and paused accounts and the number "
         "backfilling it last reported.",
     )
@@ -432,6 +465,7 @@ def wave_request(due: list[cadence.Plan], now) -> dg.RunRequest:
     kinds = {kind: sum(plan.kind == kind for plan in due) for kind in WAVE_KINDS}
     return dg.RunRequest(
         run_key=f"wave:{now.isoformat()}",
+        job_name=sync_wave_job.name,
         run_config={
             "ops": {
                 "sync_wave": {

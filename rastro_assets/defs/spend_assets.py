@@ -15,7 +15,12 @@ from functools import cache
 import dagster as dg
 
 from rastro_assets import shards
-from rastro_assets.defs.metadata import day_metadata, run_summary, table_metadata
+from rastro_assets.defs.metadata import (
+    catalog_materializations,
+    day_metadata,
+    run_summary,
+    table_metadata,
+)
 from rastro_assets.defs.partitions import (
     SHARD_COUNT,
     account_date_ranges,
@@ -223,6 +228,12 @@ def _sync_partitions(
                 )
             if outcome.error:
                 context.log.warning(outcome.error)
+            # A fill's last block reads the account's full catalog and thumbnails (`Syncer`):
+            # recorded as theirs, or the catalog would read "never materialized" after a backfill.
+            for event in catalog_materializations(outcome):
+                context.log_event(event)
+            if outcome.catalog_error:
+                context.log.warning(f"{account}: {outcome.catalog_error}")
             context.log.info(
                 f"{account}: {outcome.rows_written} rows written, {outcome.rows_deleted} deleted, "
                 f"{outcome.api_calls} Meta calls"
