@@ -38,7 +38,8 @@ query AssetTruth($assetKey: AssetKeyInput!) {
   assetNodeOrError(assetKey: $assetKey) {
     ... on AssetNode {
       partitionStats { numMaterialized numPartitions numFailed }
-      assetMaterializations(limit: 1) { partition }
+      assetMaterializations(limit: 1) { partition metadataEntries { ...Int } }
+      assetObservations(limit: 1) { metadataEntries { ...Int } }
       targetingInstigators { ... on Sensor { name } ... on Schedule { name } }
       assetChecksOrError {
         ... on AssetChecks {
@@ -64,6 +65,11 @@ query AssetTruth($assetKey: AssetKeyInput!) {
       }
     }
   }
+}
+
+fragment Int on MetadataEntry {
+  label
+  ... on IntMetadataEntry { intValue }
 }
 
 fragment Lists on AssetCheckDefaultPartitionStatuses {
@@ -122,6 +128,16 @@ def check_statuses(check: dict) -> set[str]:
     for entry in lists:
         found |= {status for field, status in LIST_STATUS.items() if entry.get(field)}
     return found
+
+
+def overview_row_count(node: dict) -> int | None:
+    """The row count the asset's overview shows (`AssetNodeOverview.tsx`, findCanonicalIntMeta):
+    the latest materialization's `dagster/row_count`, else the latest observation's."""
+    for events in (node["assetMaterializations"], node["assetObservations"]):
+        for entry in events[0]["metadataEntries"] if events else []:
+            if entry["label"] == "dagster/row_count" and "intValue" in entry:
+                return entry["intValue"]
+    return None
 
 
 def tick(sensor, instance, rastro, cursor=None):
@@ -195,6 +211,8 @@ def test_after_first_backfills_every_asset_holding_rows_is_materialized_and_no_c
                 stats = node["partitionStats"]
                 assert stats["numMaterialized"] > 0, f"{name} reads as never materialized"
                 assert stats["numFailed"] == 0, name
+            if name in ("ad_spend_daily", "site_spend_daily"):
+                assert overview_row_count(node) == held[name], name
             for check in node["assetChecksOrError"]["checks"]:
                 latest = check["executionForLatestMaterialization"]
                 shown = check_statuses(check) or {latest["status"]}
