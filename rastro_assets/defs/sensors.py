@@ -28,6 +28,7 @@ from rastro_assets.defs.dagster_private import (
     BulkActionStatus,
     PartitionBackfill,
 )
+from rastro_assets.defs.health import health_due, health_observation
 from rastro_assets.defs.partitions import (
     ACCOUNT_PARTITIONS_NAME,
     SHARD_COUNT,
@@ -372,9 +373,10 @@ def build_meta_cadence_sensor(shard_count: int) -> dg.SensorDefinition:
         description="Every tick, asks the planner about every account and starts one wave run "
         "for all live (45 min), daily (04:00 local, 7 days + catalog) and weekly (28 days) "
         "syncs that are due (the other jobs it names hold the assets a wave records). "
-        "It reports the accounts_fresh check when the accounts it names "
-        "change; its cursor lists, per shard, the stale and paused accounts and the number "
-        "backfilling it last reported.",
+        "It reports the accounts_fresh check when the accounts it names change, and "
+        "observes meta_account_health (every account's state) when a state changes and "
+        "every 30 minutes; its cursor lists, per shard, the stale and paused accounts and "
+        "the number backfilling it last reported, and when it last observed the health.",
     )
     def meta_cadence_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
         return _meta_cadence_tick(context, rastro, shard_count)
@@ -409,6 +411,8 @@ def _meta_cadence_tick(
         else:
             skipped["not due"] = skipped.get("not due", 0) + 1
     freshness_events, cursor = _freshness_change(context.cursor, accounts, now, shard_count)
+    health_events, cursor = _health_change(context.cursor, cursor, accounts, now, shard_count)
+    freshness_events += health_events
     if not due:
         summary = ", ".join(f"{count} {why}" for why, count in sorted(skipped.items()))
         return dg.SensorResult(
@@ -449,12 +453,29 @@ def _freshness_change(
     return events, json.dumps({CURSOR_KEY: entries})
 
 
-def _reported(cursor: str | None) -> list:
+def _reported(cursor: str | None, key: str = CURSOR_KEY, default=None):
     try:
         reported = json.loads(cursor or "{}")
     except ValueError:
-        return []
-    return reported.get(CURSOR_KEY, []) if isinstance(reported, dict) else []
+        reported = {}
+    found = reported.get(key) if isinstance(reported, dict) else None
+    return ([] if default is None else default) if found is None else found
+
+
+HEALTH_CURSOR_KEY = "meta_account_health as last observed"
+
+
+def _health_change(
+    before: str | None, cursor: str, accounts: list[PlannedAccount], now, shard_count: int
+) -> tuple[list[dg.AssetObservation], str]:
+    """An observation of `meta_account_health` when it is due, and the cursor that says so."""
+    observation, signature = health_observation(accounts, now, shard_count)
+    last = _reported(before, HEALTH_CURSOR_KEY, {})
+    events = []
+    if health_due(last if isinstance(last, dict) else {}, signature, now):
+        events = [observation]
+        last = {"observed_at": now.isoformat(), "signature": signature}
+    return events, json.dumps({**json.loads(cursor), HEALTH_CURSOR_KEY: last})
 
 
 meta_cadence_sensor = build_meta_cadence_sensor(SHARD_COUNT)

@@ -10,6 +10,7 @@ definitions.
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -78,6 +79,18 @@ fragment Lists on AssetCheckDefaultPartitionStatuses {
   inProgressPartitions
   skippedPartitions
   executionFailedPartitions
+}
+"""
+
+HEALTH_QUERY = """
+query Health($assetKey: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $assetKey) {
+    ... on AssetNode {
+      assetObservations(limit: 1) {
+        metadataEntries { label ... on TableMetadataEntry { table { records } } }
+      }
+    }
+  }
 }
 """
 
@@ -219,6 +232,19 @@ def test_after_first_backfills_every_asset_holding_rows_is_materialized_and_no_c
                 assert shown == {"SUCCEEDED"}, (name, check["name"], shown)
                 assert latest["status"] == "SUCCEEDED", (name, check["name"], latest)
                 assert latest["evaluation"]["description"], (name, check["name"])
+
+        # The per-account view: the health asset's latest observation, its table one row each.
+        answer = execute_dagster_graphql(
+            context, HEALTH_QUERY, {"assetKey": {"path": ["meta_account_health"]}}
+        )
+        [observation] = answer.data["assetNodeOrError"]["assetObservations"]
+        [table] = [
+            entry["table"] for entry in observation["metadataEntries"] if entry["label"] == "health"
+        ]
+        states = {
+            row["ad_account_id"]: row["state"] for row in map(json.loads, table["records"])
+        }
+        assert states == {"act_101": "live", "act_202": "live"}
 
     # The last block of each account's backfill read its whole catalog.
     assert instance.get_materialized_partitions(dg.AssetKey("ad_catalog")) == {
