@@ -58,7 +58,8 @@ class DemoPaths:
 
 def demo_key(paths: DemoPaths) -> str:
     """The demo's secrets key, made once and kept in data/ (demo only), readable by its owner."""
-    paths.data.mkdir(parents=True, exist_ok=True)
+    # Private from its creation: it holds the key, the warehouse and Dagster's home.
+    paths.data.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not paths.key_file.exists():
         # Created with its final mode: the key is never readable by others, not even briefly.
         fd = os.open(paths.key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -98,7 +99,7 @@ def prepare(
                     now,
                     name=account.name,
                 )
-    paths.dagster_home.mkdir(parents=True, exist_ok=True)
+    paths.dagster_home.mkdir(mode=0o700, parents=True, exist_ok=True)
     # The repo's instance config, refreshed on every start; its relative paths
     # (data/dagster/...) resolve from the repo root, where Dagster runs.
     shutil.copyfile(paths.root / "dagster.yaml", paths.dagster_home / "dagster.yaml")

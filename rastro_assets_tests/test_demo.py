@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import stat
 from datetime import timedelta
@@ -33,6 +34,24 @@ def snapshot(paths: demo.DemoPaths) -> dict[str, list[tuple]]:
         return {
             table: con.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall() for table in TABLES
         }
+
+
+def test_what_prepare_creates_is_private_under_any_umask(paths: demo.DemoPaths, now):
+    previous = os.umask(0)
+    try:
+        demo.prepare(paths, now=now, environ={})
+    finally:
+        os.umask(previous)
+    modes = {
+        path: stat.S_IMODE(path.stat().st_mode)
+        for path in (paths.data, paths.dagster_home, paths.key_file, paths.duckdb)
+    }
+    assert modes == {
+        paths.data: 0o700,
+        paths.dagster_home: 0o700,
+        paths.key_file: 0o600,
+        paths.duckdb: 0o600,
+    }
 
 
 def test_prepare_twice_reuses_everything(paths: demo.DemoPaths, now):

@@ -3,8 +3,8 @@
 - Only `defs/` and `definitions.py` import Dagster (the CLI may reach `defs`
   lazily, as the top layer).
 - The pure core is layered (`LAYERS`): `meta/` imports only the leaves (the
-  root modules of settings, time, vault, shared vocabulary, account ids and
-  the spend schema); `warehouse/` adds `meta/`; `planner/` and `sync/` add
+  root modules of settings, time, vault, shared vocabulary, account ids,
+  token shape and the spend schema); `warehouse/` adds `meta/`; `planner/` and `sync/` add
   `warehouse/`; none of them the analytics, the CLI or `defs/`.
 - Within `sync/`, the spend and the catalog know nothing of each other: the
   syncer chains them.
@@ -21,7 +21,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "rastro_assets"
 
-LEAVES = {"settings", "timekeeping", "vault", "outcomes", "accounts", "spend_schema"}
+LEAVES = {"settings", "timekeeping", "vault", "outcomes", "accounts", "spend_schema", "tokens"}
 DAGSTER_ALLOWED = ("rastro_assets.defs", "rastro_assets.definitions")
 
 

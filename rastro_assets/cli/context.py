@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, NoReturn, TextIO
 
 from rastro_assets.settings import Settings
 from rastro_assets.timekeeping import Clock, system_clock
+from rastro_assets.tokens import TOKEN_SHAPED
 from rastro_assets.vault import Vault
 from rastro_assets.warehouse.connection import Warehouse
 
@@ -35,9 +35,6 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 REDACTED = "[redacted]"
-# A token pasted as an argument would come back in argparse's complaint about
-# it; Meta tokens are long runs of letters and digits, and no id of ours is.
-_TOKEN_LIKE = re.compile(r"[A-Za-z0-9]{32,}")
 
 
 class UsageError(Exception):
@@ -63,7 +60,9 @@ class Context:
         return Settings.from_env(dict(self.environ))
 
     def warehouse(self) -> Warehouse:
-        return Warehouse(self.settings().duckdb_path)
+        """The pipeline's file: named by RASTRO_DUCKDB_PATH, else found from the working
+        directory upward; one error line naming the path tried when neither."""
+        return Warehouse(self.settings().require_duckdb_path())
 
     def vault(self) -> Vault:
         return Vault.from_env(self.environ)
@@ -84,7 +83,9 @@ class Context:
 
     def fail(self, message: str, code: int) -> int:
         """Print `message` as the one error line, scrubbed of every token; returns `code`."""
-        line = _TOKEN_LIKE.sub(REDACTED, " ".join(self.scrub(message).split()))
+        # A token pasted as an argument would come back in argparse's complaint
+        # about it; only token-shaped text goes, so ids are shown as given.
+        line = TOKEN_SHAPED.sub(REDACTED, " ".join(self.scrub(message).split()))
         print(f"{PROG}: error: {line}", file=self.stderr)
         return code
 

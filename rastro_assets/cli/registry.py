@@ -16,6 +16,7 @@ from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, U
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.shards import crowded_warning
+from rastro_assets.tokens import token_problem
 from rastro_assets.vault import generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.registry import LinkResult, RegistryError
@@ -54,7 +55,7 @@ def add_site(subparsers: Subparsers) -> None:
 
 def _site_add(args: argparse.Namespace, ctx: Context) -> int:
     site_id = registry.validate_identifier("site id", args.site_id)
-    name = args.name.strip() if args.name else None
+    name = registry.validate_site_name(args.name) if args.name is not None else None
     with ctx.warehouse().connect() as con:
         existed = registry.site_exists(con, site_id)
         registry.add_site(con, site_id, name, ctx.now())
@@ -117,8 +118,12 @@ def _read_token(args: argparse.Namespace, ctx: Context) -> str:
         raise UsageError(
             "no token on stdin: pipe it in (rastro connect ID < token.txt) or use --token-env VAR"
         )
-    if any(char.isspace() or not char.isprintable() for char in token):
-        raise UsageError("the token has spaces, line breaks or control characters inside it")
+    # Checked before it is sealed or sent, with or without --no-verify: a token
+    # that is not Meta's shape would fail every sync (and httpx's complaint
+    # about it names the offending character).
+    problem = token_problem(token)
+    if problem is not None:
+        raise UsageError(problem)
     return token
 
 

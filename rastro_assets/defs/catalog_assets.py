@@ -81,7 +81,9 @@ def ad_catalog(context: dg.AssetExecutionContext, rastro: RastroResource) -> dg.
     """Reads the account's whole catalog from Meta and merges it into `ad_catalog`."""
     account = _account(context)
     try:
-        outcome = rastro.syncer().catalog.sync_catalog(account, full=True, run_id=context.run_id)
+        outcome = rastro.syncer().catalog.sync_catalog(
+            account, full=True, run_id=context.run_id, own_run=True
+        )
     except CatalogRefused as exc:
         raise dg.Failure(description=str(exc)) from None
     if not outcome.ok:

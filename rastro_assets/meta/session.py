@@ -69,11 +69,14 @@ class _Secret:
 
 
 def check_token_text(token: str) -> None:
-    """ValueError unless `token` is one line of text without surrounding whitespace."""
+    """ValueError unless `token` is one line of printable ASCII without surrounding whitespace."""
     if not isinstance(token, str) or not token.strip() or token != token.strip():
         raise ValueError("the Meta access token is empty or has surrounding whitespace")
     if any(ch in token for ch in "\r\n\0"):
         raise ValueError("the Meta access token is not a single line")
+    # httpx would refuse it in the header with an error naming the character.
+    if not token.isascii() or not token.isprintable():
+        raise ValueError("the Meta access token has characters outside printable ASCII")
 
 
 def without_httpx_errors(attempt: Callable[[], T], *, timed_out: str, failed: str) -> T:

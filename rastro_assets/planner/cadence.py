@@ -351,6 +351,10 @@ def status(
             ERROR_CODES[Outcome.TOKEN], state.connection_error, "the token is no longer valid"
         )
     else:
+        if _answered_by_new_token(concluded, state):
+            # The dead token's error is no longer the account's: a new token
+            # was sealed after that sync started, and the next sync uses it.
+            concluded = None
         failed = isinstance(concluded, _Failure)
         state_name = "error" if failed else "backfilling" if assessment.progress else "live"
         # An ok run may carry a note too (META_TRUNCATED), or be waited on for
@@ -371,6 +375,16 @@ def status(
         backfill=assessment.progress,
         last_error=last_error,
         timezone=state.timezone,
+    )
+
+
+def _answered_by_new_token(concluded: SyncRun | _Failure | None, state: AccountState) -> bool:
+    """Whether `concluded` failed on a token that `rastro connect` has since replaced."""
+    return (
+        isinstance(concluded, _Failure)
+        and concluded.outcome == Outcome.TOKEN
+        and state.token_sealed_at is not None
+        and _utc(state.token_sealed_at) > concluded.run.started_at
     )
 
 

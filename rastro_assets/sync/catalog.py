@@ -4,10 +4,13 @@ The `ad_catalog` and `ad_thumbnails` assets and `Syncer` (after a spend
 sync) call it the same way. The token is opened from the vault inside each
 call and never leaves it.
 
-These reads write no `meta_sync_runs` row: that table is the spend planner's
-state, one row per spend sync, and a catalog read is no spend sync. A dead
-token still marks the connection invalid, as a spend sync would, so every
-account it serves pauses at once.
+These reads write no `meta_sync_runs` row of their own (that table is the
+spend planner's state, one row per spend sync), with one exception: a read
+of its own run (`ad_catalog` by hand) that Meta throttles is recorded as a
+`manual` sync ended `throttled`, so the planner holds the account as after
+any throttled sync and `rastro status` shows `RATE_LIMITED`. A dead token
+still marks the connection invalid, as a spend sync would, so every account
+it serves pauses at once.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import TypeVar
 from rastro_assets.meta.client import MetaClient
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.meta.models import Ad
-from rastro_assets.outcomes import ConnectionStatus, Outcome, error_line, outcome_of
+from rastro_assets.outcomes import ConnectionStatus, Outcome, SyncKind, error_line, outcome_of
 from rastro_assets.sync.types import (
     CatalogOutcome,
     CatalogRefused,
@@ -37,6 +40,7 @@ from rastro_assets.warehouse import catalog as store
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse import thumbnails as pictures
 from rastro_assets.warehouse.errors import AccountNotLinked
+from rastro_assets.warehouse.runs import SyncRunEnd, SyncRunStart, record_finished_run
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +86,7 @@ class CatalogSyncer(Wiring):
         full: bool,
         run_id: str,
         known: tuple[registry.LinkedAccount, registry.Connection | None] | None = None,
+        own_run: bool = False,
     ) -> CatalogOutcome:
         """Bring the account's catalog up to date with Meta.
 
@@ -91,6 +96,9 @@ class CatalogSyncer(Wiring):
 
         `known`: the account and connection as the caller just read them (a
         spend sync), which spares reading them again.
+
+        `own_run`: the read is its run's only Meta work (no spend sync
+        records it), so a throttle is recorded for the planner here.
 
         Raises:
             CatalogRefused: no site links the account.
@@ -128,6 +136,7 @@ class CatalogSyncer(Wiring):
                 result.total_ads = store.catalog_size(con, ad_account_id)
         except MetaError as exc:
             self._fail(result, outcome_of(exc.kind), str(exc))
+            result.regain_seconds = exc.regain_seconds or client.stats.usage.regain_seconds
             if result.outcome == Outcome.TOKEN:
                 self._mark_token_dead(connection, result.error or "", now)
         except AccountNotLinked:
@@ -136,6 +145,8 @@ class CatalogSyncer(Wiring):
             result.api_calls = client.stats.api_calls
             result.usage = client.stats.usage
             client.close()
+        if own_run and result.outcome == Outcome.THROTTLED:
+            self._record_throttle(account, connection, result, run_id=run_id, started_at=now)
         if result.ok:
             log.info(
                 "%s catalog (%s, run %s): %d ads read, %d added, %d renamed, %d status changes,"
@@ -309,6 +320,38 @@ class CatalogSyncer(Wiring):
         client = self.client_factory(token)
         del token
         return client
+
+    def _record_throttle(
+        self, account, connection, result: CatalogOutcome, *, run_id: str, started_at: datetime
+    ) -> None:
+        """The throttled read as a `manual` sync of the account's local today, ended `throttled`.
+
+        The reference backs off after any throttled call; the planner's one
+        state is `meta_sync_runs`, so this row is what holds the account.
+        """
+        ended = self.clock()
+        today = local_date(started_at, account.timezone)
+        regain = result.regain_seconds
+        start = SyncRunStart(
+            run_id=run_id,
+            ad_account_id=result.ad_account_id,
+            kind=SyncKind.MANUAL,
+            since=today,
+            until=today,
+            started_at=started_at,
+            catalog=result.full,
+            token_sealed_at=connection.sealed_at if connection is not None else None,
+        )
+        end = SyncRunEnd(
+            finished_at=ended,
+            outcome=result.outcome,
+            api_calls=result.api_calls,
+            error=result.error,
+            usage_pct=result.usage.pct,
+            regain_at=ended + timedelta(seconds=regain) if regain else None,
+        )
+        with self.warehouse.connect() as con:
+            record_finished_run(con, start, end)
 
     def _mark_token_dead(self, connection, message: str, now: datetime) -> None:
         with self.warehouse.connect() as con:

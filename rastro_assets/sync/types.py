@@ -67,6 +67,7 @@ class CatalogOutcome:
     total_ads: int = 0  # the account's catalog after a read that wrote (else not counted)
     api_calls: int = 0
     usage: Usage = field(default_factory=Usage)
+    regain_seconds: int | None = None  # the wait a throttled read was told (or last saw)
 
     @property
     def ok(self) -> bool:

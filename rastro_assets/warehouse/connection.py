@@ -38,6 +38,8 @@ _MIGRATION_LOCKS_GUARD = threading.Lock()
 
 PIPELINE_FILE_MODE = 0o600
 """The pipeline's file holds sealed tokens: only its owner reads it."""
+PIPELINE_DIR_MODE = 0o700
+"""A directory made for the pipeline's file: only its owner lists or changes it."""
 
 _LOCK_HOLDER = re.compile(r"Conflicting lock is held in (?P<exe>.+?) \(PID (?P<pid>\d+)\)")
 
@@ -104,7 +106,7 @@ class Warehouse:
                 self._migrate_with(con)
             yield con
         finally:
-            con.close()
+            _close(con)
 
     @contextmanager
     def held(self) -> Iterator[Warehouse]:
@@ -124,7 +126,7 @@ class Warehouse:
             yield self
         finally:
             self._keeper = None
-            keeper.close()
+            _close(keeper)
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         with self._keeper_lock:
@@ -138,7 +140,7 @@ class Warehouse:
         try:
             return self._migrate_with(con)
         finally:
-            con.close()
+            _close(con)
 
     def _open_current(self, read_only: bool) -> duckdb.DuckDBPyConnection:
         if self._migrated:
@@ -150,9 +152,9 @@ class Warehouse:
                     self._migrated = True
                     return con
             except BaseException:
-                con.close()
+                _close(con)
                 raise
-            con.close()
+            _close(con)
         self.migrate()
         return self._open(read_only)
 
@@ -163,13 +165,15 @@ class Warehouse:
             return version
 
     def _open(self, read_only: bool) -> duckdb.DuckDBPyConnection:
-        if not read_only:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        """A connection to the file; a read-write one keeps the umask private until closed.
+
+        Close it with `_close`, which gives the umask back after the last one.
+        """
         waited = 0.0
         delay = FIRST_RETRY_SECONDS
         while True:
             try:
-                con = duckdb.connect(self.path, read_only=read_only)
+                con = self._connect(read_only)
             except duckdb.ConnectionException as exc:
                 if "different configuration" not in str(exc):
                     raise
@@ -190,7 +194,7 @@ class Warehouse:
                         _keep_private(self.path)
                     con.execute("SET TimeZone = 'UTC'")
                 except BaseException:
-                    con.close()
+                    _close(con)
                     raise
                 return con
             remaining = self.lock_wait_seconds - waited
@@ -200,6 +204,69 @@ class Warehouse:
             self._sleep(pause)
             waited += pause
             delay = min(delay * 2, MAX_RETRY_SECONDS)
+
+    def _connect(self, read_only: bool) -> duckdb.DuckDBPyConnection:
+        if read_only:
+            return duckdb.connect(self.path, read_only=True)
+        _private_umask.acquire()
+        try:
+            Path(self.path).parent.mkdir(mode=PIPELINE_DIR_MODE, parents=True, exist_ok=True)
+            con = duckdb.connect(self.path, read_only=False)
+        except BaseException:
+            _private_umask.release()
+            raise
+        _PRIVATE.add(con)
+        return con
+
+
+class _PrivateUmask:
+    """Keeps the process umask denying group and others while a read-write connection is open.
+
+    DuckDB creates the pipeline's file, its `.wal` and its spill directory
+    with the process umask, the `.wal` lazily at a connection's first write
+    and again after every checkpoint, long after the open. A chmod after the
+    fact leaves a window (a wave holds its connection for the whole run), and
+    DuckDB removes a `.wal` made in advance. So, counted across threads, the
+    first read-write connection adds 077 to the umask and the last one to
+    close gives back the umask it found. Files other code creates meanwhile
+    are private too; code that needs another mode (the snapshot) sets it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._saved = 0
+
+    def acquire(self) -> None:
+        with self._lock:
+            if self._holders == 0:
+                self._saved = os.umask(0o077)
+                os.umask(self._saved | 0o077)
+            self._holders += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._holders -= 1
+            if self._holders == 0:
+                os.umask(self._saved)
+
+
+_private_umask = _PrivateUmask()
+# Read-write connections opened under `_private_umask`: each gives it back once.
+_PRIVATE: weakref.WeakSet[duckdb.DuckDBPyConnection] = weakref.WeakSet()
+
+
+def _close(con: duckdb.DuckDBPyConnection) -> None:
+    """Close `con`; after a read-write connection, give back the private umask.
+
+    Given back only after `close()`, which may write a last checkpoint.
+    """
+    try:
+        con.close()
+    finally:
+        if con in _PRIVATE:
+            _PRIVATE.discard(con)
+            _private_umask.release()
 
 
 @contextmanager
@@ -254,11 +321,11 @@ def register_arrow(con: duckdb.DuckDBPyConnection, name: str, table: object) -> 
 
 
 def _keep_private(path: str) -> None:
-    """Make the pipeline's file (and its write-ahead log) readable by its owner only.
+    """Tighten the file and its `.wal` where an older release or a looser hand left them.
 
-    DuckDB creates files with the process's umask; the first connection closes
-    that window before anything is written, and an older, looser file is
-    tightened on its next open.
+    New files are private from their creation (`_PrivateUmask`); this is for
+    files made before it. A directory that already existed keeps the mode its
+    owner gave it.
     """
     for candidate in (path, path + ".wal"):
         with suppress(FileNotFoundError):

@@ -14,7 +14,7 @@ from datetime import date, datetime
 import duckdb
 import pyarrow as pa
 
-from rastro_assets.warehouse.connection import register_arrow
+from rastro_assets.warehouse.connection import register_arrow, transaction
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,27 @@ def finish_sync_runs(
         )
     finally:
         con.unregister("finished_runs")
+
+
+def record_finished_run(
+    con: duckdb.DuckDBPyConnection, start: SyncRunStart, end: SyncRunEnd
+) -> bool:
+    """Add a run that already ended, unless the run has a row for the account; whether it did.
+
+    For a read that is no spend sync but whose ending the planner must know
+    (a hand catalog read Meta throttled). A row the run already has (its
+    own spend sync of the account) is that sync's record and stays as it is.
+    """
+    with transaction(con):
+        exists = con.execute(
+            "SELECT count(*) FROM meta_sync_runs WHERE run_id = ? AND ad_account_id = ?",
+            [start.run_id, start.ad_account_id],
+        ).fetchone()[0]
+        if exists:
+            return False
+        start_sync_runs(con, [start])
+        finish_sync_runs(con, [(start.run_id, start.ad_account_id, end)])
+    return True
 
 
 _INSTANT = pa.timestamp("us", tz="UTC")

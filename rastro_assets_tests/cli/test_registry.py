@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 
 import duckdb
@@ -19,6 +21,7 @@ from rastro_assets.vault import ENV_VAR, Vault
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.cli.conftest import assert_usage_error
+from rastro_assets_tests.conftest import record_sync_run
 
 TOKEN = "EAAB0rastroTestToken0123456789abcdef"
 NEW_TOKEN = "EAAB0rastroNewToken9876543210fedcba"
@@ -141,6 +144,64 @@ def test_site_add_and_rename(rastro, env: Path):
     assert stored(env, "SELECT site_id, name FROM sites") == [("s1", "Shop")]
 
 
+def test_a_site_name_may_be_any_script_and_emoji(rastro, env: Path):
+    name = "Loja São João ☀️ 👨‍👩‍👧 東京"
+    assert rastro("site", "add", "s1", "--name", f" {name} ") == (0, "site s1 added\n", "")
+    assert stored(env, "SELECT name FROM sites") == [(name,)]
+
+
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        ("Shop\x1b[31m red", "control"),
+        ("Shop\nsecond line", "control"),
+        ("Shop\u2028two", "control"),
+        ("Shop \u202egnp.exe", "bidirectional"),
+        ("x" * 9000, "9000 characters long"),
+    ],
+    ids=["escape", "newline", "line-separator", "bidi-override", "9000-chars"],
+)
+def test_a_site_name_with_control_characters_or_too_long_is_refused(
+    rastro, env: Path, name, fragment
+):
+    assert rastro("site", "add", "s1", "--name", "Shop")[0] == 0
+    before = snapshot(env)
+    line = assert_usage_error(rastro("site", "add", "s1", "--name", name), fragment)
+    assert len(line) < 300
+    assert snapshot(env) == before
+
+
+def test_link_refuses_an_absurd_account_id(rastro, env: Path, world, meta: FakeMeta):
+    before = snapshot(env)
+    twenty_nine = "1" * 29
+    line = assert_usage_error(
+        rastro(*explicit_link("s1", twenty_nine, "c1", "UTC", "USD"), "--no-verify"),
+        "at most 20 digits",
+    )
+    assert twenty_nine in line
+    assert snapshot(env) == before
+    assert meta.calls == []
+    assert rastro(*explicit_link("s1", "9" * 17, "c1", "UTC", "USD"), "--no-verify")[0] == 0
+
+
+def test_a_long_site_id_is_shown_as_given(rastro, env: Path, world):
+    """The scrubber redacts token-shaped text only: an id we accept is never one."""
+    site = "shop" + "0123456789" * 6
+    line = assert_usage_error(
+        rastro(*explicit_link(site, "act_5", "c1", "UTC", "USD"), "--no-verify"),
+        f"unknown site {site!r}",
+    )
+    assert "[redacted]" not in line
+    assert rastro("site", "add", site)[0] == 0
+
+
+def test_a_token_shaped_id_is_refused_and_not_echoed(rastro, env: Path):
+    before = snapshot(env)
+    line = assert_usage_error(rastro("site", "add", NEW_TOKEN), "looks like a Meta access token")
+    assert "[redacted]" in line
+    assert snapshot(env) == before
+
+
 # connect ------------------------------------------------------------------------
 
 
@@ -197,6 +258,41 @@ def test_a_new_token_revives_a_paused_connection(rastro, env: Path, world, now):
     assert Vault.from_env().open("c1", sealed) == NEW_TOKEN
 
 
+def test_status_forgets_the_dead_tokens_error_once_a_new_token_is_sealed(
+    rastro, env: Path, world, now
+):
+    """The sync that failed started before the new token; the next one uses the new token."""
+    rastro(*explicit_link("s1", "act_5", "c1", "UTC", "USD"))
+    failed_at = now - timedelta(minutes=10)
+    with Warehouse(env).connect() as con:
+        sealed_at = registry.get_connection(con, "c1").sealed_at
+        record_sync_run(
+            con,
+            "r1",
+            "act_5",
+            "live",
+            failed_at.date(),
+            failed_at.date(),
+            failed_at,
+            outcome="token",
+            error="META_TOKEN_INVALID: Session has expired",
+            token_sealed_at=sealed_at,
+        )
+        registry.mark_connection_invalid(
+            con,
+            "c1",
+            "META_TOKEN_INVALID: Session has expired",
+            failed_at,
+            token_sealed_at=sealed_at,
+        )
+    [paused] = json.loads(rastro("status", "--json")[1])
+    assert (paused["state"], paused["last_error"][:19]) == ("paused", "META_TOKEN_INVALID:")
+
+    assert rastro("connect", "c1", "--no-verify", stdin=NEW_TOKEN)[0] == 0
+    [resumed] = json.loads(rastro("status", "--json")[1])
+    assert (resumed["state"], resumed["last_error"]) == ("backfilling", None)
+
+
 @pytest.mark.parametrize(
     ("args", "stdin", "fragments"),
     [
@@ -215,6 +311,40 @@ def test_bad_connect_inputs(rastro, env: Path, world, args, stdin, fragments):
     result = rastro(*args, stdin=stdin)
     assert_usage_error(result, *fragments)
     assert snapshot(env) == before
+
+
+# Distinctive, so that any four characters of one in an error line would show.
+SHAPED = "EAAQ7vX9kLm2Zp4RwTy8Nc3Hd6Jf1Gs5Bq0"
+
+
+@pytest.mark.parametrize("verify", [True, False], ids=["verify", "no-verify"])
+@pytest.mark.parametrize(
+    ("token", "fragment"),
+    [
+        (SHAPED[:12] + "é" + SHAPED[12:], "outside printable ASCII"),
+        (SHAPED[:12] + "\u200b" + SHAPED[12:], "outside printable ASCII"),
+        (SHAPED[:12] + "\u00a0" + SHAPED[12:], "spaces"),
+        (SHAPED[:12] + "\t" + SHAPED[12:], "spaces"),
+        (SHAPED[:10], "10 characters long"),
+        (SHAPED * 120, "4200 characters long"),
+    ],
+    ids=["accent", "zero-width", "nbsp", "tab", "short", "long"],
+)
+def test_a_token_not_shaped_like_metas_is_refused_before_sealing(
+    rastro, env: Path, world, monkeypatch, fake_graph, token, verify, fragment
+):
+    """Real HTTP to the fake Graph when verifying: httpx once named the bad character."""
+    monkeypatch.setenv("RASTRO_META_GRAPH_URL", fake_graph.base_url)
+    requests = fake_graph.world.record_requests()
+    before = snapshot(env)
+    args = ("connect", "c2") if verify else ("connect", "c2", "--no-verify")
+    line = assert_usage_error(rastro(*args, stdin=token), fragment)
+    assert snapshot(env) == before
+    assert requests == []
+    assert "position" not in line
+    odd = {char for char in token if not ("!" <= char <= "~")}
+    assert not odd & set(line), line
+    assert not any(token[i : i + 4] in line for i in range(len(token) - 3)), line
 
 
 def test_connect_without_a_key_fails_closed(rastro, env: Path, monkeypatch):

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
+import json
+from datetime import datetime, timedelta
 
 import dagster as dg
 import pytest
 
+from rastro_assets import cli
+from rastro_assets.cli.context import Context
 from rastro_assets.defs.catalog_assets import (
     AD_CATALOG,
     AD_THUMBNAILS,
@@ -16,7 +21,8 @@ from rastro_assets.defs.catalog_assets import (
     catalog_materializations,
 )
 from rastro_assets.sync.types import SyncRequest
-from rastro_assets_tests.conftest import TOKEN
+from rastro_assets.timekeeping import fixed_clock
+from rastro_assets_tests.conftest import NOW, TOKEN
 from rastro_assets_tests.defs.conftest import TODAY
 
 
@@ -140,3 +146,33 @@ def assert_no_picture_in_events(instance, run_id: str, images: list[bytes]) -> N
         text = dg.serialize_value(record)
         assert "base64" not in text
         assert not any(base64.b64encode(image).decode()[:40] in text for image in images)
+
+
+def rastro_json(duckdb_path, *args: str) -> list[dict]:
+    """`rastro ARGS --json` in-process at NOW: its parsed stdout."""
+    out, err = io.StringIO(), io.StringIO()
+    ctx = Context(
+        environ={"RASTRO_DUCKDB_PATH": str(duckdb_path)},
+        stdin=io.StringIO(),
+        stdout=out,
+        stderr=err,
+        clock=fixed_clock(NOW),
+    )
+    assert cli.run([*args, "--json"], ctx) == 0, err.getvalue()
+    return json.loads(out.getvalue())
+
+
+def test_a_throttled_hand_catalog_read_holds_the_account(
+    instance, rastro, duckdb_path, linked_world
+):
+    """As the cadence's back-off: max(Meta's regain time, 1 h); other accounts untouched."""
+    linked_world.fail("ads", "throttled_17", account="act_101", regain_minutes=90)
+    result = materialize(instance, rastro, [ad_catalog], "act_101", raise_on_error=False)
+    assert not result.success
+
+    status = {entry["ad_account_id"]: entry for entry in rastro_json(duckdb_path, "status")}
+    assert status["act_101"]["last_error"].startswith("RATE_LIMITED: ")
+    assert status["act_202"]["last_error"] is None
+    plans = {entry["ad_account_id"]: entry for entry in rastro_json(duckdb_path, "plan")}
+    assert datetime.fromisoformat(plans["act_101"]["due_at"]) >= NOW + timedelta(minutes=90)
+    assert datetime.fromisoformat(plans["act_202"]["due_at"]) <= NOW

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from datetime import timedelta
+from pathlib import Path
 
 from rastro_assets.defs.checks import failing_sum_check_partitions, sum_check_evaluations
 from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
@@ -198,3 +201,34 @@ def test_a_wave_that_records_reports_each_tables_own_figures_once(
     assert (figures["dagster/row_count"], figures["accounts"], figures["days"]) == (rows, 2, 2)
     assert figures["spend_BRL"] == float(brl)
     assert "spend_JPY" in figures
+
+
+class WalModes(list):
+    """Stands in for the fake world's request log: at each Meta request, the `.wal`'s mode."""
+
+    def __init__(self, wal: Path) -> None:
+        super().__init__()
+        self.wal = wal
+        self.modes: list[int | None] = []
+
+    def append(self, request) -> None:
+        super().append(request)
+        try:
+            self.modes.append(stat.S_IMODE(os.stat(self.wal).st_mode))
+        except FileNotFoundError:
+            self.modes.append(None)
+
+
+def test_the_wal_is_private_under_umask_000_while_a_wave_holds_the_file(
+    instance, rastro, duckdb_path, linked_world
+):
+    """The wave's run rows are written before its first Meta call: the `.wal` exists by then."""
+    observed = WalModes(Path(f"{duckdb_path}.wal"))
+    linked_world.requests = observed
+    previous = os.umask(0)
+    try:
+        result = run_wave(instance, rastro, [live("act_101"), live("act_202")])
+    finally:
+        os.umask(previous)
+    assert result.success
+    assert observed.modes and set(observed.modes) == {0o600}, observed.modes

@@ -94,6 +94,7 @@ def busy_skips(home: Path) -> list[str]:
     return skips
 
 
+@pytest.mark.e2e
 def test_the_daemon_backfills_syncs_pauses_and_resumes_while_analysts_read(daemon_world):
     world, warehouse, vault, home, daemon, writer = daemon_world
     log = daemon.log

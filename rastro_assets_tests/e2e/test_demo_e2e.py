@@ -351,6 +351,7 @@ def assert_all_live(copy: Copy) -> None:
 # The test -----------------------------------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(720)
 def test_the_readme_demo_starts_syncs_stops_and_restarts(tmp_path):
     root = tmp_path / "repo"

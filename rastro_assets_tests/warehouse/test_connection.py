@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
 import time
@@ -68,6 +70,31 @@ def test_parent_directory_is_created(tmp_path: Path):
     with Warehouse(path).connect() as con:
         con.execute("SELECT 1")
     assert path.exists()
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_the_file_its_wal_and_directory_are_private_under_umask_000(tmp_path: Path):
+    """DuckDB makes the `.wal` at the first write of a held file, and anew after each close."""
+    path = tmp_path / "data" / "pipeline" / "rastro.duckdb"
+    wal = Path(f"{path}.wal")
+    previous = os.umask(0)
+    try:
+        seen = []
+        for value in (1, 2):
+            with Warehouse(path).held() as held:
+                with held.connect() as con:
+                    con.execute("CREATE TABLE IF NOT EXISTS t (x INTEGER)")
+                    con.execute("INSERT INTO t VALUES (?)", [value])
+                seen.append(mode(wal))
+            assert not wal.exists()
+        assert seen == [0o600, 0o600]
+        assert [mode(path.parent.parent), mode(path.parent), mode(path)] == [0o700, 0o700, 0o600]
+        assert os.umask(0) == 0, "the umask is given back after the last connection"
+    finally:
+        os.umask(previous)
 
 
 def test_sessions_run_in_utc(warehouse: Warehouse):
