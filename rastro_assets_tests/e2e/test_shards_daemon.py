@@ -80,6 +80,16 @@ def materialized(home: Path) -> dict[str, set[str]]:
         }
 
 
+def backfills_done(home: Path) -> bool:
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        backfills = instance.get_backfills()
+    states = {backfill.status.value for backfill in backfills}
+    assert "FAILED" not in states
+    return len(backfills) >= 2 and states == {"COMPLETED_SUCCESS"}
+
+
 def partitions(home: Path) -> dict[int, list[str]]:
     import dagster as dg
 
@@ -133,6 +143,8 @@ def test_three_shards_backfill_sync_by_hand_and_unlink_each_in_its_own_pair(shar
             assert registry.account_shards(con) == HOME_SHARD
 
         wait_for("every account's 90-day backfill", lambda: all_live(warehouse), 420)
+        # A run records its account-days in Dagster after it wrote the warehouse.
+        wait_for("the backfills to complete in Dagster", lambda: backfills_done(home), 120)
         by_asset = materialized(home)
         for account, shard in HOME_SHARD.items():
             timezone = world.accounts[account].timezone
