@@ -15,6 +15,7 @@ from rastro_assets.defs.checks import (
     site_spend_equals_ad_sums,
 )
 from rastro_assets.defs.external import external_specs
+from rastro_assets.defs.health import meta_account_health
 from rastro_assets.defs.partitions import SHARD_COUNT, all_accounts_partitions_name
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.retention import retention_sensor
@@ -52,7 +53,7 @@ def build_defs(shard_count: int = SHARD_COUNT) -> dg.Definitions:
         )
         sensors = [build_meta_accounts_sensor(shard_count), build_meta_cadence_sensor(shard_count)]
     return dg.Definitions(
-        assets=[*spend, *catalog, snapshot, *external_specs],
+        assets=[*spend, *catalog, snapshot, *external_specs, meta_account_health],
         asset_checks=checks,
         jobs=[sync_wave_job, publish_snapshot_job],
         sensors=[*sensors, retention_sensor, analytics_publisher_sensor],

@@ -2,8 +2,14 @@
 
 Idempotent: the first start creates a demo-only secrets key, the warehouse,
 two sites and three linked accounts of the fake Graph; later starts reuse
-them. Then it becomes `dagster dev` (UI and daemon) on the repo's instance,
-with a persistent Dagster home in `data/dagster_home`.
+them. Then it starts `dagster dev` (UI and daemon) on the repo's instance,
+with a persistent Dagster home in `data/dagster_home`, and stays beside it to
+say what Dagster's log does not: what it linked, where the UI is, how far the
+first backfills are, and when the analytics snapshot holds them ("ready").
+Its own lines start with `rastro demo:`.
+
+It reads the warehouse only briefly and read-only, and gives up a look at once
+when the pipeline's writers hold the file: the demo must never slow them.
 
 A `RASTRO_SECRETS_KEY` already in the environment wins over the demo key in
 `data/secrets.key`: whoever keeps real connections in the same warehouse
@@ -13,26 +19,55 @@ does not open it.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
+import socket
+import subprocess
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
 
+from rastro_assets.analytics.frames import open_snapshot
 from rastro_assets.outcomes import ConnectionStatus
+from rastro_assets.planner import cadence
+from rastro_assets.planner.history import planned_accounts
+from rastro_assets.settings import snapshot_path_for
 from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault, generate_key
 from rastro_assets.warehouse import registry
-from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.connection import Warehouse, WarehouseLocked
 from rastro_fake_graph.world import DEMO_TOKEN, FakeWorld
 
 DEMO_CONNECTION = "demo"
 DEMO_SITES = {"demo-shop": "Demo shop", "demo-clinic": "Demo clinic"}
 DEMO_LINKS = {"demo-shop": ("act_1001", "act_1002"), "demo-clinic": ("act_1002", "act_1003")}
+PREFIX = "rastro demo:"
+# Harmless warnings Dagster prints on every start of the demo, each matched by the start
+# of its message (PYTHONWARNINGS takes no Dagster category without importing Dagster
+# first): the `dagster dev` command superseded by `dg dev`, which needs a `dg` project;
+# the preview and beta APIs the code location uses on purpose.
+QUIETED_WARNINGS = (
+    "Function `dev_command` is superseded",
+    "Specifying a partitions_def on an AssetCheckSpec is currently in preview",
+    "Parameter `owners` of initializer `SensorDefinition.__init__` is currently in beta",
+)
+TICK_SECONDS = 2.0
+PROGRESS_SECONDS = 20.0
+# A look at the warehouse gives way to the pipeline's writers at once: the next tick retries.
+LOOK_LOCK_WAIT_SECONDS = 0.5
+# Stopping Dagster takes a few seconds; after this long the demo gives up waiting.
+STOP_SECONDS = 25.0
+SAMPLE_QUERY = (
+    "SELECT ad_account_id, min(day) AS first_day, max(day) AS last_day, sum(spend) AS spend"
+    " FROM ad_spend_daily GROUP BY ALL ORDER BY ALL"
+)
 
 
 @dataclass(frozen=True)
@@ -126,26 +161,230 @@ def _demo_token_stored(con: duckdb.DuckDBPyConnection, vault: Vault) -> bool:
         return False
 
 
+def say(line: str) -> None:
+    print(f"{PREFIX} {line}", flush=True)
+
+
+def linked_lines(paths: DemoPaths) -> list[str]:
+    """What the demo linked: its sites, and each account with its timezone, currency, sites."""
+    with Warehouse(paths.duckdb).connect(read_only=True) as con:
+        accounts = registry.linked_accounts(con)
+        links = con.execute(
+            "SELECT ad_account_id, list(site_id ORDER BY site_id) FROM site_ad_accounts"
+            " GROUP BY ALL"
+        ).fetchall()
+    sites_of = dict(links)
+    sites = ", ".join(f"{site} ({name})" for site, name in DEMO_SITES.items())
+    lines = [f"sites {sites}; {len(accounts)} fake Meta accounts linked:"]
+    lines += [
+        f"  {a.ad_account_id} {a.name!r} ({a.timezone}, {a.currency})"
+        f" -> {', '.join(sites_of.get(a.ad_account_id, []))}"
+        for a in accounts
+    ]
+    return lines
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The linked accounts' first backfills, as `rastro status` tells them."""
+
+    accounts: int
+    done: int
+    days_read: int
+    days_owed: int
+    stuck: tuple[str, ...] = ()
+
+    @property
+    def finished(self) -> bool:
+        return self.done == self.accounts
+
+    def line(self) -> str:
+        text = (
+            f"backfill: {self.done} of {self.accounts} accounts done,"
+            f" {self.days_read}/{self.days_owed} account-days"
+        )
+        return "; ".join([text, *self.stuck])
+
+
+def read_progress(duckdb_path: Path, now: datetime | None = None) -> Progress | None:
+    """The backfills' progress from one brief read-only look; None while writers hold the file."""
+    warehouse = Warehouse(duckdb_path, lock_wait_seconds=LOOK_LOCK_WAIT_SECONDS)
+    try:
+        with warehouse.connect(read_only=True) as con:
+            accounts = planned_accounts(con)
+    except (WarehouseLocked, duckdb.Error):
+        return None
+    now = now or datetime.now(UTC)
+    done = days_read = days_owed = 0
+    stuck = []
+    for account in accounts:
+        status = cadence.status(account.state, now)
+        if status.backfill is None:
+            done += 1
+            days_read += cadence.BACKFILL_DAYS
+            days_owed += cadence.BACKFILL_DAYS
+        else:
+            days_read += status.backfill[0]
+            days_owed += status.backfill[1]
+        if status.state in ("error", "paused"):
+            stuck.append(f"{status.ad_account_id} {status.state}: {status.last_error}")
+    return Progress(len(accounts), done, days_read, days_owed, tuple(stuck))
+
+
+def snapshot_ready(analytics_path: Path, accounts: int) -> bool:
+    """Whether the analytics snapshot was published after every account's backfill."""
+    try:
+        with open_snapshot(analytics_path) as con:
+            rows = con.execute(
+                "SELECT count(*), count(backfill_total_days) FROM account_sync_status"
+            ).fetchone()
+    except (OSError, duckdb.Error, LookupError, ValueError):
+        # Missing, being replaced, or from an older format: the next look decides.
+        return False
+    return rows is not None and rows[0] >= accounts and rows[1] == 0
+
+
+def ui_up(port: str) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", int(port)), timeout=0.5):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+class Watcher:
+    """The demo's own lines while Dagster runs: the UI once it answers, then the backfills'
+    progress every `PROGRESS_SECONDS` until the snapshot holds them all, then "ready"."""
+
+    def __init__(
+        self,
+        paths: DemoPaths,
+        port: str,
+        analytics_path: Path,
+        rastro: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.paths = paths
+        self.port = port
+        self.analytics_path = analytics_path
+        self.rastro = rastro
+        self.clock = clock
+        self.ui_said = False
+        self.ready = False
+        self.next_look = clock()
+        self.last: Progress | None = None
+
+    def tick(self) -> None:
+        if not self.ui_said and ui_up(self.port):
+            self.ui_said = True
+            say(f"UI at http://127.0.0.1:{self.port} (Ctrl-C stops the demo)")
+        if self.ready or self.clock() < self.next_look:
+            return
+        progress = read_progress(self.paths.duckdb)
+        if progress is None:
+            return  # the writers hold the file: look again next tick
+        self.next_look = self.clock() + PROGRESS_SECONDS
+        if progress.finished and snapshot_ready(self.analytics_path, progress.accounts):
+            self.ready = True
+            if self.last is not None and not self.last.finished:
+                say(progress.line())
+            say(f'ready: try {self.rastro} sql "{SAMPLE_QUERY}"')
+            return
+        if progress.finished:
+            if self.last is None or not self.last.finished:
+                say(f"{progress.line()}; publishing the analytics snapshot")
+        else:
+            say(progress.line())
+        self.last = progress
+
+
+def quiet_warnings(environ: Mapping[str, str]) -> str:
+    """PYTHONWARNINGS with the known harmless warnings ignored, the caller's entries kept."""
+    ours = [f"ignore:{message}" for message in QUIETED_WARNINGS]
+    theirs = [entry for entry in (environ.get("PYTHONWARNINGS") or "").split(",") if entry]
+    return ",".join([*theirs, *ours])
+
+
+def rastro_command(root: Path) -> str:
+    """How to call this install's `rastro` from the repo root."""
+    rastro = Path(sys.executable).parent / "rastro"
+    try:
+        return str(rastro.relative_to(root))
+    except ValueError:
+        return str(rastro)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the demo dies, even by SIGKILL (Linux)."""
+    with suppress(OSError, AttributeError):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def run(root: Path, extra_args: list[str], environ: Mapping[str, str] | None = None) -> int:
-    """Prepare the demo, then replace this process with `dagster dev`."""
+    """Prepare the demo, then run `dagster dev` and say how the demo is doing until it stops."""
     paths = DemoPaths(root.resolve())
     if not (paths.root / "workspace.yaml").exists():
         print("rastro: error: run `rastro demo` from the repo root", file=sys.stderr)
         return 2
     base = dict(os.environ if environ is None else environ)
     env = {**base, **prepare(paths, environ=base)}
+    env["PYTHONWARNINGS"] = quiet_warnings(base)
     os.chdir(paths.root)
     dagster = shutil.which("dagster", path=str(Path(sys.executable).parent)) or "dagster"
-    print(
-        f"rastro demo: data in {paths.data}; starting Dagster (UI and daemon) on"
-        f" http://127.0.0.1:{_port(extra_args)}",
-        flush=True,
+    port = _port(extra_args)
+    say(f"data in {paths.data}; starting Dagster (UI and daemon) on http://127.0.0.1:{port}")
+    for line in linked_lines(paths):
+        say(line)
+    say(
+        'Dagster says the dagster.yaml here "will not be used": the demo copies it to'
+        f" {paths.dagster_home} (DAGSTER_HOME), where it is used"
     )
-    # A parent that ignores SIGINT/SIGTERM would hand that on through exec.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.execvpe(dagster, [dagster, "dev", "-w", "workspace.yaml", *extra_args], env)
-    return 0
+    watcher = Watcher(
+        paths,
+        port,
+        Path(snapshot_path_for(env["RASTRO_DUCKDB_PATH"], env)),
+        rastro_command(paths.root),
+    )
+    return supervise([dagster, "dev", "-w", "workspace.yaml", *extra_args], env, watcher)
+
+
+def supervise(argv: list[str], env: Mapping[str, str], watcher: Watcher) -> int:
+    """Run `argv` in a process group of its own, hand it each SIGINT/SIGTERM, watch meanwhile.
+
+    Its own group, so that a signal to the demo's group (Ctrl-C in a terminal) reaches
+    Dagster once, from here: twice, `dagster dev` aborts its own shutdown halfway.
+    """
+    child = subprocess.Popen(argv, env=env, process_group=0, preexec_fn=_die_with_parent)
+    stopping: list[int] = []
+
+    def hand_on(signum: int, _frame) -> None:
+        stopping.append(signum)
+        with suppress(ProcessLookupError):
+            os.killpg(child.pid, signum)
+
+    previous = {sig: signal.signal(sig, hand_on) for sig in (signal.SIGINT, signal.SIGTERM)}
+    deadline: float | None = None
+    try:
+        while True:
+            try:
+                code = child.wait(timeout=TICK_SECONDS)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if stopping:
+                deadline = deadline or time.monotonic() + STOP_SECONDS
+                if time.monotonic() >= deadline:
+                    with suppress(ProcessLookupError):
+                        os.killpg(child.pid, signal.SIGKILL)
+                    code = child.wait()
+                    break
+                continue
+            watcher.tick()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code
 
 
 def _port(extra_args: list[str]) -> str:

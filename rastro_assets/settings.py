@@ -7,8 +7,9 @@ a test can build a `Settings` without touching `os.environ`.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -17,6 +18,10 @@ DEFAULT_GRAPH_URL = "https://graph.facebook.com/v25.0"
 ANALYTICS_FILE_NAME = "analytics.duckdb"
 DEFAULT_ANALYTICS_MODE = 0o644
 DEFAULT_ANALYTICS_LAG_SECONDS = 300
+# The oldest DuckDB storage that holds every type of the snapshot (DECIMAL, TIMESTAMPTZ, BLOB,
+# lists): DuckDB 1.0 and later, and the tools that bundle one (DBeaver, Metabase, Evidence),
+# open it; the newest storage would shut out every DuckDB older than the pipeline's.
+DEFAULT_ANALYTICS_STORAGE_VERSION = "v1.0.0"
 
 # Operators may make the sensors tick faster (tests, demos); read once, when the code loads.
 SENSOR_INTERVAL_OVERRIDE_SECONDS = int(os.environ.get("RASTRO_SENSOR_INTERVAL_SECONDS") or 0)
@@ -122,6 +127,51 @@ def account_shards(raw: str | None) -> int:
 ACCOUNT_SHARDS = account_shards(os.environ.get("RASTRO_ACCOUNT_SHARDS"))
 
 
+CODE_LOCATION_MODULE = "rastro_assets.definitions"
+DATA_DIR = "data"
+PIPELINE_FILE_NAME = "rastro.duckdb"
+
+
+def project_root(start: str | os.PathLike[str] | None = None) -> Path | None:
+    """The nearest directory from `start` (default: the working directory) upward whose
+    `workspace.yaml` loads this code location: the checkout or install the data belongs to."""
+    here = Path(os.getcwd() if start is None else start).absolute()
+    return next((d for d in (here, *here.parents) if _is_project_root(d)), None)
+
+
+def _is_project_root(directory: Path) -> bool:
+    try:
+        return CODE_LOCATION_MODULE in (directory / "workspace.yaml").read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def find_data_dir(start: str | os.PathLike[str] | None = None) -> Path | None:
+    """Where the product's files are when no variable says: the `data/` of the nearest
+    directory, from `start` (default: the working directory) upward, that is the project's
+    root (`project_root`) or holds a `data/` with the pipeline's file or the snapshot.
+
+    So a notebook in `notebooks/`, or a shell anywhere inside the checkout, finds the same
+    files as the repo root; None when nothing up to `/` is the project's."""
+    here = Path(os.getcwd() if start is None else start).absolute()
+    for directory in (here, *here.parents):
+        data = directory / DATA_DIR
+        if (data / PIPELINE_FILE_NAME).is_file() or (data / ANALYTICS_FILE_NAME).is_file():
+            return data
+        if _is_project_root(directory):
+            return data
+    return None
+
+
+def _not_found(variable: str, tried: Path, here: Path) -> str:
+    return (
+        f"{variable} is not set and no project of rastro_assets was found from {here} upward (a"
+        f" directory whose workspace.yaml loads {CODE_LOCATION_MODULE}, or whose {DATA_DIR}/"
+        f" holds {PIPELINE_FILE_NAME} or {ANALYTICS_FILE_NAME}); tried {tried}: set {variable}"
+        " to the file's path, or run from inside the project"
+    )
+
+
 def default_analytics_path(duckdb_path: str) -> str:
     """The snapshot beside the pipeline's file: `data/analytics.duckdb` by default."""
     return str(Path(duckdb_path).parent / ANALYTICS_FILE_NAME)
@@ -145,6 +195,11 @@ class Settings:
     """How far the snapshot may lag a write to the pipeline's file."""
     account_shards: int = DEFAULT_ACCOUNT_SHARDS
     """How many spend asset pairs (shards) the code location defines."""
+    analytics_storage_version: str = DEFAULT_ANALYTICS_STORAGE_VERSION
+    """The DuckDB storage version the snapshot is written in (`STORAGE_VERSION`)."""
+    not_found: str | None = field(default=None, compare=False)
+    """Why `duckdb_path` is only a guess: no variable named it and no project was found
+    from the working directory (`from_env`); None when it was named or found."""
 
     def __post_init__(self) -> None:
         # A publish renames a new file over the snapshot: over the pipeline's own file it
@@ -160,11 +215,45 @@ class Settings:
     def snapshot_path(self) -> str:
         return self.analytics_path or default_analytics_path(self.duckdb_path)
 
+    def require_duckdb_path(self) -> str:
+        """The pipeline's file; SettingsError (one line, naming the path tried and the
+        variable to set) when it is only a guess."""
+        if self.not_found is not None:
+            raise SettingsError(self.not_found)
+        return self.duckdb_path
+
+    def require_snapshot_path(self) -> str:
+        """The analytics snapshot; SettingsError when it is only a guess."""
+        if self.not_found is not None and self.analytics_path is None:
+            raise SettingsError(
+                _not_found(
+                    "RASTRO_ANALYTICS_PATH",
+                    Path(self.snapshot_path).absolute(),
+                    Path(self.duckdb_path).absolute().parent.parent,
+                )
+            )
+        return self.snapshot_path
+
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None
+    ) -> Settings:
+        """The settings of the environment; the files, when no variable names them, are
+        found from `cwd` (default: the working directory) upward (`find_data_dir`)."""
         env = os.environ if environ is None else environ
+        duckdb_path, not_found = env.get("RASTRO_DUCKDB_PATH"), None
+        if not duckdb_path:
+            here = Path(os.getcwd() if cwd is None else cwd).absolute()
+            data = find_data_dir(here)
+            if data is None:
+                guess = here / DEFAULT_DUCKDB_PATH
+                not_found = _not_found("RASTRO_DUCKDB_PATH", guess, here)
+                duckdb_path = str(guess)
+            else:
+                duckdb_path = str(data / PIPELINE_FILE_NAME)
         return cls(
-            duckdb_path=env.get("RASTRO_DUCKDB_PATH") or DEFAULT_DUCKDB_PATH,
+            duckdb_path=duckdb_path,
+            not_found=not_found,
             graph_url=(env.get("RASTRO_META_GRAPH_URL") or DEFAULT_GRAPH_URL).rstrip("/"),
             use_fake_graph=(
                 env.get("RASTRO_META_FAKE", "").strip().lower() in {"1", "true", "yes"}
@@ -172,8 +261,21 @@ class Settings:
             analytics_path=env.get("RASTRO_ANALYTICS_PATH") or None,
             analytics_mode=_octal_mode(env.get("RASTRO_ANALYTICS_MODE")),
             analytics_lag_seconds=_positive_seconds(env.get("RASTRO_ANALYTICS_LAG_SECONDS")),
+            analytics_storage_version=storage_version(env.get("RASTRO_ANALYTICS_STORAGE_VERSION")),
             account_shards=account_shards(env.get("RASTRO_ACCOUNT_SHARDS")),
         )
+
+
+def storage_version(raw: str | None) -> str:
+    """`RASTRO_ANALYTICS_STORAGE_VERSION`: a DuckDB release, `v1.0.0` or later, like `v1.2.0`."""
+    if not raw:
+        return DEFAULT_ANALYTICS_STORAGE_VERSION
+    if not re.fullmatch(r"v[1-9][0-9]*\.[0-9]+\.[0-9]+", raw.strip()):
+        raise SettingsError(
+            f"RASTRO_ANALYTICS_STORAGE_VERSION must be a DuckDB release from v1.0.0 on, like"
+            f" {DEFAULT_ANALYTICS_STORAGE_VERSION} or v1.2.0, not {raw!r}"
+        )
+    return raw.strip()
 
 
 def _octal_mode(raw: str | None) -> int:

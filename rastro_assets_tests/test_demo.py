@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import stat
+import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -132,24 +135,180 @@ def test_a_paused_demo_connection_is_revived(paths: demo.DemoPaths, now):
         assert registry.get_connection(con, demo.DEMO_CONNECTION).status == ConnectionStatus.ACTIVE
 
 
-def test_run_prepares_then_execs_dagster_dev(paths: demo.DemoPaths, monkeypatch, capsys):
+def test_run_prepares_then_supervises_dagster_dev(paths: demo.DemoPaths, monkeypatch, capsys):
     handed = []
 
-    def execvpe(file, argv, env):
-        handed.append((file, argv, env))
+    def supervise(argv, env, watcher):
+        handed.append((argv, env, watcher))
+        return 0
 
-    monkeypatch.setattr(demo.os, "execvpe", execvpe)
-    monkeypatch.setattr(demo.signal, "signal", lambda *args: None)
+    monkeypatch.setattr(demo, "supervise", supervise)
     monkeypatch.chdir(REPO)
-    assert demo.run(paths.root, ["--port", "3001"], environ={"KEEP": "me"}) == 0
-    [(file, argv, env)] = handed
-    assert Path(file).name == "dagster"
+    environ = {"KEEP": "me", "PYTHONWARNINGS": "error::ResourceWarning"}
+    assert demo.run(paths.root, ["--port", "3001"], environ=environ) == 0
+    [(argv, env, watcher)] = handed
+    assert Path(argv[0]).name == "dagster"
     assert argv[1:] == ["dev", "-w", "workspace.yaml", "--port", "3001"]
     assert env["KEEP"] == "me"
     assert env["DAGSTER_HOME"] == str(paths.root.resolve() / "data" / "dagster_home")
     assert env[ENV_VAR] == paths.key_file.read_text().strip()
+    assert env["PYTHONWARNINGS"].split(",")[0] == "error::ResourceWarning"
     assert Path.cwd() == paths.root.resolve()
-    assert "http://127.0.0.1:3001" in capsys.readouterr().out
+    assert (watcher.port, watcher.analytics_path) == ("3001", paths.data / "analytics.duckdb")
+    lines = capsys.readouterr().out.splitlines()
+    assert all(line.startswith("rastro demo: ") for line in lines)
+    assert lines[0].startswith("rastro demo: data in ")
+    assert "http://127.0.0.1:3001" in lines[0]
+    world = FakeWorld.demo()
+    for account in ("act_1001", "act_1002", "act_1003"):
+        fake = world.accounts[account]
+        [line] = [line for line in lines if f" {account} " in line]
+        assert f"({fake.timezone}, {fake.currency})" in line
+    assert any("-> demo-clinic, demo-shop" in line for line in lines)  # act_1002's two sites
+    assert any('"will not be used"' in line for line in lines)
+
+
+QUIET_PROBE = """
+import warnings
+import dagster as dg
+warnings.warn("Function `dev_command` is superseded and its usage is discouraged.",
+              dg.SupersessionWarning)
+dg.AssetCheckSpec("c", asset="a", partitions_def=dg.StaticPartitionsDefinition(["x"]))
+dg.SensorDefinition(name="s", evaluation_fn=lambda context: None, job_name="j", owners=["team:ads"])
+warnings.warn("an unrelated warning")
+"""
+
+
+def test_the_quieted_warnings_are_dagsters_own_and_only_those():
+    env = {**os.environ, "PYTHONWARNINGS": demo.quiet_warnings({})}
+    result = subprocess.run(
+        [sys.executable, "-c", QUIET_PROBE], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Warning" in result.stderr and "an unrelated warning" in result.stderr
+    for message in demo.QUIETED_WARNINGS:
+        assert message not in result.stderr
+    assert len(demo.quiet_warnings({"PYTHONWARNINGS": "default"}).split(",")) == 4
+
+
+def test_progress_of_a_fresh_demo_and_no_snapshot_yet(paths: demo.DemoPaths, now):
+    demo.prepare(paths, now=now, environ={})
+    progress = demo.read_progress(paths.duckdb, now)
+    assert progress == demo.Progress(3, 0, 0, 270)
+    assert progress.line() == "backfill: 0 of 3 accounts done, 0/270 account-days"
+    assert not demo.snapshot_ready(paths.data / "analytics.duckdb", 3)
+
+
+def test_a_look_gives_way_to_a_writer(paths: demo.DemoPaths, now, monkeypatch):
+    demo.prepare(paths, now=now, environ={})
+    monkeypatch.setattr(demo, "LOOK_LOCK_WAIT_SECONDS", 0.0)
+    # What a look meets while the pipeline writes: another process holding the file.
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import duckdb, sys; con = duckdb.connect(sys.argv[1]); print('held',"
+            " flush=True); sys.stdin.read()",
+            str(paths.duckdb),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert demo.read_progress(paths.duckdb, now) is None
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert demo.read_progress(paths.duckdb, now) is not None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_watcher_says_ui_progress_then_ready_once(paths: demo.DemoPaths, monkeypatch, capsys):
+    clock = Clock()
+    looks = iter(
+        [
+            demo.Progress(3, 0, 0, 270),
+            None,  # the writers hold the file: nothing said, looked at again next tick
+            demo.Progress(3, 2, 200, 270),
+            demo.Progress(3, 3, 270, 270),
+            demo.Progress(3, 3, 270, 270),
+        ]
+    )
+    published = iter([False, True])
+    monkeypatch.setattr(demo, "read_progress", lambda path: next(looks))
+    monkeypatch.setattr(demo, "snapshot_ready", lambda path, accounts: next(published))
+    up = iter([False, True])
+    monkeypatch.setattr(demo, "ui_up", lambda port: next(up, True))
+    snapshot = paths.data / "analytics.duckdb"
+    watcher = demo.Watcher(paths, "3001", snapshot, ".venv/bin/rastro", clock)
+    for at in (0, 2, 3, 4, 30, 45, 60, 80, 100, 200):
+        clock.now = at
+        watcher.tick()
+    assert capsys.readouterr().out.splitlines() == [
+        "rastro demo: backfill: 0 of 3 accounts done, 0/270 account-days",
+        "rastro demo: UI at http://127.0.0.1:3001 (Ctrl-C stops the demo)",
+        "rastro demo: backfill: 2 of 3 accounts done, 200/270 account-days",
+        "rastro demo: backfill: 3 of 3 accounts done, 270/270 account-days;"
+        " publishing the analytics snapshot",
+        f'rastro demo: ready: try .venv/bin/rastro sql "{demo.SAMPLE_QUERY}"',
+    ]
+
+
+STOPPABLE = """
+import signal, sys
+from pathlib import Path
+from rastro_assets import demo
+
+class Quiet:
+    def tick(self):
+        pass
+
+# A child that outlives the demo's group: only a signal handed on reaches it.
+child = [sys.executable, "-c", "import time; print('child up', flush=True); time.sleep(600)"]
+sys.exit(demo.supervise(child, {}, Quiet()))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_demos_group_stops_dagster_too(tmp_path: Path, sig):
+    process = subprocess.Popen(
+        [sys.executable, "-c", STOPPABLE],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert process.stdout.readline().strip() == "child up"
+        os.killpg(process.pid, sig)
+        assert process.wait(timeout=30) == 128 + sig
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    # The child, in a group of its own, is gone too: nothing left in the session.
+    assert not session_members(process.pid)
+
+
+def session_members(sid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[3]) == sid:
+                found.append(int(entry.name))
+    return found
 
 
 def test_run_outside_the_repo_root(tmp_path: Path, capsys):

@@ -73,7 +73,7 @@ def test_scaled_instance_config_matches_dagsters_schema(scaled_env):
     config, custom_class = dagster_instance_config(str(DOCS), config_filename=SCALED)
     assert custom_class is None
     assert set(config["storage"]) == {"postgres"}
-    assert config["run_coordinator"]["class"] == "QueuedRunCoordinator"
+    assert config["run_coordinator"]["class"] == "AccountRunCoordinator"
 
 
 def test_every_configured_class_accepts_its_config(scaled_env, tmp_path: Path):
@@ -270,8 +270,75 @@ def test_the_guides_notebook_examples_run(
 def test_the_docs_name_the_snapshots_variables():
     example = (REPO / ".env.example").read_text()
     guide = GUIDE.read_text()
-    for name in ("RASTRO_ANALYTICS_PATH", "RASTRO_ANALYTICS_MODE", "RASTRO_ANALYTICS_LAG_SECONDS"):
+    for name in (
+        "RASTRO_ANALYTICS_PATH",
+        "RASTRO_ANALYTICS_MODE",
+        "RASTRO_ANALYTICS_LAG_SECONDS",
+        "RASTRO_ANALYTICS_STORAGE_VERSION",
+    ):
         assert name in example and name in guide, name
     readme = README.read_text()
     assert "data/analytics.duckdb" in readme
     assert "duckdb -readonly data/rastro.duckdb" not in readme
+
+
+def test_the_readme_says_how_many_accounts_a_wave_syncs_at_once():
+    from rastro_assets.defs.wave import WAVE_CONCURRENCY
+
+    said = re.findall(r"(\d+|four) accounts at a time", README.read_text())
+    assert said == [str(WAVE_CONCURRENCY)]
+
+
+def test_a_hand_run_without_dagster_home_lands_where_the_guide_says(tmp_path: Path, monkeypatch):
+    """The guide: from the repo root a hand-run `dagster asset materialize` writes to the
+    demo's instance (the repo's dagster.yaml); from elsewhere, to a temporary one."""
+    from dagster import DagsterInstance
+    from dagster._cli.utils import get_possibly_temporary_instance_for_cli
+    from dagster._core.instance.ref import InstanceRef as Ref
+
+    text = " ".join(GUIDE.read_text().split())
+    assert "from the repo root that is the repo's own" in text
+    assert "they land in a temporary instance" in text
+    root, elsewhere = tmp_path / "repo", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    (root / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    for cwd, account in ((root, "act_1"), (elsewhere, "act_2")):
+        monkeypatch.chdir(cwd)
+        with get_possibly_temporary_instance_for_cli("dagster asset materialize") as instance:
+            instance.add_dynamic_partitions("meta_ad_account", [account])
+    # The demo's instance: DAGSTER_HOME=data/dagster_home with the repo's dagster.yaml, run
+    # from the repo root (rastro demo).
+    monkeypatch.chdir(root)
+    home = root / "data" / "dagster_home"
+    (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    with DagsterInstance.from_ref(Ref.from_dir(str(home))) as demo:
+        assert demo.get_dynamic_partitions("meta_ad_account") == ["act_1"]
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_the_docs_say_how_the_files_are_found():
+    from rastro_assets.settings import CODE_LOCATION_MODULE, DATA_DIR
+
+    guide = " ".join(GUIDE.read_text().split())
+    assert "Where the files are, the same from any working directory" in guide
+    assert f"its `workspace.yaml` loads `{CODE_LOCATION_MODULE}`" in guide
+    assert f"`{DATA_DIR}/` with `rastro.duckdb` or `analytics.duckdb`" in guide
+    assert CODE_LOCATION_MODULE in (REPO / "workspace.yaml").read_text()
+    readme = " ".join(README.read_text().split())
+    assert '"Where the files are"' in readme
+
+
+def test_the_docs_say_which_duckdb_opens_the_snapshot():
+    from rastro_assets.settings import DEFAULT_ANALYTICS_STORAGE_VERSION
+
+    guide = " ".join(GUIDE.read_text().split())
+    assert f"`RASTRO_ANALYTICS_STORAGE_VERSION`, default `{DEFAULT_ANALYTICS_STORAGE_VERSION}`" in (
+        guide
+    )
+    readme = " ".join(README.read_text().split())
+    assert "written in DuckDB 1.0's storage" in readme and DEFAULT_ANALYTICS_STORAGE_VERSION == (
+        "v1.0.0"
+    )
+    assert "duckdb-cli" in (REPO / "pyproject.toml").read_text()

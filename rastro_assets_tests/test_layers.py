@@ -6,8 +6,9 @@ last tests can plant a bad import in a copy of the tree and watch the rule catch
 - Every module belongs to one layer (`LAYERS`), a leaf, `definitions.py` or the fake Graph.
 - A layer imports only the leaves, itself and the layers it names: `meta/` (the Graph client)
   is the bottom; `warehouse/` adds `meta/`; `planner/` and `sync/` add `warehouse/`;
-  `analytics/` adds `planner/`; `defs/` adds the pure core and `analytics/`; `demo.py` and
-  `cli/` sit on top (the CLI may reach `defs` lazily).
+  `analytics/` adds `planner/`; `defs/` adds the pure core and `analytics/`; `demo.py` (which
+  reads the planner and the snapshot to say the backfills' progress) and `cli/` sit on top
+  (the CLI may reach `defs` lazily).
 - The leaves (settings, time, vault, shared vocabulary, account ids, token shape, shards, the
   spend schema) import nothing of ours.
 - Only `defs/` and `definitions.py` import any `dagster*` package.
@@ -57,7 +58,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     _SYNC: (_WAREHOUSE, _META),
     _ANALYTICS: (_PLANNER, _WAREHOUSE, _META),
     _DEFS: (_ANALYTICS, _SYNC, _PLANNER, _WAREHOUSE, _META),
-    _DEMO: (_WAREHOUSE, _META, FAKE),
+    _DEMO: (_ANALYTICS, _PLANNER, _WAREHOUSE, _META, FAKE),
     _CLI: (_DEFS, _DEMO, _ANALYTICS, _SYNC, _PLANNER, _WAREHOUSE, _META, FAKE),
     f"{PRODUCT}.definitions": (_DEFS,),
     FAKE: (_META,),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import date
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,8 @@ from rastro_assets.settings import (
 
 
 def test_the_snapshot_sits_beside_the_pipeline_file_by_default():
-    assert Settings.from_env({}).snapshot_path == "data/analytics.duckdb"
+    repo = Path(__file__).resolve().parents[1]
+    assert Settings.from_env({}, cwd=repo).snapshot_path == str(repo / "data/analytics.duckdb")
     moved = Settings.from_env({"RASTRO_DUCKDB_PATH": "/srv/rastro/rastro.duckdb"})
     assert moved.snapshot_path == "/srv/rastro/analytics.duckdb"
     chosen = Settings.from_env({"RASTRO_ANALYTICS_PATH": "/srv/share/ads.duckdb"})

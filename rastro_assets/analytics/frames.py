@@ -3,7 +3,9 @@
 ```python
 from rastro_assets.analytics.frames import Snapshot
 
-snap = Snapshot()                          # RASTRO_ANALYTICS_PATH, else data/analytics.duckdb
+snap = Snapshot()                          # RASTRO_ANALYTICS_PATH, else the project's
+                                           # data/analytics.duckdb, found from the working
+                                           # directory upward (so from notebooks/ too)
 snap = Snapshot("data/analytics.duckdb")   # or a path of your choosing
 snap.spend("2026-11-01", "2026-11-30", by="campaign", site_id="shop-1")
 snap.spend("2026-11-01", "2026-11-30", by=["account", "day"])
@@ -41,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from rastro_assets.settings import Settings
+from rastro_assets.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
     import polars as pl
@@ -60,10 +62,25 @@ class NotTheSnapshot(ValueError):
     """The path names the pipeline's own file, which analysts never open."""
 
 
-def missing_message(path: str | os.PathLike[str]) -> str:
+def missing_message(
+    path: str | os.PathLike[str], pipeline_path: str | os.PathLike[str] | None = None
+) -> str:
+    """Why there is no snapshot at `path`: not published yet when the pipeline's file is
+    there; otherwise only that no file is, so a wrong path never reads as "wait"."""
+    where = os.path.abspath(path)
+    if pipeline_path is not None and os.path.isfile(pipeline_path):
+        return (
+            f"no analytics snapshot has been published yet at {where}: the daemon publishes"
+            f" one within minutes of the first sync; to publish one now, run `{PUBLISH_NOW}`"
+        )
+    pipeline = (
+        f" (nor is the pipeline's file at {os.path.abspath(pipeline_path)})"
+        if pipeline_path is not None
+        else ""
+    )
     return (
-        f"no analytics snapshot has been published yet at {path}: the daemon publishes one"
-        f" within minutes of the first sync; to publish one now, run `{PUBLISH_NOW}`"
+        f"no analytics snapshot at {where}: no such file{pipeline}; set RASTRO_ANALYTICS_PATH"
+        " to the snapshot's path, or run from inside the project"
     )
 
 
@@ -87,14 +104,14 @@ def open_snapshot(
             " beside the pipeline's file)"
         )
     if not path.is_file():
-        raise SnapshotMissing(missing_message(path))
+        raise SnapshotMissing(missing_message(path, pipeline_path))
     con = duckdb.connect(config=dict(NO_EXTENSIONS))
     try:
         try:
             con.execute(f"ATTACH ? AS {CATALOG} (READ_ONLY)", [str(path)])
         except duckdb.IOException as exc:
             if not path.is_file():  # removed between the check and the open
-                raise SnapshotMissing(missing_message(path)) from exc
+                raise SnapshotMissing(missing_message(path, pipeline_path)) from exc
             raise
         con.execute(f"USE {CATALOG}")
         lock_down(con)
@@ -259,7 +276,12 @@ class Snapshot:
         environ: Mapping[str, str] | None = None,
     ) -> None:
         settings = Settings.from_env(dict(os.environ if environ is None else environ))
-        self.path = Path(path) if path is not None else Path(settings.snapshot_path)
+        if path is None:
+            try:
+                path = settings.require_snapshot_path()
+            except SettingsError as exc:
+                raise SnapshotMissing(str(exc)) from None
+        self.path = Path(path)
         self.pipeline_path = settings.duckdb_path
 
     def __repr__(self) -> str:

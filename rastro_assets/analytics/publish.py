@@ -11,6 +11,12 @@ A new file costs a copy of every byte, so the copy is all a publish does on
 the analysts' side: the private staging file it copies is kept current by
 `warehouse.snapshot.refresh`, which applies only what changed.
 
+Analysts bring their own DuckDB (a shell, DBeaver, Metabase, a notebook), often
+older than the pipeline's, and DuckDB reads no file written in a newer storage
+format than its own. So the staging file, and with it each byte-for-byte copy,
+is written in `Settings.analytics_storage_version` (DuckDB's `STORAGE_VERSION`,
+`v1.0.0` by default); a staging file in another version is rebuilt whole.
+
 Publishes ride on the runs that wrote (`publish_if_due` at their end),
 debounced by `Settings.analytics_lag_seconds`; a sensor publishes what no run
 got to (see `rastro_assets.defs.analytics`).
@@ -33,7 +39,7 @@ import duckdb
 
 from rastro_assets.analytics.status import status_table
 from rastro_assets.planner.history import planned_accounts
-from rastro_assets.settings import Settings
+from rastro_assets.settings import DEFAULT_ANALYTICS_STORAGE_VERSION, Settings, storage_version
 from rastro_assets.timekeeping import Clock, system_clock
 from rastro_assets.warehouse import snapshot
 from rastro_assets.warehouse.connection import Warehouse
@@ -90,9 +96,12 @@ class Publisher:
         lag: timedelta = timedelta(seconds=300),
         clock: Clock = system_clock,
         timer: Clock = system_clock,
+        storage: str = DEFAULT_ANALYTICS_STORAGE_VERSION,
     ) -> None:
         if os.path.abspath(target) == os.path.abspath(warehouse.path):
             raise PublishError(f"the snapshot cannot replace the pipeline's own file {target}")
+        # Checked here too: it is spliced into the ATTACH statement.
+        self.storage = storage_version(storage)
         self.warehouse = warehouse
         self.target = Path(target)
         self.mode = mode
@@ -120,6 +129,7 @@ class Publisher:
             lag=timedelta(seconds=settings.analytics_lag_seconds),
             clock=clock,
             timer=timer,
+            storage=settings.analytics_storage_version,
         )
 
     @property
@@ -234,10 +244,18 @@ class Publisher:
             ) from failed.__cause__
 
     def _refresh_staging(self, now: datetime, published_at: datetime) -> snapshot.RefreshReport:
+        try:
+            if self.staging.exists() and _storage_tag(self.staging) != self._wanted_storage():
+                self._remove_staging()
+        except duckdb.Error as exc:
+            raise _StagingFailed from exc
         with self.warehouse.connect() as con:
             status = status_table(planned_accounts(con), now)
             try:
-                con.execute(f"ATTACH ? AS {snapshot.STAGE}", [str(self.staging)])
+                con.execute(
+                    f"ATTACH ? AS {snapshot.STAGE} (STORAGE_VERSION '{self.storage}')",
+                    [str(self.staging)],
+                )
                 try:
                     # A cache of analyst data only, but nobody else's business to read.
                     os.chmod(self.staging, 0o600)
@@ -288,6 +306,17 @@ class Publisher:
         _fsync_directory(self.target.parent)
         return self.target.stat().st_size
 
+    def _wanted_storage(self) -> str:
+        """How DuckDB names the storage of a file made in `self.storage` (`v1.0.0+`): known
+        only by making one, since several releases share a storage format."""
+        probe = self.target.with_name(f".{self.target.name}.{os.getpid()}.probe.tmp")
+        try:
+            return _storage_tag(probe, create_in=self.storage)
+        finally:
+            for path in (probe, _wal(probe)):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+
     def _remove_leftovers(self) -> None:
         """Temporary files of publishes that died (we hold the lock: none is running)."""
         for pattern in (f".{self.target.name}.*.tmp", f".{self.target.name}.*.tmp.wal"):
@@ -336,6 +365,17 @@ def _drop_bookkeeping(copy: Path) -> None:
         con.execute("CHECKPOINT")
     if _wal(copy).exists():
         raise PublishError(f"the copy {copy} was not checkpointed")
+
+
+def _storage_tag(path: Path, create_in: str | None = None) -> str:
+    """The storage DuckDB reports for the file at `path` (opened read-only), or for a new
+    file made there in storage version `create_in`."""
+    option = "READ_ONLY" if create_in is None else f"STORAGE_VERSION '{create_in}'"
+    with duckdb.connect() as con:
+        con.execute(f"ATTACH ? AS probed ({option})", [str(path)])
+        return con.execute(
+            "SELECT tags['storage_version'] FROM duckdb_databases() WHERE database_name = 'probed'"
+        ).fetchone()[0]
 
 
 def _wal(path: Path) -> Path:

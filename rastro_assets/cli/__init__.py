@@ -15,6 +15,9 @@ its registrars in `REGISTRARS`; `registrars()` below lists every group.
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 from collections.abc import Sequence
 
 import duckdb
@@ -58,9 +61,27 @@ def build_parser() -> Parser:
     return parser
 
 
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+"""What a shell shows for a Unix tool that died writing to a closed pipe (`| head`)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """The console script `rastro`; returns the exit code."""
-    return run(argv, Context.from_process())
+    """The console script `rastro`; returns the exit code.
+
+    A reader that stops early (`rastro status --json | head`) closes the pipe: the
+    command stops quietly, as `cat` would, with no traceback.
+    """
+    try:
+        code = run(argv, Context.from_process())
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit and would report the same broken pipe:
+        # point it at /dev/null first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+    return code
 
 
 def run(argv: Sequence[str] | None, ctx: Context) -> int:

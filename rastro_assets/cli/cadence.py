@@ -29,6 +29,13 @@ MAX_REASON_CHARS = 120
 NO_ACCOUNTS = "no linked accounts yet: `rastro link SITE_ID AD_ACCOUNT_ID --connection ID`"
 
 
+def no_warehouse(path: str) -> str:
+    return (
+        f"no warehouse at {os.path.abspath(path)}: nothing has been linked there yet"
+        " (`rastro link` or `rastro demo` creates it; RASTRO_DUCKDB_PATH names another file)"
+    )
+
+
 # sync-now -------------------------------------------------------------------
 
 
@@ -47,7 +54,9 @@ def _sync_now(args: argparse.Namespace, ctx: Context) -> int:
     warehouse = ctx.warehouse()
     if not os.path.exists(warehouse.path):
         # Nothing is linked in a warehouse that does not exist; do not create it.
-        raise registry.RegistryError(f"{ad_account_id} is not linked to any site")
+        raise registry.RegistryError(
+            f"{ad_account_id} is not linked to any site: {no_warehouse(str(warehouse.path))}"
+        )
     now = ctx.now()
     with warehouse.connect() as con:
         registry.request_sync(con, ad_account_id, now)
@@ -88,6 +97,8 @@ def add_status(subparsers: Subparsers) -> None:
 def _status(args: argparse.Namespace, ctx: Context) -> int:
     now = ctx.now()
     accounts = _read_accounts(ctx)
+    if accounts is None:
+        return _no_warehouse(ctx, args.json)
     entries = [(account, cadence.status(account.state, now)) for account in accounts]
     shard_count = ctx.settings().account_shards
     if warning := shards.crowded_warning(_shard_counts(accounts), shard_count):
@@ -144,6 +155,8 @@ def add_plan(subparsers: Subparsers) -> None:
 def _plan(args: argparse.Namespace, ctx: Context) -> int:
     at = parse_instant(args.at) if args.at is not None else ctx.now()
     accounts = _read_accounts(ctx)
+    if accounts is None:
+        return _no_warehouse(ctx, args.json)
     plans = [cadence.plan(account.state, at) for account in accounts]
     if args.json:
         sharded = _sharded(accounts, ctx.settings().account_shards)
@@ -218,13 +231,26 @@ def _shard_counts(accounts: Sequence[PlannedAccount]) -> dict[int, int]:
     return counts
 
 
-def _read_accounts(ctx: Context) -> list[PlannedAccount]:
-    """Every linked account with its state, from a short read-only session."""
+def _read_accounts(ctx: Context) -> list[PlannedAccount] | None:
+    """Every linked account with its state, from a short read-only session; None when the
+    warehouse does not exist (never created here)."""
     warehouse = ctx.warehouse()
     if not os.path.exists(warehouse.path):
-        return []
+        return None
     with warehouse.connect(read_only=True) as con:
         return planned_accounts(con)
+
+
+def _no_warehouse(ctx: Context, as_json: bool) -> int:
+    """No file, said as such (not as "no linked accounts"): on stderr beside an empty
+    array for scripts, on stdout for people."""
+    line = no_warehouse(ctx.warehouse().path)
+    if as_json:
+        ctx.warn(line)
+        _say_json(ctx, [])
+    else:
+        ctx.say(line)
+    return EXIT_OK
 
 
 def _say_json(ctx: Context, entries: list[dict]) -> None:

@@ -60,7 +60,9 @@ class Context:
         return Settings.from_env(dict(self.environ))
 
     def warehouse(self) -> Warehouse:
-        return Warehouse(self.settings().duckdb_path)
+        """The pipeline's file: named by RASTRO_DUCKDB_PATH, else found from the working
+        directory upward; one error line naming the path tried when neither."""
+        return Warehouse(self.settings().require_duckdb_path())
 
     def vault(self) -> Vault:
         return Vault.from_env(self.environ)

@@ -39,6 +39,7 @@ import io
 import json
 import math
 import os
+import unicodedata
 from collections.abc import Sequence
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
@@ -102,25 +103,28 @@ def _sql(args: argparse.Namespace, ctx: Context) -> int:
     if output is not None and kind is not duckdb.StatementType.SELECT:
         raise UsageError("--output needs a SELECT (or FROM, WITH, VALUES...) query")
     settings = ctx.settings()
+    snapshot_path = settings.require_snapshot_path()
     try:
-        with open_snapshot(settings.snapshot_path, pipeline_path=settings.duckdb_path) as con:
+        with open_snapshot(snapshot_path, pipeline_path=settings.duckdb_path) as con:
             if output is not None:
                 count = _write_parquet(con, query, output)
-                ctx.say(f"wrote {count} row{'s' if count != 1 else ''} to {output}")
-                return EXIT_OK
-            result = con.execute(query)
-            names = [column[0] for column in result.description or []]
-            rows = result.fetchall() if names else []
+            else:
+                result = con.execute(query)
+                names = [column[0] for column in result.description or []]
+                rows = result.fetchall() if names else []
     except (SnapshotMissing, NotTheSnapshot) as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:  # the snapshot's directory or the output's, unreadable
-        raise UsageError(f"{exc.filename or settings.snapshot_path}: {exc.strerror}") from None
+        raise UsageError(f"{exc.filename or snapshot_path}: {exc.strerror}") from None
     except duckdb.PermissionException as exc:
         raise UsageError(
             f"rastro sql reads the analytics snapshot and nothing else; refused: {exc}"
         ) from None
     except duckdb.Error as exc:
         raise UsageError(str(exc)) from None
+    if output is not None:
+        ctx.say(f"wrote {count} row{'s' if count != 1 else ''} to {output}")
+        return EXIT_OK
     fmt = args.format or "table"
     if fmt == "table" and kind is duckdb.StatementType.EXPLAIN:
         # A plan is a drawing: print it as DuckDB drew it.
@@ -230,7 +234,10 @@ def _print_csv(ctx: Context, names: Sequence[str], rows: Sequence[tuple]) -> Non
 def _print_table(ctx: Context, names: Sequence[str], rows: Sequence[tuple]) -> None:
     cells = [[_cell(value) for value in row] for row in rows]
     header = [_escape(name) for name in names]
-    widths = [max([len(name)] + [len(row[i]) for row in cells]) for i, name in enumerate(header)]
+    widths = [
+        max([display_width(name)] + [display_width(row[i]) for row in cells])
+        for i, name in enumerate(header)
+    ]
     numeric = [
         any(_is_number(row[i]) for row in rows)
         and all(row[i] is None or _is_number(row[i]) for row in rows)
@@ -239,7 +246,7 @@ def _print_table(ctx: Context, names: Sequence[str], rows: Sequence[tuple]) -> N
 
     def line(values: Sequence[str]) -> str:
         return "  ".join(
-            value.rjust(width) if right else value.ljust(width)
+            _pad(value, width, right)
             for value, width, right in zip(values, widths, numeric, strict=True)
         ).rstrip()
 
@@ -247,6 +254,20 @@ def _print_table(ctx: Context, names: Sequence[str], rows: Sequence[tuple]) -> N
     out.extend(line(row) for row in cells)
     out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
     ctx.stdout.write("\n".join(out) + "\n")
+
+
+def display_width(text: str) -> int:
+    """The columns `text` takes in a terminal: wide and full-width characters (Japanese,
+    Chinese, Korean) take two, combining marks none; `len` would misalign them."""
+    return sum(
+        0 if unicodedata.combining(char) else 2 if unicodedata.east_asian_width(char) in "WF" else 1
+        for char in text
+    )
+
+
+def _pad(text: str, width: int, right: bool) -> str:
+    fill = " " * (width - display_width(text))
+    return fill + text if right else text + fill
 
 
 def _unique(names: Sequence[str]) -> list[str]:

@@ -20,6 +20,7 @@ from rastro_assets.cli.context import (
     UsageError,
     command,
 )
+from rastro_assets.settings import project_root
 from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault
 from rastro_assets.warehouse.connection import transaction
 
@@ -208,10 +209,13 @@ def add_demo(subparsers: Subparsers) -> None:
 def _demo(args: argparse.Namespace, ctx: Context) -> int:
     from rastro_assets import demo
 
-    root = Path.cwd()
-    if not (root / "workspace.yaml").exists() or not (root / "dagster.yaml").exists():
+    # Like every command, from anywhere inside the checkout.
+    root = project_root()
+    if root is None or not (root / "dagster.yaml").exists():
         raise UsageError(
-            "run `rastro demo` from the repo root (where workspace.yaml and dagster.yaml are)"
+            f"rastro demo runs in a checkout of rastro_assets (its repo root or below), and"
+            f" {Path.cwd()} is in none: no workspace.yaml and dagster.yaml of this project"
+            " from there upward"
         )
     extra = list(args.dagster_args)
     if extra[:1] == ["--"]:

@@ -2,34 +2,42 @@
 
 A hand materialization of `ad_catalog` reads the account's whole catalog,
 every status; `ad_thumbnails` copies every picture missing or stale since it
-was stored. The daily re-sync does the same inside the spend run (see
-`Syncer`); `catalog_materializations` turns its outcome into events, so a run
-that is no asset run can still record these partitions.
+was stored. The daily re-sync and the last block of a backfill or gap fill do
+the same inside their spend run (see `Syncer`); `catalog_materializations`
+turns that outcome into events of these assets, so a wave or a spend run
+records these partitions too.
 """
-
-from collections.abc import Iterator
 
 import dagster as dg
 
 from rastro_assets.accounts import normalize_account_id
 from rastro_assets.defs.external import LEAD_DAILY_ROLLUPS, META_AD_ACCOUNTS, META_CONNECTIONS
-from rastro_assets.defs.metadata import ROW_COUNT_KEY, table_metadata
+from rastro_assets.defs.metadata import (
+    AD_CATALOG,
+    AD_THUMBNAILS,
+    catalog_materializations,
+    catalog_metadata,
+    table_metadata,
+    thumbnail_metadata,
+)
 from rastro_assets.defs.partitions import account_partitions
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
-from rastro_assets.sync.types import (
-    CatalogOutcome,
-    CatalogRefused,
-    SyncOutcome,
-    ThumbnailOutcome,
-)
+from rastro_assets.sync.types import CatalogRefused
 
 GROUP = "meta_catalog"
 OWNERS = ["team:data-engineering"]
 
-AD_CATALOG = dg.AssetKey("ad_catalog")
-AD_THUMBNAILS = dg.AssetKey("ad_thumbnails")
+__all__ = [
+    "AD_CATALOG",
+    "AD_THUMBNAILS",
+    "ad_catalog",
+    "ad_thumbnails",
+    "catalog_materializations",
+    "catalog_metadata",
+    "thumbnail_metadata",
+]
 
 
 def _account(context: dg.AssetExecutionContext) -> str:
@@ -118,51 +126,3 @@ def ad_thumbnails(
     context.log.info(f"{account}: {outcome.fetched} of {outcome.wanted} thumbnails fetched")
     publish_after_writes(context, rastro)
     return dg.MaterializeResult(metadata=thumbnail_metadata(outcome))
-
-
-# -- metadata ----------------------------------------------------------------------
-
-
-def catalog_metadata(outcome: CatalogOutcome) -> dict[str, dg.MetadataValue]:
-    return {
-        "ad_account_id": dg.MetadataValue.text(outcome.ad_account_id),
-        "read": dg.MetadataValue.text("full catalog" if outcome.full else "unnamed ads by id"),
-        "ads_read": dg.MetadataValue.int(outcome.ads_read),
-        "ads_added": dg.MetadataValue.int(outcome.added),
-        "ads_renamed": dg.MetadataValue.int(outcome.renamed),
-        "status_changes": dg.MetadataValue.int(outcome.status_changed),
-        "ads_total": dg.MetadataValue.int(outcome.total_ads),
-        "api_calls": dg.MetadataValue.int(outcome.api_calls),
-        ROW_COUNT_KEY: dg.MetadataValue.int(outcome.total_ads),
-    }
-
-
-def thumbnail_metadata(outcome: ThumbnailOutcome) -> dict[str, dg.MetadataValue]:
-    return {
-        "ad_account_id": dg.MetadataValue.text(outcome.ad_account_id),
-        "thumbnails_wanted": dg.MetadataValue.int(outcome.wanted),
-        "thumbnails_fetched": dg.MetadataValue.int(outcome.fetched),
-        "thumbnails_failed": dg.MetadataValue.int(outcome.failed),
-        "thumbnails_removed": dg.MetadataValue.int(outcome.removed),
-        "failures": dg.MetadataValue.text("\n".join(outcome.failures) or "none"),
-        # Ids only: the pictures themselves live in DuckDB, and image bytes in an event
-        # would stay in the instance's event log for as long as the run does.
-        "latest_ads": dg.MetadataValue.text(
-            ", ".join(preview.ad_id for preview in outcome.preview) or "none"
-        ),
-    }
-
-
-def catalog_materializations(outcome: SyncOutcome) -> Iterator[dg.AssetMaterialization]:
-    """Events for the catalog work a spend sync did (a full read, its thumbnails)."""
-    account = outcome.request.ad_account_id
-    if outcome.catalog is not None and outcome.catalog.ok and outcome.catalog.full:
-        yield dg.AssetMaterialization(
-            asset_key=AD_CATALOG, partition=account, metadata=catalog_metadata(outcome.catalog)
-        )
-        if outcome.thumbnails is not None and outcome.thumbnails.ok:
-            yield dg.AssetMaterialization(
-                asset_key=AD_THUMBNAILS,
-                partition=account,
-                metadata=thumbnail_metadata(outcome.thumbnails),
-            )

@@ -1,6 +1,7 @@
 """Asset checks: invariants proven per partition, visible in the UI."""
 
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from datetime import UTC, date
 
 import dagster as dg
@@ -52,13 +53,7 @@ def sum_check_evaluations(
             partition = spend_partition_key(account, day)
             if day in found or day == newest or partition in failing:
                 evaluations.append(
-                    dg.AssetCheckEvaluation(
-                        asset_key=site_key,
-                        check_name=SUM_CHECK,
-                        passed=day not in found,
-                        partition=partition,
-                        metadata=_mismatch_metadata(found.get(day, [])),
-                    )
+                    _sum_evaluation(site_key, partition, found.get(day, []))
                 )
     return evaluations
 
@@ -90,6 +85,27 @@ def failing_sum_check_partitions(
     return failing
 
 
+def _sum_evaluation(site_key: dg.AssetKey, partition, mismatches: list) -> dg.AssetCheckEvaluation:
+    return dg.AssetCheckEvaluation(
+        asset_key=site_key,
+        check_name=SUM_CHECK,
+        passed=not mismatches,
+        partition=str(partition),
+        metadata=_mismatch_metadata(mismatches),
+        description=_mismatch_line(mismatches, str(partition)),
+    )
+
+
+def _mismatch_line(mismatches: list, what: str) -> str:
+    """One line for the check's result: what differs, or that nothing does."""
+    if not mismatches:
+        return f"{what}: the site rows equal the sums of their ad rows"
+    shown = ", ".join(f"{site} {account} {day}" for site, account, day, *_ in mismatches[:3])
+    more = f" and {len(mismatches) - 3} more" if len(mismatches) > 3 else ""
+    verb = "differs" if len(mismatches) == 1 else "differ"
+    return f"{_count(len(mismatches), 'site-day')} {verb} from the ad rows' sums: {shown}{more}"
+
+
 def _mismatch_metadata(mismatches: list) -> dict:
     return {
         "mismatches": len(mismatches),
@@ -114,17 +130,29 @@ def build_sum_check(shard: int) -> dg.AssetChecksDefinition:
     def site_spend_equals_ad_sums(
         context: dg.AssetCheckExecutionContext, rastro: RastroResource
     ) -> dg.AssetCheckResult:
-        keys = (
-            context.partition_keys if context.has_partition_key_range else [context.partition_key]
-        )
+        in_range = context.has_partition_key_range
+        keys = context.partition_keys if in_range else [context.partition_key]
         mismatches = []
         with rastro.warehouse().connect(read_only=True) as con:
             for key in keys:
                 dims = key.keys_by_dimension
-                mismatches += site_spend_mismatches(
+                found = site_spend_mismatches(
                     con, dims["account"], [date.fromisoformat(dims["date"])]
                 )
-        return dg.AssetCheckResult(passed=not mismatches, metadata=_mismatch_metadata(mismatches))
+                if in_range:
+                    # Dagster plans this check once per partition of a range run but stores
+                    # the result below under no partition: without an evaluation of its own,
+                    # every partition would read "Skipped" once the run ends.
+                    context.op_execution_context.log_event(
+                        _sum_evaluation(spend.site_key, key, found)
+                    )
+                mismatches += found
+        what = f"{len(keys)} account-days" if in_range else str(keys[0])
+        return dg.AssetCheckResult(
+            passed=not mismatches,
+            metadata=_mismatch_metadata(mismatches),
+            description=_mismatch_line(mismatches, what),
+        )
 
     return site_spend_equals_ad_sums
 
@@ -149,11 +177,85 @@ HEALTH_SCHEMA = dg.TableSchema(
         ),
         dg.TableColumn("last_good_sync", "string", description="last successful sync's end"),
         dg.TableColumn("next_due", "string", description="when the cadence reads it next"),
+        dg.TableColumn(
+            "backfill", "string", description="days read of the backfill or gap fill owed"
+        ),
         dg.TableColumn("last_error", "string", description="CODE: message"),
         dg.TableColumn("meta_usage_pct", "float", description="Meta's usage after its last sync"),
     ]
 )
 _STATE_RANK = {"paused": 0, "error": 1, "backfilling": 2, "live": 3}
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """Every account's health row, and which accounts the check names."""
+
+    rows: list[dict]
+    stale: list[str]
+    paused: list[str]
+    backfilling: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return not self.stale and not self.paused
+
+    def line(self) -> str:
+        """The check's one-line description: what is wrong, or that nothing is."""
+        total = len(self.rows)
+        if not total:
+            return "no linked accounts"
+        waiting = f"; {len(self.backfilling)} backfilling" if self.backfilling else ""
+        problems = [
+            f"{len(names)} {what}: {_names(names)}"
+            for what, names in (("paused (token invalid)", self.paused), ("stale", self.stale))
+            if names
+        ]
+        if problems:
+            return f"{'; '.join(problems)} (of {_count(total, 'account')}{waiting})"
+        fresh = total - len(self.backfilling)
+        if not fresh:
+            return f"nothing stale: {_count(total, 'account')} backfilling"
+        return f"{_count(fresh, 'account')} fresh, none stale{waiting}"
+
+    def cursor_entry(self) -> dict:
+        """What the cadence sensor compares to decide whether to report a new evaluation."""
+        return {"stale": self.stale, "paused": self.paused, "backfilling": len(self.backfilling)}
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _names(accounts: list[str], shown: int = 5) -> str:
+    more = f" and {len(accounts) - shown} more" if len(accounts) > shown else ""
+    return ", ".join(accounts[:shown]) + more
+
+
+def freshness(accounts: list[PlannedAccount], now) -> Freshness:
+    """Which accounts are stale, paused or still backfilling at `now`.
+
+    An account whose first backfill (or a gap fill after a pause) is under way
+    has no today yet by design: it is "backfilling", not stale, unless its
+    last sync failed (then its state is "error" and it counts as stale).
+    """
+    rows = [_health(account, now) for account in accounts]
+    rows.sort(key=lambda row: (_STATE_RANK.get(row["state"], 0), row["today_fresh"],
+                               row["ad_account_id"]))
+    return Freshness(
+        rows=rows,
+        stale=[
+            row["ad_account_id"]
+            for row in rows
+            if not row["today_fresh"] and row["state"] not in ("backfilling", "paused")
+        ],
+        paused=[row["ad_account_id"] for row in rows if row["state"] == "paused"],
+        backfilling=[
+            row["ad_account_id"]
+            for row in rows
+            if row["state"] == "backfilling" and not row["today_fresh"]
+        ],
+    )
 
 
 def freshness_evaluation(
@@ -166,25 +268,22 @@ def freshness_evaluation(
     A paused account (its token is dead) syncs nothing until someone connects a
     new token, so it is an ERROR; stale accounts that retry on their own, a WARN.
     """
-    rows = [_health(account, now) for account in accounts]
-    rows.sort(key=lambda row: (_STATE_RANK.get(row["state"], 0), row["today_fresh"],
-                               row["ad_account_id"]))
-    stale = [row["ad_account_id"] for row in rows if not row["today_fresh"]]
-    paused = [row["ad_account_id"] for row in rows if row["state"] == "paused"]
+    found = freshness(accounts, now)
+    rows = found.rows
     shown = rows[:MAX_HEALTH_ROWS]
     return dg.AssetCheckEvaluation(
         asset_key=spend_shard(shard).ad_key,
         check_name=ACCOUNTS_FRESH,
-        passed=not stale and not paused,
-        severity=dg.AssetCheckSeverity.ERROR if paused else dg.AssetCheckSeverity.WARN,
+        passed=found.passed,
+        severity=dg.AssetCheckSeverity.ERROR if found.paused else dg.AssetCheckSeverity.WARN,
+        description=found.line(),
         metadata={
             "accounts": len(accounts),
-            "stale_accounts": len(stale),
-            "paused_accounts": len(paused),
-            "stale": dg.MetadataValue.text(", ".join(stale[:MAX_HEALTH_ROWS]) or "none"),
-            "health": dg.MetadataValue.table(
-                records=[dg.TableRecord(row) for row in shown], schema=HEALTH_SCHEMA
-            ),
+            "stale_accounts": len(found.stale),
+            "paused_accounts": len(found.paused),
+            "backfilling_accounts": len(found.backfilling),
+            "stale": dg.MetadataValue.text(", ".join(found.stale[:MAX_HEALTH_ROWS]) or "none"),
+            "health": health_table(shown),
             "accounts_not_shown": len(rows) - len(shown),
             "limit_minutes": int(cadence.FRESHNESS_LIMIT.total_seconds() // 60),
             "idle_limit_minutes": int(
@@ -193,6 +292,15 @@ def freshness_evaluation(
             ),
         },
     )
+
+
+def health_table(rows: list[dict], *, with_shard: bool = False) -> dg.TableMetadataValue:
+    schema = HEALTH_SCHEMA
+    if with_shard:
+        schema = dg.TableSchema(
+            columns=[*HEALTH_SCHEMA.columns, dg.TableColumn("shard", "int")]
+        )
+    return dg.MetadataValue.table(records=[dg.TableRecord(row) for row in rows], schema=schema)
 
 
 def _health(account: PlannedAccount, now) -> dict:
@@ -205,6 +313,9 @@ def _health(account: PlannedAccount, now) -> dict:
         "today_fresh": not cadence.is_stale(state, now),
         "last_good_sync": _instant(status.last_sync_at),
         "next_due": _instant(status.next_sync_at),
+        "backfill": (
+            f"{status.backfill[0]} of {status.backfill[1]} days" if status.backfill else ""
+        ),
         "last_error": status.last_error or "",
         "meta_usage_pct": float(usage) if usage is not None else 0.0,
     }
@@ -232,7 +343,10 @@ def build_freshness_check(shard: int, shard_count: int) -> dg.AssetChecksDefinit
             accounts = [account for account in accounts if account.shard == shard]
         evaluation = freshness_evaluation(accounts, rastro.clock()(), shard)
         return dg.AssetCheckResult(
-            passed=evaluation.passed, severity=evaluation.severity, metadata=evaluation.metadata
+            passed=evaluation.passed,
+            severity=evaluation.severity,
+            metadata=evaluation.metadata,
+            description=evaluation.description,
         )
 
     return accounts_fresh

@@ -5,7 +5,7 @@ as the run: a partition's event carries only that account-day's figures, and
 a run's summary goes on one event of the run, never on each of its partitions.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import date
 from decimal import Decimal
 from functools import cache
@@ -13,12 +13,16 @@ from functools import cache
 import dagster as dg
 import duckdb
 
-from rastro_assets.sync.types import SyncOutcome
+from rastro_assets.sync.types import CatalogOutcome, SyncOutcome, ThumbnailOutcome
+from rastro_assets.warehouse.figures import TableFigures
 from rastro_assets.warehouse.schema import migrate
 
 TABLE_NAME_KEY = "dagster/table_name"
 COLUMN_SCHEMA_KEY = "dagster/column_schema"
 ROW_COUNT_KEY = "dagster/row_count"
+
+AD_CATALOG = dg.AssetKey("ad_catalog")
+AD_THUMBNAILS = dg.AssetKey("ad_thumbnails")
 
 # Meanings a column's name and type do not tell; the types come from the DDL itself.
 COLUMN_MEANINGS = {
@@ -81,28 +85,59 @@ def table_metadata(table: str) -> dict[str, object]:
     }
 
 
-def day_metadata(outcome: SyncOutcome, day: date, *, row_count: bool) -> dict:
-    """One account-day's own figures: `spend_<CURRENCY>`, and its ads as `dagster/row_count`.
+DAY_ROWS_KEY = "day_ad_rows"
 
-    The currency is in the key, so the UI plots each currency apart and never
-    adds BRL to JPY. Two entries at most on purpose: SQLite keeps two event rows
-    on a 4 KB page only while each stays under ~1.8 KB, an entry costs ~150
-    bytes, and a range run's `site_spend_daily` event is ~1.7 KB bare (measured:
-    one more entry cost ~4 KB per account-day). The float is for the plot: its
-    repr is the exact Decimal up to 15 digits, and the warehouse holds the
-    Decimal. A site_spend_daily partition sums the same ad rows, so only
-    ad_spend_daily (`row_count`) carries the count.
+
+def day_metadata(outcome: SyncOutcome, day: date, *, row_count: bool) -> dict:
+    """One account-day's own figures: `day_spend_<CURRENCY>`, and its ad rows as `day_ad_rows`.
+
+    Named for the day, not `dagster/row_count`: the UI shows the latest event's
+    `dagster/row_count` as the asset's, and a partition's count is not the
+    table's (`table_observation` reports that). The currency is in the key, so
+    the UI plots each currency apart and never adds BRL to JPY. Two entries at
+    most on purpose: SQLite keeps two event rows on a 4 KB page only while each
+    stays under ~1.8 KB, an entry costs ~150 bytes, and a range run's
+    `site_spend_daily` event is ~1.7 KB bare (measured: one more entry cost
+    ~4 KB per account-day). The float is for the plot: its repr is the exact
+    Decimal up to 15 digits, and the warehouse holds the Decimal. A
+    site_spend_daily partition sums the same ad rows, so only ad_spend_daily
+    (`row_count`) carries the count.
     """
     summary = outcome.days.get(day)
     spend = summary.spend if summary else Decimal(0)
-    metadata: dict = {spend_key(outcome.currency): dg.MetadataValue.float(float(spend))}
+    metadata: dict = {
+        f"day_{spend_key(outcome.currency)}": dg.MetadataValue.float(float(spend))
+    }
     if row_count:
-        metadata[ROW_COUNT_KEY] = dg.MetadataValue.int(summary.rows if summary else 0)
+        metadata[DAY_ROWS_KEY] = dg.MetadataValue.int(summary.rows if summary else 0)
     return metadata
 
 
 def spend_key(currency: str | None) -> str:
     return f"spend_{currency}" if currency else "spend"
+
+
+def table_observation(asset_key: dg.AssetKey, figures: TableFigures) -> dg.AssetObservation:
+    """The table's own figures as one event of the asset, under no partition.
+
+    The asset's overview reads `dagster/row_count` from its latest event: with
+    the partitions' events naming theirs `day_ad_rows`, this is what it shows.
+    """
+    return dg.AssetObservation(
+        asset_key=asset_key,
+        description="The whole table's figures (every account and day this asset holds).",
+        metadata={
+            ROW_COUNT_KEY: dg.MetadataValue.int(figures.rows),
+            "accounts": dg.MetadataValue.int(figures.accounts),
+            "days": dg.MetadataValue.int(figures.days),
+            "first_day": dg.MetadataValue.text(str(figures.first_day or "none")),
+            "last_day": dg.MetadataValue.text(str(figures.last_day or "none")),
+            **{
+                spend_key(currency): dg.MetadataValue.float(float(total))
+                for currency, total in figures.spend_by_currency.items()
+            },
+        },
+    )
 
 
 def run_summary(outcomes: Sequence[SyncOutcome]) -> dict:
@@ -127,3 +162,51 @@ def run_summary(outcomes: Sequence[SyncOutcome]) -> dict:
             max((float(outcome.usage.pct) for outcome in outcomes), default=0.0)
         ),
     }
+
+
+# -- the catalog's events: written by its own assets and by the spend runs that read it --
+
+
+def catalog_metadata(outcome: CatalogOutcome) -> dict[str, dg.MetadataValue]:
+    return {
+        "ad_account_id": dg.MetadataValue.text(outcome.ad_account_id),
+        "read": dg.MetadataValue.text("full catalog" if outcome.full else "unnamed ads by id"),
+        "ads_read": dg.MetadataValue.int(outcome.ads_read),
+        "ads_added": dg.MetadataValue.int(outcome.added),
+        "ads_renamed": dg.MetadataValue.int(outcome.renamed),
+        "status_changes": dg.MetadataValue.int(outcome.status_changed),
+        "ads_total": dg.MetadataValue.int(outcome.total_ads),
+        "api_calls": dg.MetadataValue.int(outcome.api_calls),
+        ROW_COUNT_KEY: dg.MetadataValue.int(outcome.total_ads),
+    }
+
+
+def thumbnail_metadata(outcome: ThumbnailOutcome) -> dict[str, dg.MetadataValue]:
+    return {
+        "ad_account_id": dg.MetadataValue.text(outcome.ad_account_id),
+        "thumbnails_wanted": dg.MetadataValue.int(outcome.wanted),
+        "thumbnails_fetched": dg.MetadataValue.int(outcome.fetched),
+        "thumbnails_failed": dg.MetadataValue.int(outcome.failed),
+        "thumbnails_removed": dg.MetadataValue.int(outcome.removed),
+        "failures": dg.MetadataValue.text("\n".join(outcome.failures) or "none"),
+        # Ids only: the pictures themselves live in DuckDB, and image bytes in an event
+        # would stay in the instance's event log for as long as the run does.
+        "latest_ads": dg.MetadataValue.text(
+            ", ".join(preview.ad_id for preview in outcome.preview) or "none"
+        ),
+    }
+
+
+def catalog_materializations(outcome: SyncOutcome) -> Iterator[dg.AssetMaterialization]:
+    """Events for the catalog work a spend sync did (a full read, its thumbnails)."""
+    account = outcome.request.ad_account_id
+    if outcome.catalog is not None and outcome.catalog.ok and outcome.catalog.full:
+        yield dg.AssetMaterialization(
+            asset_key=AD_CATALOG, partition=account, metadata=catalog_metadata(outcome.catalog)
+        )
+        if outcome.thumbnails is not None and outcome.thumbnails.ok:
+            yield dg.AssetMaterialization(
+                asset_key=AD_THUMBNAILS,
+                partition=account,
+                metadata=thumbnail_metadata(outcome.thumbnails),
+            )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from rastro_assets.defs.daemon_logs import summarise_backfill_logs
 from rastro_assets.defs.spend_assets import ACCOUNT_TAG
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
@@ -33,6 +34,11 @@ def run_account(tags) -> str | None:
 
 class AccountRunCoordinator(dg.QueuedRunCoordinator):
     """`QueuedRunCoordinator` that tags each partition run with its one account."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # The daemon builds its instance's coordinator: the one hook there for its log.
+        summarise_backfill_logs()
 
     def submit_run(self, context: dg.SubmitRunContext) -> dg.DagsterRun:
         run = context.dagster_run

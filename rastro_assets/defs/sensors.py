@@ -12,6 +12,7 @@ and weekly syncs that are due. Both read `meta_sync_runs` through the planner:
 there is no cursor to drift.
 """
 
+import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -20,13 +21,14 @@ from datetime import date, datetime
 import dagster as dg
 
 from rastro_assets import shards
-from rastro_assets.defs.checks import freshness_evaluation
+from rastro_assets.defs.checks import freshness, freshness_evaluation
 from rastro_assets.defs.dagster_private import (
     AssetGraphSubset,
     BulkActionsFilter,
     BulkActionStatus,
     PartitionBackfill,
 )
+from rastro_assets.defs.health import health_due, health_observation
 from rastro_assets.defs.partitions import (
     ACCOUNT_PARTITIONS_NAME,
     SHARD_COUNT,
@@ -328,17 +330,53 @@ def _meta_accounts_tick(
 meta_accounts_sensor = build_meta_accounts_sensor(SHARD_COUNT)
 
 
+CATALOG_JOB = "meta_catalog_sync"
+
+
+def cadence_asset_jobs(shard_count: int) -> list:
+    """Jobs over the assets a wave records: each shard's spend pair, and the catalog pair.
+
+    Dagster lists a sensor in an asset's automation panel only when the sensor
+    targets the asset or a job holding it, and a wave is an op job that records
+    these assets' events without holding them. `meta_cadence` names these jobs
+    among its targets, so the panel shows who keeps them fresh; launched from the
+    UI for a partition, each is a correct sync of it by hand.
+    """
+    spend = [
+        dg.define_asset_job(
+            f"meta_spend{shards.suffix(shard)}_sync",
+            selection=list(spend_shard(shard).keys),
+            description="The spend pair of the account-days chosen: read from Meta and "
+            "replaced. The meta_cadence sensor keeps these assets fresh through "
+            "meta_sync_wave runs; launch this job for a partition to sync it by hand.",
+        )
+        for shard in range(shard_count)
+    ]
+    catalog = dg.define_asset_job(
+        CATALOG_JOB,
+        selection=["ad_catalog", "ad_thumbnails"],
+        description="The account's full catalog and its thumbnails. The daily wave of "
+        "meta_cadence and a backfill's last block keep them fresh; launch this job for an "
+        "account to read them by hand.",
+    )
+    return [*spend, catalog]
+
+
 def build_meta_cadence_sensor(shard_count: int) -> dg.SensorDefinition:
     """`meta_cadence`; its freshness evaluations go to each of `shard_count` shards' check."""
 
     @dg.sensor(
         name="meta_cadence",
         minimum_interval_seconds=CADENCE_SENSOR_SECONDS,
-        job=sync_wave_job,
+        jobs=[sync_wave_job, *cadence_asset_jobs(shard_count)],
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Every tick, asks the planner about every account and starts one wave run "
         "for all live (45 min), daily (04:00 local, 7 days + catalog) and weekly (28 days) "
-        "syncs that are due.",
+        "syncs that are due (the other jobs it names hold the assets a wave records). "
+        "It reports the accounts_fresh check when the accounts it names change, and "
+        "observes meta_account_health (every account's state) when a state changes and "
+        "every 30 minutes; its cursor lists, per shard, the stale and paused accounts and "
+        "the number backfilling it last reported, and when it last observed the health.",
     )
     def meta_cadence_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
         return _meta_cadence_tick(context, rastro, shard_count)
@@ -373,6 +411,8 @@ def _meta_cadence_tick(
         else:
             skipped["not due"] = skipped.get("not due", 0) + 1
     freshness_events, cursor = _freshness_change(context.cursor, accounts, now, shard_count)
+    health_events, cursor = _health_change(context.cursor, cursor, accounts, now, shard_count)
+    freshness_events += health_events
     if not due:
         summary = ", ".join(f"{count} {why}" for why, count in sorted(skipped.items()))
         return dg.SensorResult(
@@ -385,26 +425,57 @@ def _meta_cadence_tick(
     )
 
 
+CURSOR_KEY = "accounts_fresh as last reported, per shard"
+
+
 def _freshness_change(
     cursor: str | None, accounts: list[PlannedAccount], now, shard_count: int = 1
 ):
-    """A freshness check evaluation for each shard whose set of stale accounts changed
-    since the cursor (one line of stale accounts per shard)."""
+    """A freshness check evaluation for each shard whose stale, paused or backfilling
+    accounts changed since the cursor.
+
+    The cursor is the JSON the UI shows on the sensor's page: for each shard, the
+    accounts its last reported `accounts_fresh` evaluation named stale and paused,
+    and how many were backfilling. A cursor of an older format reads as nothing
+    reported, so the first tick after an upgrade reports once.
+    """
     if shard_count == 1:
         by_shard = [accounts]
     else:
         by_shard = [[a for a in accounts if a.shard == shard] for shard in range(shard_count)]
-    lines = [
-        ",".join(a.state.ad_account_id for a in members if cadence.is_stale(a.state, now))
-        for members in by_shard
-    ]
-    before = cursor.split("\n") if cursor is not None else []
+    entries = [freshness(members, now).cursor_entry() for members in by_shard]
+    before = _reported(cursor)
     events = [
         freshness_evaluation(members, now, shard)
         for shard, members in enumerate(by_shard)
-        if len(before) != len(lines) or before[shard] != lines[shard]
+        if len(before) != len(entries) or before[shard] != entries[shard]
     ]
-    return events, "\n".join(lines)
+    return events, json.dumps({CURSOR_KEY: entries})
+
+
+def _reported(cursor: str | None, key: str = CURSOR_KEY, default=None):
+    try:
+        reported = json.loads(cursor or "{}")
+    except ValueError:
+        reported = {}
+    found = reported.get(key) if isinstance(reported, dict) else None
+    return ([] if default is None else default) if found is None else found
+
+
+HEALTH_CURSOR_KEY = "meta_account_health as last observed"
+
+
+def _health_change(
+    before: str | None, cursor: str, accounts: list[PlannedAccount], now, shard_count: int
+) -> tuple[list[dg.AssetObservation], str]:
+    """An observation of `meta_account_health` when it is due, and the cursor that says so."""
+    observation, signature = health_observation(accounts, now, shard_count)
+    last = _reported(before, HEALTH_CURSOR_KEY, {})
+    events = []
+    if health_due(last if isinstance(last, dict) else {}, signature, now):
+        events = [observation]
+        last = {"observed_at": now.isoformat(), "signature": signature}
+    return events, json.dumps({**json.loads(cursor), HEALTH_CURSOR_KEY: last})
 
 
 meta_cadence_sensor = build_meta_cadence_sensor(SHARD_COUNT)
@@ -415,6 +486,7 @@ def wave_request(due: list[cadence.Plan], now) -> dg.RunRequest:
     kinds = {kind: sum(plan.kind == kind for plan in due) for kind in WAVE_KINDS}
     return dg.RunRequest(
         run_key=f"wave:{now.isoformat()}",
+        job_name=sync_wave_job.name,
         run_config={
             "ops": {
                 "sync_wave": {

@@ -15,7 +15,13 @@ from functools import cache
 import dagster as dg
 
 from rastro_assets import shards
-from rastro_assets.defs.metadata import day_metadata, run_summary, table_metadata
+from rastro_assets.defs.metadata import (
+    catalog_materializations,
+    day_metadata,
+    run_summary,
+    table_metadata,
+    table_observation,
+)
 from rastro_assets.defs.partitions import (
     SHARD_COUNT,
     account_date_ranges,
@@ -30,6 +36,7 @@ from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.sync.types import SyncOutcome, SyncRefused, SyncRequest
 from rastro_assets.timekeeping import days_between
+from rastro_assets.warehouse.figures import spend_table_figures
 
 GROUP = "meta_spend"
 OWNERS = ["team:data-engineering"]
@@ -68,6 +75,15 @@ def spend_shard(index: int) -> SpendShard:
     )
 
 
+FIGURES_NOTE = (
+    " The row count and the observation each run leaves are the whole table's (rows, "
+    "accounts, days, spend per currency); a partition's event carries only its account-day's "
+    "day_spend_<CURRENCY> and day_ad_rows. An account's days before its first owed day (90 "
+    "days before its link) are never read: those partitions stay empty by design, and are "
+    "no missing data."
+)
+
+
 def _holds(shard: SpendShard, shard_count: int) -> str:
     if shard_count == 1:
         return ""
@@ -88,6 +104,7 @@ def spend_specs(shard: SpendShard, shard_count: int) -> list[dg.AssetSpec]:
             "day, exactly as Meta reports them (spend in the account currency, DECIMAL(18,4)). "
             "A materialized partition equals Meta's answer for that account-day: ad-days Meta "
             "no longer returns are deleted after a complete read, never after a partial one."
+            + FIGURES_NOTE
             + _holds(shard, shard_count)
         ),
         kinds={"meta", "duckdb"},
@@ -101,6 +118,7 @@ def spend_specs(shard: SpendShard, shard_count: int) -> list[dg.AssetSpec]:
         description=(
             "Per site, ad account and local day: the exact sums of ad_spend_daily over the "
             "site's linked accounts. Written in the same transaction as the ad rows."
+            + FIGURES_NOTE
             + _holds(shard, shard_count)
         ),
         deps=[shard.ad_key],
@@ -154,12 +172,31 @@ def build_meta_spend(index: int, shard_count: int) -> dg.AssetsDefinition:
             publish_after_writes(context, rastro)
             raise
         yield from _record(context, outcomes, shard)
+        for event in table_observations(rastro, shard.index, shard_count):
+            context.log_event(event)
         publish_after_writes(context, rastro)
 
     return meta_spend
 
 
 meta_spend = build_meta_spend(0, SHARD_COUNT)
+
+
+def table_observations(
+    rastro: RastroResource, shard: int, shard_count: int = SHARD_COUNT
+) -> list[dg.AssetObservation]:
+    """The spend pair's whole-table figures, one observation per asset: once per run.
+
+    With several shards each pair holds its own accounts, so its figures are theirs.
+    """
+    only = None if shard_count == 1 and shard == 0 else shard
+    with rastro.warehouse().connect(read_only=True) as con:
+        return [
+            table_observation(asset_key, spend_table_figures(con, table, only))
+            for asset_key, table in zip(
+                spend_shard(shard).keys, ("ad_spend_daily", "site_spend_daily"), strict=True
+            )
+        ]
 
 
 def _record(
@@ -223,6 +260,12 @@ def _sync_partitions(
                 )
             if outcome.error:
                 context.log.warning(outcome.error)
+            # A fill's last block reads the account's full catalog and thumbnails (`Syncer`):
+            # recorded as theirs, or the catalog would read "never materialized" after a backfill.
+            for event in catalog_materializations(outcome):
+                context.log_event(event)
+            if outcome.catalog_error:
+                context.log.warning(f"{account}: {outcome.catalog_error}")
             context.log.info(
                 f"{account}: {outcome.rows_written} rows written, {outcome.rows_deleted} deleted, "
                 f"{outcome.api_calls} Meta calls"

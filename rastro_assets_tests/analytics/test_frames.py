@@ -21,6 +21,7 @@ from rastro_assets.analytics.frames import (
 from rastro_assets.analytics.publish import Publisher
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.analytics.helpers import WEEK, publish_week
 from rastro_fake_graph.world import Figures
 
@@ -324,12 +325,18 @@ def test_each_call_reads_the_latest_publish_even_with_a_session_open(
 
 def test_a_missing_snapshot_is_never_created(tmp_path: Path):
     path = tmp_path / "data" / "analytics.duckdb"
-    snap = Snapshot(path)
+    pipeline = {"RASTRO_DUCKDB_PATH": str(path.with_name("rastro.duckdb"))}
+    snap = Snapshot(path, environ=pipeline)
+    # No pipeline there either: the truth is "no file here", not "wait for a publish".
+    with pytest.raises(SnapshotMissing, match="no analytics snapshot at .*: no such file"):
+        snap.status()
+    assert not path.exists() and not path.parent.exists()
+    Warehouse(pipeline["RASTRO_DUCKDB_PATH"]).migrate()
     with pytest.raises(SnapshotMissing, match="no analytics snapshot has been published yet"):
         snap.status()
     with pytest.raises(SnapshotMissing, match="dagster asset materialize"):
         snap.spend(*WEEK)
-    assert not path.exists() and not path.parent.exists()
+    assert not path.exists()
 
 
 def test_the_path_comes_from_the_environment(tmp_path: Path, snapshot_path: Path):
@@ -339,7 +346,9 @@ def test_the_path_comes_from_the_environment(tmp_path: Path, snapshot_path: Path
     )
     chosen = Snapshot(environ={"RASTRO_ANALYTICS_PATH": str(snapshot_path)})
     assert chosen.path == snapshot_path and chosen.status().height == 2
-    assert Snapshot(environ={}).path == Path("data/analytics.duckdb")
+    # Run from the checkout (as the tests are): its own data/.
+    repo = Path(__file__).resolve().parents[2]
+    assert Snapshot(environ={}).path == repo / "data" / "analytics.duckdb"
 
 
 def test_the_pipelines_file_is_refused(warehouse, duckdb_path: Path):

@@ -12,6 +12,7 @@ import duckdb
 import pytest
 
 from rastro_assets.analytics.publish import Publisher, PublishError
+from rastro_assets.settings import Settings, SettingsError
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.snapshot import ANALYST_TABLES
@@ -270,3 +271,30 @@ def test_publish_if_due_is_debounced(syncer, warehouse, publisher, fake_clock):
     with warehouse.connect() as con:
         assert not publisher.state(con).owed
     assert os.path.exists(publisher.target)
+
+
+def storage_of(path: Path) -> str:
+    with duckdb.connect() as con:
+        con.execute("ATTACH ? AS probed (READ_ONLY)", [str(path)])
+        return con.execute(
+            "SELECT tags['storage_version'] FROM duckdb_databases() WHERE database_name = 'probed'"
+        ).fetchone()[0]
+
+
+def test_the_snapshot_is_written_in_the_storage_the_setting_names(
+    syncer, warehouse, publisher, snapshot_path, fake_clock
+):
+    """DuckDB 1.0's storage by default, which older DuckDBs than the pipeline's open; a new
+    setting rebuilds the staging file in its version, and the copy follows."""
+    assert syncer.sync(SyncRequest("act_101", *WEEK, run_id="r1", catalog=True)).ok
+    publisher.publish()
+    assert storage_of(snapshot_path) == storage_of(publisher.staging) == "v1.0.0+"
+    settings = Settings.from_env(
+        {"RASTRO_DUCKDB_PATH": warehouse.path, "RASTRO_ANALYTICS_STORAGE_VERSION": "v1.2.0"}
+    )
+    newer = Publisher(warehouse, snapshot_path, storage=settings.analytics_storage_version)
+    assert newer.publish().rebuilt  # a staging file in another storage is rebuilt whole
+    assert storage_of(snapshot_path) == "v1.2.0+"
+    assert_snapshot_equals_pipeline(warehouse, snapshot_path)
+    with pytest.raises(SettingsError, match="RASTRO_ANALYTICS_STORAGE_VERSION"):
+        Settings.from_env({"RASTRO_ANALYTICS_STORAGE_VERSION": "v1.0.0') (READ_ONLY"})

@@ -199,17 +199,27 @@ def test_status_table_is_aligned_and_readable(rastro, accounts):
     assert by_account["act_4"].split()[2:4] == ["paused", "never"]
 
 
-@pytest.mark.parametrize("exists", [False, True])
-def test_status_and_plan_of_an_empty_warehouse(rastro, duckdb_path: Path, exists: bool):
-    if exists:
-        Warehouse(duckdb_path).migrate()
+def test_status_and_plan_of_an_empty_warehouse(rastro, duckdb_path: Path):
+    Warehouse(duckdb_path).migrate()
     for command in ("status", "plan"):
         assert rastro(command, "--json") == (0, "[]\n", "")
         code, out, err = rastro(command)
         assert (code, err) == (0, "")
         assert out.splitlines()[0].startswith("ACCOUNT")
         assert "no linked accounts" in out
-    assert duckdb_path.exists() == exists
+
+
+def test_status_and_plan_of_no_warehouse_say_no_file(rastro, duckdb_path: Path):
+    no_file = f"no warehouse at {duckdb_path}: nothing has been linked there yet"
+    for command in ("status", "plan"):
+        code, out, err = rastro(command, "--json")
+        assert (code, out) == (0, "[]\n")
+        assert err.startswith(f"rastro: warning: {no_file}")
+        code, out, err = rastro(command)
+        assert (code, err) == (0, "")
+        assert out.startswith(no_file) and "no linked accounts" not in out
+    assert_usage_error(rastro("sync-now", "act_1"), "not linked", no_file)
+    assert not duckdb_path.exists()
 
 
 # plan -----------------------------------------------------------------------

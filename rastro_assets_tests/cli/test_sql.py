@@ -9,6 +9,7 @@ import io
 import json
 import subprocess
 import sys
+import unicodedata
 from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -17,6 +18,7 @@ import duckdb
 import pytest
 
 from rastro_assets.cli.sql import _duration
+from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.analytics.helpers import publish_week
 from rastro_assets_tests.cli.conftest import assert_usage_error
 
@@ -186,6 +188,15 @@ def test_parquet_output_refuses_other_files_and_statements(rastro, snapshot_path
 
 
 def test_a_missing_snapshot_is_one_line_and_never_created(rastro, duckdb_path: Path, tmp_path):
+    # Neither file is there: the line says so, and never "not published yet".
+    nothing = assert_usage_error(
+        rastro("sql", "SELECT 1"),
+        f"no analytics snapshot at {duckdb_path.parent / 'analytics.duckdb'}: no such file",
+        f"nor is the pipeline's file at {duckdb_path}",
+        "RASTRO_ANALYTICS_PATH",
+    )
+    assert "published yet" not in nothing
+    Warehouse(duckdb_path).migrate()
     line = assert_usage_error(
         rastro("sql", "SELECT 1"),
         "no analytics snapshot has been published yet",
@@ -198,7 +209,8 @@ def test_a_missing_snapshot_is_one_line_and_never_created(rastro, duckdb_path: P
         rastro("sql", "SELECT 1", environ={"RASTRO_ANALYTICS_PATH": str(elsewhere)}),
         str(elsewhere),
     )
-    assert not duckdb_path.parent.exists() and not elsewhere.parent.exists()
+    assert not (duckdb_path.parent / "analytics.duckdb").exists()
+    assert not elsewhere.parent.exists()
 
 
 def test_rastro_analytics_path_is_where_it_reads(rastro, snapshot_path, tmp_path):
@@ -399,3 +411,30 @@ def test_explain_prints_the_plan_as_drawn(rastro, snapshot_path):
     code, out, _ = rastro("sql", "EXPLAIN SELECT * FROM sites")
     assert code == 0 and "\\n" not in out and len(out.splitlines()) > 3
     assert "SEQ_SCAN" in out.upper().replace(" ", "_")
+
+
+def test_table_aligns_double_width_names(rastro, snapshot_path):
+    code, out, err = rastro(
+        "sql",
+        "SELECT * FROM (VALUES ('夏のセール広告', 'é', 1.5), ('ad', '東京', 10.25))"
+        " t(campaign_name, city, spend)",
+    )
+    assert (code, err) == (0, "")
+    header, rule, *body, count = out.splitlines()
+    assert count == "(2 rows)"
+    # In a terminal a Japanese character takes two columns: each column starts where the
+    # header's does, and the right-aligned spend ends in the same column on every line.
+    city_at = display_columns(header[: header.index("city")])
+    pairs = zip(body, ("é", "東京"), strict=True)
+    cities = [display_columns(line[: line.index(city)]) for line, city in pairs]
+    assert cities == [city_at, city_at]
+    widths = {display_columns(line) for line in [header, rule, *body]}
+    assert widths == {display_columns(header)}
+
+
+def display_columns(text: str) -> int:
+    return sum(
+        2 if unicodedata.east_asian_width(char) in "WF" else 0 if unicodedata.combining(char)
+        else 1
+        for char in text
+    )

@@ -15,6 +15,8 @@ from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.cli.conftest import assert_usage_error
 from rastro_fake_graph import server
 
+REPO_WORKSPACE = Path(__file__).resolve().parents[2] / "workspace.yaml"
+
 TOKENS = {
     "c1": "EAAB0rotateTokenOne0123456789abcdef",
     "c2": "EAAB0rotateTokenTwo9876543210fedcba",
@@ -205,9 +207,11 @@ def test_demo_outside_the_repo_root(rastro, tmp_path: Path, monkeypatch):
 
 
 def test_demo_hands_over_to_demo_run(rastro, tmp_path: Path, monkeypatch):
-    (tmp_path / "workspace.yaml").write_text("load_from: []\n")
+    (tmp_path / "workspace.yaml").write_text(REPO_WORKSPACE.read_text())
     (tmp_path / "dagster.yaml").write_text("{}\n")
-    monkeypatch.chdir(tmp_path)
+    # From anywhere inside the checkout, the demo runs at its root.
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
     calls = []
     monkeypatch.setattr(
         demo, "run", lambda root, extra, environ=None: calls.append((root, extra, environ)) or 0

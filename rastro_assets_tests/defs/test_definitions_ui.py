@@ -74,6 +74,9 @@ def test_the_tables_the_pipeline_only_reads_are_external_upstreams(graph):
 
 def test_health_is_one_table_and_a_paused_account_is_an_error(warehouse, linked_world):
     with warehouse.connect() as con:
+        for account in ("act_101", "act_202"):  # backfilled four hours ago
+            record_sync_run(con, f"b-{account}", account, "backfill",
+                            TODAY - timedelta(days=89), TODAY, NOW - timedelta(hours=4))
         record_sync_run(
             con, "r1", "act_101", "live", TODAY, TODAY, NOW - timedelta(minutes=10)
         )
@@ -93,8 +96,8 @@ def test_health_is_one_table_and_a_paused_account_is_an_error(warehouse, linked_
     assert rows["act_101"]["last_good_sync"].startswith(f"{TODAY}T")
     schema = fresh.metadata["health"].schema
     assert [column.name for column in schema.columns] == [
-        "ad_account_id", "state", "today_fresh", "last_good_sync", "next_due", "last_error",
-        "meta_usage_pct",
+        "ad_account_id", "state", "today_fresh", "last_good_sync", "next_due", "backfill",
+        "last_error", "meta_usage_pct",
     ]
 
     assert paused.severity == dg.AssetCheckSeverity.ERROR and not paused.passed

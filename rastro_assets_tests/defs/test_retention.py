@@ -66,9 +66,10 @@ def test_superseded_events_go_and_each_partition_keeps_its_newest(instance, rast
         (f"act_101|{TODAY - timedelta(days=1)}", only_yesterday),
         (f"act_101|{TODAY}", latest_today),
     ]
-    # The first run's two materializations went, and every run's planned events (2 each):
-    # their own materializations supersede them.
-    assert tick.events_deleted == 2 + 3 * 2
+    # The first run's two materializations went, every run's planned events (2 each): their
+    # own materializations supersede them, and the first two runs' whole-table observations
+    # (one per spend asset), superseded by the third's.
+    assert tick.events_deleted == 2 + 3 * 2 + 2 * 2
     assert spend_events(instance, planned=True) == []
     # The first run still holds the newest `analytics_snapshot` materialization (it published).
     assert tick.runs_deleted == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import date, timedelta
 
@@ -306,17 +307,97 @@ def test_an_account_with_a_run_in_flight_is_left_out_of_the_wave(instance, rastr
     assert [s["ad_account_id"] for s in syncs] == ["act_101"]
 
 
+def check_evaluations(result) -> list[dg.AssetCheckEvaluation]:
+    return [event for event in result.asset_events if isinstance(event, dg.AssetCheckEvaluation)]
+
+
 def test_freshness_is_reported_when_the_stale_set_changes(instance, rastro, warehouse):
     from rastro_assets.definitions import defs
 
     backfilled(warehouse, "act_101", at=NOW - timedelta(minutes=10))
+    backfilled(warehouse, "act_202", at=NOW - timedelta(hours=2))
     context = dg.build_sensor_context(
         instance=instance, definitions=defs, resources={"rastro": rastro}
     )
     first = meta_cadence_sensor(context)
-    [evaluation] = first.asset_events
+    [evaluation] = check_evaluations(first)
     assert not evaluation.passed
     assert evaluation.metadata["stale_accounts"].value == 1
     assert "act_202" in evaluation.metadata["stale"].value
+    assert evaluation.description == "1 stale: act_202 (of 2 accounts)"
     context.update_cursor(first.cursor)
-    assert meta_cadence_sensor(context).asset_events == []
+    assert check_evaluations(meta_cadence_sensor(context)) == []
+
+
+def test_accounts_in_their_first_backfill_are_backfilling_not_stale(instance, rastro, warehouse):
+    from rastro_assets.definitions import defs
+
+    context = dg.build_sensor_context(
+        instance=instance, definitions=defs, resources={"rastro": rastro}
+    )
+    first = meta_cadence_sensor(context)
+    [evaluation] = check_evaluations(first)
+    assert evaluation.passed
+    assert evaluation.description == "nothing stale: 2 accounts backfilling"
+    states = {row.data["ad_account_id"]: row.data for row in evaluation.metadata["health"].records}
+    assert states["act_101"]["state"] == "backfilling"
+    assert states["act_101"]["backfill"] == "0 of 90 days"
+
+    # One account's backfill ends: the set the check names changes, so it is reported again.
+    backfilled(warehouse, "act_101", at=NOW - timedelta(minutes=10))
+    context.update_cursor(first.cursor)
+    [second] = check_evaluations(meta_cadence_sensor(context))
+    assert second.passed
+    assert second.description == "1 account fresh, none stale; 1 backfilling"
+
+
+def test_the_cadence_cursor_says_what_it_holds(instance, rastro, warehouse):
+    from rastro_assets.definitions import defs
+
+    backfilled(warehouse, "act_101", at=NOW - timedelta(hours=2))
+    context = dg.build_sensor_context(
+        instance=instance, definitions=defs, resources={"rastro": rastro}
+    )
+    cursor = json.loads(meta_cadence_sensor(context).cursor)
+    assert cursor["accounts_fresh as last reported, per shard"] == [
+        {"stale": ["act_101"], "paused": [], "backfilling": 1}
+    ]
+    assert cursor["meta_account_health as last observed"]["observed_at"] == NOW.isoformat()
+
+
+def health_observations(result) -> list[dg.AssetObservation]:
+    return [event for event in result.asset_events if isinstance(event, dg.AssetObservation)]
+
+
+def test_the_cadence_observes_every_accounts_health_when_it_changes(instance, rastro_at, warehouse):
+    from rastro_assets.definitions import defs
+
+    backfilled(warehouse, "act_101", at=NOW - timedelta(minutes=10))
+
+    def tick(at, cursor):
+        context = dg.build_sensor_context(
+            instance=instance, definitions=defs, resources={"rastro": rastro_at(at)},
+            cursor=cursor,
+        )
+        return meta_cadence_sensor(context)
+
+    first = tick(NOW, None)
+    [observation] = health_observations(first)
+    assert observation.asset_key == dg.AssetKey("meta_account_health")
+    assert observation.description == "2 accounts: 1 backfilling, 1 live"
+    rows = {row.data["ad_account_id"]: row.data for row in observation.metadata["health"].records}
+    assert rows["act_202"]["state"] == "backfilling"
+    assert rows["act_202"]["backfill"] == "0 of 90 days"
+    assert rows["act_101"]["last_good_sync"].startswith(f"{TODAY}T")
+    assert rows["act_101"]["next_due"]
+    assert "last_error" in rows["act_101"]
+
+    # Nothing changed: no new event until the refresh interval, then one.
+    later = tick(NOW + timedelta(minutes=5), first.cursor)
+    assert health_observations(later) == []
+    assert health_observations(tick(NOW + timedelta(minutes=31), later.cursor))
+
+    # A backfill's progress is a change.
+    record_ok(warehouse, "act_202", TODAY - timedelta(days=89), TODAY - timedelta(days=60),
+              NOW + timedelta(minutes=1))
+    assert health_observations(tick(NOW + timedelta(minutes=6), later.cursor))

@@ -185,9 +185,14 @@ def test_the_freshness_check_of_each_shard_holds_its_own_accounts(
     per_shard = {
         event.asset_key.to_user_string(): event.metadata["accounts"].value
         for event in result.asset_events
+        if isinstance(event, dg.AssetCheckEvaluation)
     }
     assert per_shard == {"ad_spend_daily": 0, "ad_spend_daily_shard_1": 1,
                          "ad_spend_daily_shard_2": 1}
+    [health] = [e for e in result.asset_events if isinstance(e, dg.AssetObservation)]
+    shards_shown = {row.data["ad_account_id"]: row.data["shard"]
+                    for row in health.metadata["health"].records}
+    assert sorted(shards_shown.values()) == [1, 2]
 
 
 def test_a_move_keeps_every_account_days_status(instance):

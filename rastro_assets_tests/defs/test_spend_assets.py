@@ -52,7 +52,7 @@ def spend_events(result) -> list[dg.AssetMaterialization]:
 
 def spend_of(event, currency: str) -> Decimal:
     """The event's spend as the Decimal it was: a float's repr keeps up to 15 digits."""
-    return Decimal(repr(event.metadata[f"spend_{currency}"].value))
+    return Decimal(repr(event.metadata[f"day_spend_{currency}"].value))
 
 
 def materialized_dates(instance, asset_key) -> set[str]:
@@ -76,7 +76,7 @@ def test_one_partition_equals_meta(instance, rastro, warehouse, linked_world):
     assert spend_of(ad_event, "BRL") == spend_of(site_event, "BRL") == sum(
         row.spend for row in truth
     )
-    assert ad_event.metadata["dagster/row_count"].value == len(truth)
+    assert ad_event.metadata["day_ad_rows"].value == len(truth)
     assert site_event.metadata["run_rows_written"].value == len(truth)
     [check] = result.get_asset_check_evaluations()
     assert check.passed
@@ -122,10 +122,10 @@ def test_each_partition_carries_its_own_day_and_the_run_summary_once(
         truth = linked_world.truth("act_101", day)
         assert spend_of(event, "BRL") == sum(row.spend for row in truth)
         if event.asset_key == AD_SPEND_DAILY:
-            assert event.metadata["dagster/row_count"].value == len(truth)
+            assert event.metadata["day_ad_rows"].value == len(truth)
         # Small on purpose: see `day_metadata`.
-        expected = {"spend_BRL", "dagster/row_count"} if event.asset_key == AD_SPEND_DAILY else {
-            "spend_BRL"
+        expected = {"day_spend_BRL", "day_ad_rows"} if event.asset_key == AD_SPEND_DAILY else {
+            "day_spend_BRL"
         }
         assert set(event.metadata) == expected or event is with_summary[0]
 
@@ -309,3 +309,25 @@ def test_a_fills_next_block_waits_out_the_back_off_of_the_last(
     after = rastro_at(NOW + timedelta(minutes=62))
     assert materialize_range(instance, after, "act_101", TODAY - timedelta(days=2), TODAY,
                              tags=backfill).success
+
+
+def test_a_range_run_evaluates_the_sum_check_for_each_of_its_days(instance, rastro, linked_world):
+    from rastro_assets.defs.checks import SUM_CHECK_KEY
+    from rastro_assets.defs.dagster_private import AssetCheckExecutionRecordStatus
+
+    since = TODAY - timedelta(days=2)
+    assert materialize_range(instance, rastro, "act_202", since, TODAY).success
+    records = instance.event_log_storage.get_asset_check_execution_history(
+        SUM_CHECK_KEY, limit=50
+    )
+    days = [str(spend_partition_key("act_202", since + timedelta(days=n))) for n in range(3)]
+    # Dagster plans the check once per day of the range: a day left planned reads "Skipped".
+    assert {record.partition: record.status for record in records} == {
+        **{day: AssetCheckExecutionRecordStatus.SUCCEEDED for day in days},
+        None: AssetCheckExecutionRecordStatus.SUCCEEDED,
+    }
+    descriptions = {
+        record.partition: record.evaluation.description for record in records
+    }
+    assert descriptions[None] == "3 account-days: the site rows equal the sums of their ad rows"
+    assert descriptions[days[0]] == f"{days[0]}: the site rows equal the sums of their ad rows"

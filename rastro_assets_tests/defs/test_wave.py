@@ -134,6 +134,9 @@ def test_a_wave_checks_every_day_it_records_and_reports_each_accounts_newest(
         (f"act_202|{TODAY}", True),
     ]
     assert checked[0].metadata["mismatches"].value >= 1
+    assert checked[0].description.startswith(
+        f"1 site-day differs from the ad rows' sums: s1 act_101 {YESTERDAY}"
+    )
 
 
 def test_a_partition_whose_sum_check_failed_turns_green_when_a_wave_rewrites_it(
@@ -175,6 +178,29 @@ def test_a_live_wave_records_an_empty_day_once_whatever_the_block(
     for later in (NOW + timedelta(hours=2), NOW + timedelta(hours=3)):  # 11:00, then a block
         fake_clock.set(later)
         assert spend_materializations(run_wave(instance, rastro_at(later), [live("act_101")])) == []
+
+
+def test_a_wave_that_records_reports_each_tables_own_figures_once(
+    instance, rastro, warehouse, linked_world
+):
+    result = run_wave(instance, rastro, [live("act_101"), live("act_202")])
+    observed = {
+        event.event_specific_data.asset_observation.asset_key.to_user_string():
+            event.event_specific_data.asset_observation
+        for event in result.all_events
+        if event.event_type_value == "ASSET_OBSERVATION"
+    }
+    assert sorted(observed) == ["ad_spend_daily", "site_spend_daily"]
+    with warehouse.connect() as con:
+        rows, brl = con.execute(
+            "SELECT count(*), sum(spend) FILTER (WHERE ad_account_id = 'act_101')"
+            " FROM ad_spend_daily"
+        ).fetchone()
+    figures = {key: value.value for key, value in observed["ad_spend_daily"].metadata.items()}
+    assert observed["ad_spend_daily"].partition is None
+    assert (figures["dagster/row_count"], figures["accounts"], figures["days"]) == (rows, 2, 2)
+    assert figures["spend_BRL"] == float(brl)
+    assert "spend_JPY" in figures
 
 
 class WalModes(list):

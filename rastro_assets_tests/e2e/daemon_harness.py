@@ -35,6 +35,17 @@ POLL_SECONDS = 1.0
 LAG_SECONDS = 30
 LEASE_SECONDS = 30  # a killed wave's accounts are taken again this long after it started
 SENSOR_INTERVAL_SECONDS = 5
+MONITOR_SECONDS = 5
+
+
+def instance_yaml(home: Path) -> dict:
+    """The repo's instance configuration, with its storage moved into `home`."""
+    config = yaml.safe_load((REPO / "dagster.yaml").read_text())
+    config["storage"] = {"sqlite": {"base_dir": str(home / "storage")}}
+    config["local_artifact_storage"]["config"]["base_dir"] = str(home)
+    config["compute_logs"]["config"]["base_dir"] = str(home / "logs")
+    config["run_monitoring"]["poll_interval_seconds"] = MONITOR_SECONDS
+    return config
 
 
 def one_account_world() -> FakeWorld:

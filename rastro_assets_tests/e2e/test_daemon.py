@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-import yaml
 
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
@@ -25,9 +24,10 @@ from rastro_assets_tests.e2e.daemon_harness import (
     ACCOUNT,
     LAG_SECONDS,
     LEASE_SECONDS,
+    MONITOR_SECONDS,
     POLL_SECONDS,
-    REPO,
     account_status,
+    instance_yaml,
     linked_world,
     one_account_world,
     runs,
@@ -41,17 +41,6 @@ from rastro_assets_tests.truth import assert_equals_truth
 pytestmark = pytest.mark.slow
 
 NEW_TOKEN = "EAAnewTOKENq81ZrW0pLx3Tm5Yc"
-MONITOR_SECONDS = 5
-
-
-def instance_yaml(home: Path) -> dict:
-    """The repo's instance configuration, with its storage moved into `home`."""
-    config = yaml.safe_load((REPO / "dagster.yaml").read_text())
-    config["storage"] = {"sqlite": {"base_dir": str(home / "storage")}}
-    config["local_artifact_storage"]["config"]["base_dir"] = str(home)
-    config["compute_logs"]["config"]["base_dir"] = str(home / "logs")
-    config["run_monitoring"]["poll_interval_seconds"] = MONITOR_SECONDS
-    return config
 
 
 @pytest.fixture
@@ -94,6 +83,7 @@ def busy_skips(home: Path) -> list[str]:
     return skips
 
 
+@pytest.mark.e2e
 def test_the_daemon_backfills_syncs_pauses_and_resumes_while_analysts_read(daemon_world):
     world, warehouse, vault, home, daemon, writer = daemon_world
     log = daemon.log

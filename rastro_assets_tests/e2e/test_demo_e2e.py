@@ -31,7 +31,7 @@ from typing import TypeVar
 import duckdb
 import pytest
 
-from rastro_assets.demo import DEMO_LINKS, DEMO_SITES
+from rastro_assets.demo import DEMO_LINKS, DEMO_SITES, QUIETED_WARNINGS
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
 from rastro_fake_graph.world import FakeWorld
@@ -59,6 +59,9 @@ STOP_SECONDS = 30
 POLL_SECONDS = 2.0
 LOCK_WAIT_SECONDS = 60.0
 BANNER = "rastro demo: data in"
+READY = re.compile(r'^rastro demo: ready: try (\S+) sql "(.*)"$', re.M)
+# Dagster's backfill daemon once logged a 5.7 KB line of partition keys.
+MAX_LINE = 2000
 T = TypeVar("T")
 
 # The README's "spend by campaign yesterday"; test_readme_query_is_the_tested_one
@@ -126,6 +129,15 @@ def wait_for(what: str, predicate, timeout_seconds: float):
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout_seconds:.0f} s waiting for {what}")
         time.sleep(POLL_SECONDS)
+
+
+def session_groups(sid: int) -> set[int]:
+    """The process groups of session `sid` (the demo's, and Dagster's own)."""
+    groups = set()
+    for entry in session_processes(sid):
+        with suppress(OSError):
+            groups.add(os.getpgid(int(entry.split()[0])))
+    return groups
 
 
 def session_processes(sid: int) -> list[str]:
@@ -257,8 +269,9 @@ def running_demo(copy: Copy, log: Path) -> Iterator[subprocess.Popen]:
         raise
     finally:
         if process.poll() is None or session_processes(process.pid):
-            with suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
+            for group in session_groups(process.pid) | {process.pid}:
+                with suppress(ProcessLookupError):
+                    os.killpg(group, signal.SIGKILL)
             process.wait()
 
 
@@ -287,6 +300,29 @@ def stop(process: subprocess.Popen, sig: signal.Signals) -> float:
     # dagster dev exits 0 once its services are shut down; death by the signal is as clean.
     assert process.returncode in (0, -sig, 128 + sig), process.returncode
     return time.monotonic() - started
+
+
+def ready_query(process: subprocess.Popen, log: Path) -> str | None:
+    """The query `rastro demo` suggests once it says "ready"."""
+    assert process.poll() is None, f"`rastro demo` exited with {process.returncode}"
+    match = READY.search(log.read_text(errors="replace"))
+    return match[2] if match else None
+
+
+def assert_demo_said_its_own(log: Path) -> None:
+    """The demo's own lines are there, Dagster's known noise and long lines are not."""
+    text = log.read_text(errors="replace")
+    lines = text.splitlines()
+    ours = [line for line in lines if line.startswith("rastro demo: ")]
+    assert any(re.search(r"UI at http://127\.0\.0\.1:\d+ ", line) for line in ours), ours
+    for account in ACCOUNTS:
+        [linked] = [line for line in ours if f" {account} " in line]
+        assert f", {CURRENCIES[account]})" in linked
+    long = [line[:200] for line in lines if len(line) > MAX_LINE]
+    assert long == []
+    for message in QUIETED_WARNINGS:
+        assert message not in text
+    assert "Warning:" not in text, [line for line in lines if "Warning:" in line]
 
 
 def backfill_runs(runs: list[tuple]) -> list[tuple]:
@@ -351,6 +387,7 @@ def assert_all_live(copy: Copy) -> None:
 # The test -----------------------------------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(720)
 def test_the_readme_demo_starts_syncs_stops_and_restarts(tmp_path):
     root = tmp_path / "repo"
@@ -399,6 +436,14 @@ def test_the_readme_demo_starts_syncs_stops_and_restarts(tmp_path):
         assert {row["ad_account_id"]: row["currency"] for row in rows} == CURRENCIES
         timings["snapshot"] = time.monotonic() - began
 
+        # The demo said "ready" with a query that answers for every account.
+        query = wait_for('`rastro demo` to say "ready"', lambda: ready_query(process, log), 60)
+        text = log.read_text(errors="replace")
+        assert re.search(r"^rastro demo: backfill: \d of 3 accounts done, \d+/270", text, re.M)
+        suggested = json.loads(copy.rastro("sql", query, "--format", "json"))
+        assert {row["ad_account_id"] for row in suggested} == set(ACCOUNTS)
+        assert_demo_said_its_own(log)
+
         timings["stop on SIGTERM"] = stop(process, signal.SIGTERM)
 
     # Second start: the same data/ ------------------------------------------------
@@ -425,6 +470,8 @@ def test_the_readme_demo_starts_syncs_stops_and_restarts(tmp_path):
         )
         timings["second start's waves"] = time.monotonic() - second
         assert_all_live(copy)
+        wait_for('`rastro demo` to say "ready" again', lambda: ready_query(process, log), 60)
+        assert_demo_said_its_own(log)
         timings["stop on SIGINT"] = stop(process, signal.SIGINT)
 
     assert copy.key_file.read_text() == key

@@ -100,6 +100,7 @@ def wave_runs(home) -> list[str]:
         ]
 
 
+@pytest.mark.e2e
 def test_the_scaled_config_backfills_and_runs_live_waves_on_postgres(postgres_world):
     server, linked = postgres_world
     warehouse, home, world = linked.warehouse, linked.home, linked.world

@@ -1,0 +1,59 @@
+"""A spend table's own figures: rows, accounts, days and spend per currency.
+
+The Dagster UI shows an asset's row count from its events; a partition's
+event can only speak for its account-day, so these whole-table figures are
+reported beside it once per run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date
+from decimal import Decimal
+
+import duckdb
+
+SPEND_TABLES = ("ad_spend_daily", "site_spend_daily")
+
+
+@dataclass(frozen=True)
+class TableFigures:
+    rows: int
+    accounts: int
+    days: int
+    first_day: date | None
+    last_day: date | None
+    spend_by_currency: dict[str, Decimal]
+
+
+def spend_table_figures(
+    con: duckdb.DuckDBPyConnection, table: str, shard: int | None = None
+) -> TableFigures:
+    """`table`'s figures, over every account or those of `shard` (its stored shard, else 0)."""
+    if table not in SPEND_TABLES:
+        raise ValueError(f"not a spend table: {table}")
+    scope = (
+        ""
+        if shard is None
+        else " WHERE coalesce((SELECT s.shard FROM ad_account_shards s"
+        " WHERE s.ad_account_id = t.ad_account_id), 0) = $shard"
+    )
+    params = {} if shard is None else {"shard": shard}
+    rows, accounts, days, first, last = con.execute(
+        f"SELECT count(*), count(DISTINCT ad_account_id), count(DISTINCT day), min(day),"
+        f" max(day) FROM {table} t{scope}",
+        params,
+    ).fetchone()
+    spend = con.execute(
+        f"SELECT coalesce(a.currency, ''), sum(t.spend) FROM {table} t"
+        f" LEFT JOIN meta_ad_accounts a USING (ad_account_id){scope} GROUP BY 1 ORDER BY 1",
+        params,
+    ).fetchall()
+    return TableFigures(
+        rows=rows,
+        accounts=accounts,
+        days=days,
+        first_day=first,
+        last_day=last,
+        spend_by_currency={currency: total for currency, total in spend},
+    )

@@ -1,0 +1,272 @@
+"""What the Dagster UI says after first backfills, asked through its own GraphQL (issue 26).
+
+The backfills are driven as the daemons would: `meta_accounts` makes the
+partitions and the backfill, each 30-day range of it runs the spend assets with
+the checks Dagster adds to an asset run, and `meta_cadence` ticks between the
+runs, its check evaluations reported as the sensor daemon reports them. The
+answers then come from the webserver's schema over a workspace of the real
+definitions.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster._core.definitions.partitions.context import partition_loading_context
+from dagster._core.remote_origin import InProcessCodeLocationOrigin
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+from dagster._core.workspace.context import WorkspaceProcessContext
+from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
+from dagster_graphql.test.utils import execute_dagster_graphql
+
+from rastro_assets.defs.checks import accounts_fresh, site_spend_equals_ad_sums
+from rastro_assets.defs.sensors import meta_accounts_sensor, meta_cadence_sensor
+from rastro_assets.defs.spend_assets import (
+    AD_SPEND_DAILY,
+    MAX_DAYS_PER_RUN,
+    SYNC_KIND_TAG,
+    meta_spend,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+ASSET_QUERY = """
+query AssetTruth($assetKey: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $assetKey) {
+    ... on AssetNode {
+      partitionStats { numMaterialized numPartitions numFailed }
+      assetMaterializations(limit: 1) { partition metadataEntries { ...Int } }
+      assetObservations(limit: 1) { metadataEntries { ...Int } }
+      targetingInstigators { ... on Sensor { name } ... on Schedule { name } }
+      assetChecksOrError {
+        ... on AssetChecks {
+          checks {
+            name
+            executionForLatestMaterialization {
+              status
+              evaluation { description severity }
+            }
+            partitionStatuses {
+              ... on AssetCheckDefaultPartitionStatuses { ...Lists }
+              ... on AssetCheckMultiPartitionStatuses {
+                ranges {
+                  secondaryDim {
+                    ... on AssetCheckDefaultPartitionStatuses { ...Lists }
+                    ... on AssetCheckTimePartitionStatuses { ranges { status } }
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+fragment Int on MetadataEntry {
+  label
+  ... on IntMetadataEntry { intValue }
+}
+
+fragment Lists on AssetCheckDefaultPartitionStatuses {
+  succeededPartitions
+  failedPartitions
+  inProgressPartitions
+  skippedPartitions
+  executionFailedPartitions
+}
+"""
+
+HEALTH_QUERY = """
+query Health($assetKey: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $assetKey) {
+    ... on AssetNode {
+      assetObservations(limit: 1) {
+        metadataEntries { label ... on TableMetadataEntry { table { records } } }
+      }
+    }
+  }
+}
+"""
+
+LIST_STATUS = {
+    "failedPartitions": "FAILED",
+    "executionFailedPartitions": "EXECUTION_FAILED",
+    "inProgressPartitions": "IN_PROGRESS",
+    "skippedPartitions": "SKIPPED",
+    "succeededPartitions": "SUCCEEDED",
+}
+
+
+@pytest.fixture
+def account_partitions() -> list[str]:
+    return []  # the sensor makes them
+
+
+@contextmanager
+def ui(instance):
+    origin = InProcessCodeLocationOrigin(
+        LoadableTargetOrigin(
+            module_name="rastro_assets.definitions",
+            attribute="defs",
+            working_directory=str(REPO),
+        ),
+        location_name="rastro_assets",
+    )
+    # The partitioned check's statuses resolve its dynamic accounts through a loading context
+    # that `execute_dagster_graphql` does not set up as the webserver's request does.
+    with (
+        WorkspaceProcessContext(instance, InProcessWorkspaceLoadTarget([origin])) as process,
+        partition_loading_context(dynamic_partitions_store=instance),
+    ):
+        yield process.create_request_context()
+
+
+def check_statuses(check: dict) -> set[str]:
+    """Every status the checks list aggregates for a partitioned check (`util.tsx`)."""
+    found: set[str] = set()
+    statuses = check["partitionStatuses"] or {}
+    lists = [statuses] if "succeededPartitions" in statuses else []
+    for row in statuses.get("ranges", []):
+        second = row["secondaryDim"]
+        if "ranges" in second:
+            found |= {status["status"] for status in second["ranges"]}
+        else:
+            lists.append(second)
+    for entry in lists:
+        found |= {status for field, status in LIST_STATUS.items() if entry.get(field)}
+    return found
+
+
+def overview_row_count(node: dict) -> int | None:
+    """The row count the asset's overview shows (`AssetNodeOverview.tsx`, findCanonicalIntMeta):
+    the latest materialization's `dagster/row_count`, else the latest observation's."""
+    for events in (node["assetMaterializations"], node["assetObservations"]):
+        for entry in events[0]["metadataEntries"] if events else []:
+            if entry["label"] == "dagster/row_count" and "intValue" in entry:
+                return entry["intValue"]
+    return None
+
+
+def tick(sensor, instance, rastro, cursor=None):
+    from rastro_assets.definitions import defs
+
+    context = dg.build_sensor_context(
+        instance=instance, definitions=defs, resources={"rastro": rastro}, cursor=cursor
+    )
+    result = sensor(context)
+    for event in getattr(result, "asset_events", None) or []:
+        instance.report_runless_asset_event(event)
+    return result
+
+
+def run_backfill(instance, rastro, request, on_each_run) -> None:
+    """The backfill's runs as Dagster cuts them: 30 days of one account each, in order."""
+    subset = request.asset_graph_subset.get_partitions_subset(AD_SPEND_DAILY)
+    by_account: dict[str, list[str]] = {}
+    for key in sorted(map(str, subset.get_partition_keys())):
+        by_account.setdefault(key.split("|")[0], []).append(key)
+    for keys in by_account.values():
+        for first in range(0, len(keys), MAX_DAYS_PER_RUN):
+            block = keys[first : first + MAX_DAYS_PER_RUN]
+            result = dg.materialize(
+                [meta_spend, site_spend_equals_ad_sums, accounts_fresh],
+                instance=instance,
+                resources={"rastro": rastro},
+                tags={
+                    **request.tags,
+                    "dagster/asset_partition_range_start": str(block[0]),
+                    "dagster/asset_partition_range_end": str(block[-1]),
+                    SYNC_KIND_TAG: "backfill",
+                },
+            )
+            assert result.success
+            on_each_run()
+
+
+def test_after_first_backfills_every_asset_holding_rows_is_materialized_and_no_check_failed(
+    instance, rastro, warehouse
+):
+    from rastro_assets.definitions import defs
+
+    cadence = tick(meta_cadence_sensor, instance, rastro)
+    accounts = tick(meta_accounts_sensor, instance, rastro)
+    for change in accounts.dynamic_partitions_requests:
+        instance.add_dynamic_partitions(change.partitions_def_name, change.partition_keys)
+    [backfill] = accounts.run_requests
+    cursor = [cadence.cursor]
+
+    def cadence_tick():
+        cursor[0] = tick(meta_cadence_sensor, instance, rastro, cursor[0]).cursor
+
+    run_backfill(instance, rastro, backfill, cadence_tick)
+
+    with warehouse.connect(read_only=True) as con:
+        held = {
+            table: con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            for table in ("ad_spend_daily", "site_spend_daily", "ad_catalog", "ad_thumbnails")
+        }
+    assert all(held.values()), held
+
+    graph = defs.resolve_asset_graph()
+    with ui(instance) as context:
+        for key in sorted(graph.materializable_asset_keys):
+            name = key.to_user_string()
+            answer = execute_dagster_graphql(context, ASSET_QUERY, {"assetKey": {"path": key.path}})
+            assert not answer.errors, answer.errors
+            node = answer.data["assetNodeOrError"]
+            if held.get(name):
+                stats = node["partitionStats"]
+                assert stats["numMaterialized"] > 0, f"{name} reads as never materialized"
+                assert stats["numFailed"] == 0, name
+            if name in ("ad_spend_daily", "site_spend_daily"):
+                assert overview_row_count(node) == held[name], name
+            for check in node["assetChecksOrError"]["checks"]:
+                latest = check["executionForLatestMaterialization"]
+                shown = check_statuses(check) or {latest["status"]}
+                assert shown == {"SUCCEEDED"}, (name, check["name"], shown)
+                assert latest["status"] == "SUCCEEDED", (name, check["name"], latest)
+                assert latest["evaluation"]["description"], (name, check["name"])
+
+        # The per-account view: the health asset's latest observation, its table one row each.
+        answer = execute_dagster_graphql(
+            context, HEALTH_QUERY, {"assetKey": {"path": ["meta_account_health"]}}
+        )
+        [observation] = answer.data["assetNodeOrError"]["assetObservations"]
+        [table] = [
+            entry["table"] for entry in observation["metadataEntries"] if entry["label"] == "health"
+        ]
+        states = {
+            row["ad_account_id"]: row["state"] for row in map(json.loads, table["records"])
+        }
+        assert states == {"act_101": "live", "act_202": "live"}
+
+    # The last block of each account's backfill read its whole catalog.
+    assert instance.get_materialized_partitions(dg.AssetKey("ad_catalog")) == {
+        "act_101",
+        "act_202",
+    }
+    assert instance.get_materialized_partitions(dg.AssetKey("ad_thumbnails")) == {
+        "act_101",
+        "act_202",
+    }
+
+
+def test_the_automation_panel_names_the_sensors_that_keep_each_asset_fresh(instance):
+    with ui(instance) as context:
+        for name, sensors in (
+            ("ad_spend_daily", {"meta_accounts", "meta_cadence"}),
+            ("site_spend_daily", {"meta_accounts", "meta_cadence"}),
+            ("ad_catalog", {"meta_cadence"}),
+            ("ad_thumbnails", {"meta_cadence"}),
+        ):
+            answer = execute_dagster_graphql(context, ASSET_QUERY, {"assetKey": {"path": [name]}})
+            node = answer.data["assetNodeOrError"]
+            found = {instigator["name"] for instigator in node["targetingInstigators"]}
+            assert sensors <= found, (name, found)
+

@@ -1,0 +1,32 @@
+"""A spend table's own figures, over every account or one shard's."""
+
+from __future__ import annotations
+
+from datetime import date
+from decimal import Decimal
+
+from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.figures import spend_table_figures
+from rastro_assets_tests.conftest import NOW
+
+
+def test_figures_cover_the_table_or_one_shards_accounts(con, linked_account):
+    registry.link_account(con, "s1", "act_2", "c1", "Asia/Tokyo", "JPY", NOW)
+    registry.set_account_shard(con, "act_2", 1)
+    con.execute(
+        "INSERT INTO ad_spend_daily (ad_account_id, ad_id, day, spend, impressions, clicks,"
+        " conversations, synced_at) VALUES"
+        " ('act_1', 'a1', DATE '2026-11-29', 1.5, 1, 0, 0, $now),"
+        " ('act_1', 'a2', DATE '2026-11-30', 2.25, 1, 0, 0, $now),"
+        " ('act_2', 'b1', DATE '2026-11-30', 300, 1, 0, 0, $now)",
+        {"now": NOW},
+    )
+    every = spend_table_figures(con, "ad_spend_daily")
+    assert (every.rows, every.accounts, every.days) == (3, 2, 2)
+    assert every.spend_by_currency == {"BRL": Decimal("3.75"), "JPY": Decimal("300")}
+    assert (every.first_day, every.last_day) == (date(2026, 11, 29), date(2026, 11, 30))
+    shard_0 = spend_table_figures(con, "ad_spend_daily", shard=0)
+    assert (shard_0.rows, shard_0.accounts, shard_0.spend_by_currency) == (
+        2, 1, {"BRL": Decimal("3.75")}
+    )
+    assert spend_table_figures(con, "site_spend_daily").rows == 0
