@@ -362,9 +362,9 @@ def new_accounts(accounts: int) -> list[str]:
 
 def submit_new_accounts(instance, accounts: int, now: datetime, per_account: bool) -> list[str]:
     """20 accounts linked in the same minute, as `meta_accounts` and the sensor daemon do."""
+    from rastro_assets.defs.backfills import Fill, backfill_request, shared_backfills
     from rastro_assets.defs.dagster_private import PartitionBackfill
     from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
-    from rastro_assets.defs.sensors import Fill, backfill_request, shared_backfills
 
     today = now.date()
     new = new_accounts(accounts)

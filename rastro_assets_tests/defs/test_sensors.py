@@ -9,18 +9,14 @@ from datetime import date, timedelta
 import dagster as dg
 import pytest
 
+from rastro_assets.defs.backfills import Fill, shared_backfills
 from rastro_assets.defs.partitions import (
     ACCOUNT_PARTITIONS_NAME,
     AXIS_START,
     reach_start,
     spend_partitions,
 )
-from rastro_assets.defs.sensors import (
-    Fill,
-    meta_accounts_sensor,
-    meta_cadence_sensor,
-    shared_backfills,
-)
+from rastro_assets.defs.sensors import meta_accounts_sensor, meta_cadence_sensor
 from rastro_assets.defs.spend_assets import (
     ACCOUNT_TAG,
     AD_SPEND_DAILY,
