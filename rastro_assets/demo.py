@@ -39,7 +39,7 @@ from rastro_assets.analytics.frames import open_snapshot
 from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
-from rastro_assets.settings import snapshot_path_for
+from rastro_assets.settings import Settings
 from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault, generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse, WarehouseLocked
@@ -343,7 +343,7 @@ def run(root: Path, extra_args: list[str], environ: Mapping[str, str] | None = N
     watcher = Watcher(
         paths,
         port,
-        Path(snapshot_path_for(env["RASTRO_DUCKDB_PATH"], env)),
+        Path(Settings.from_env(env).snapshot_path),
         rastro_command(paths.root),
     )
     return supervise([dagster, "dev", "-w", "workspace.yaml", *extra_args], env, watcher)

@@ -177,12 +177,6 @@ def default_analytics_path(duckdb_path: str) -> str:
     return str(Path(duckdb_path).parent / ANALYTICS_FILE_NAME)
 
 
-def snapshot_path_for(duckdb_path: str, environ: Mapping[str, str] | None = None) -> str:
-    """The analytics snapshot that goes with the pipeline's file at `duckdb_path`."""
-    env = os.environ if environ is None else environ
-    return env.get("RASTRO_ANALYTICS_PATH") or default_analytics_path(duckdb_path)
-
-
 @dataclass(frozen=True)
 class Settings:
     duckdb_path: str = DEFAULT_DUCKDB_PATH

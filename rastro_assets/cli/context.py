@@ -62,7 +62,8 @@ class Context:
     def warehouse(self) -> Warehouse:
         """The pipeline's file: named by RASTRO_DUCKDB_PATH, else found from the working
         directory upward; one error line naming the path tried when neither."""
-        return Warehouse(self.settings().require_duckdb_path())
+        settings = self.settings()
+        return Warehouse(settings.require_duckdb_path(), snapshot_path=settings.snapshot_path)
 
     def vault(self) -> Vault:
         return Vault.from_env(self.environ)

@@ -59,18 +59,23 @@ class RastroResource(dg.ConfigurableResource):
         return datetime.fromtimestamp(started, UTC)
 
     def warehouse(self) -> Warehouse:
-        return Warehouse(self.settings().duckdb_path)
+        return _warehouse(self.settings())
 
     def publisher(self) -> Publisher:
         """Publishes the analytics snapshot; the debounce runs on real time, the accounts'
         status on the resource's clock."""
         settings = self.settings()
-        return Publisher.from_settings(settings, Warehouse(settings.duckdb_path), self.clock())
+        return Publisher.from_settings(settings, _warehouse(settings), self.clock())
 
     def syncer(self) -> Syncer:
         settings = self.settings()
         return Syncer(
-            Warehouse(settings.duckdb_path),
+            _warehouse(settings),
             lambda token: make_client(settings, token),
             clock=self.clock(),
         )
+
+
+def _warehouse(settings: Settings) -> Warehouse:
+    # Its lock error sends analysts to the settings' snapshot, the resource's override included.
+    return Warehouse(settings.duckdb_path, snapshot_path=settings.snapshot_path)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import duckdb
 
-from rastro_assets.settings import snapshot_path_for
+from rastro_assets.settings import default_analytics_path
 from rastro_assets.warehouse import schema
 
 FIRST_RETRY_SECONDS = 0.05
@@ -48,7 +48,13 @@ class WarehouseLocked(Exception):
     """Another process kept the warehouse file locked for longer than we wait."""
 
     def __init__(
-        self, path: str, *, holder: str | None, pid: int | None, waited_seconds: float
+        self,
+        path: str,
+        *,
+        holder: str | None,
+        pid: int | None,
+        waited_seconds: float,
+        snapshot_path: str,
     ) -> None:
         self.path = path
         self.holder = holder
@@ -58,14 +64,9 @@ class WarehouseLocked(Exception):
         super().__init__(
             f"the warehouse {path} is locked by another process, {who}, and stayed locked"
             f" for {waited_seconds:.1f} s. It is the pipeline's own file: query the analytics"
-            f" snapshot instead ({snapshot_hint(path)}, or `rastro sql`), which stays open"
+            f" snapshot instead ({snapshot_path}, or `rastro sql`), which stays open"
             " as long as you like; close any session on the pipeline's file, then retry"
         )
-
-
-def snapshot_hint(pipeline_path: str) -> str:
-    """Where analysts should look instead of the pipeline's file."""
-    return snapshot_path_for(pipeline_path)
 
 
 class Warehouse:
@@ -77,8 +78,12 @@ class Warehouse:
         *,
         lock_wait_seconds: float = DEFAULT_LOCK_WAIT_SECONDS,
         sleep: Callable[[float], None] = time.sleep,
+        snapshot_path: str | os.PathLike[str] | None = None,
     ) -> None:
         self.path = str(path)
+        # Named in the lock error, where analysts should look instead: the settings' snapshot
+        # (`Settings.snapshot_path`), or the default beside the file.
+        self.snapshot_path = str(snapshot_path or default_analytics_path(self.path))
         self.lock_wait_seconds = lock_wait_seconds
         self._sleep = sleep
         self._migrated = False
@@ -199,7 +204,13 @@ class Warehouse:
                 return con
             remaining = self.lock_wait_seconds - waited
             if remaining <= 0:
-                raise WarehouseLocked(self.path, holder=holder, pid=pid, waited_seconds=waited)
+                raise WarehouseLocked(
+                    self.path,
+                    holder=holder,
+                    pid=pid,
+                    waited_seconds=waited,
+                    snapshot_path=self.snapshot_path,
+                )
             pause = min(delay * random.uniform(0.75, 1.25), MAX_RETRY_SECONDS, remaining)
             self._sleep(pause)
             waited += pause

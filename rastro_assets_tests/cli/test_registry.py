@@ -542,7 +542,9 @@ def test_a_locked_warehouse_is_one_line(rastro, env: Path, world, monkeypatch):
     try:
         assert holder.stdout.readline().strip() == "locked"
         monkeypatch.setattr(
-            context, "Warehouse", lambda path: Warehouse(path, lock_wait_seconds=0.2)
+            context,
+            "Warehouse",
+            lambda path, **named: Warehouse(path, lock_wait_seconds=0.2, **named),
         )
         assert_usage_error(
             rastro("site", "add", "s9"), "locked by another process", f"PID {holder.pid}"

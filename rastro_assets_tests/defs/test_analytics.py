@@ -228,3 +228,11 @@ def test_the_sensor_publishes_at_its_next_tick_when_an_analyst_wrote(
         assert newcomer.query(
             "SELECT count(*) FROM information_schema.tables WHERE table_name LIKE '%notes'"
         ) == [[0]]
+
+
+def test_the_resources_warehouse_sends_analysts_to_its_own_snapshot(rastro, snapshot_path):
+    """An override on the resource, not only RASTRO_ANALYTICS_PATH, names the snapshot in the
+    warehouse's lock error, and the publisher writes that same file."""
+    assert rastro.warehouse().snapshot_path == str(snapshot_path)
+    assert rastro.syncer().warehouse.snapshot_path == str(snapshot_path)
+    assert rastro.publisher().target == snapshot_path

@@ -147,6 +147,22 @@ def test_gives_up_naming_the_holder(duckdb_path: Path, holder: subprocess.Popen)
     assert "python" in (locked.value.holder or "")
 
 
+def test_the_lock_error_names_the_snapshot_the_settings_name(
+    duckdb_path: Path, holder: subprocess.Popen, tmp_path: Path, monkeypatch
+):
+    """The snapshot comes from the settings it was given, never from the environment again."""
+    monkeypatch.setenv("RASTRO_ANALYTICS_PATH", str(tmp_path / "from-the-environment.duckdb"))
+    elsewhere = tmp_path / "shared" / "analytics.duckdb"
+    cases = {
+        Warehouse(duckdb_path, lock_wait_seconds=0, snapshot_path=elsewhere): elsewhere,
+        Warehouse(duckdb_path, lock_wait_seconds=0): duckdb_path.with_name("analytics.duckdb"),
+    }
+    for warehouse, snapshot in cases.items():
+        with pytest.raises(WarehouseLocked) as locked, warehouse.connect():
+            pass
+        assert f"query the analytics snapshot instead ({snapshot}," in str(locked.value)
+
+
 def test_back_off_doubles_with_jitter_up_to_the_cap(duckdb_path: Path, holder: subprocess.Popen):
     pauses: list[float] = []
     warehouse = Warehouse(duckdb_path, lock_wait_seconds=12.0, sleep=pauses.append)
