@@ -28,8 +28,10 @@ meta_account_health = dg.AssetSpec(
         "error | paused), whether its local today is fresh, its last good sync, when the "
         "cadence reads it next, its backfill progress and its last error; the same as "
         "`rastro status`. Observed by the meta_cadence sensor whenever an account's state, "
-        f"progress or error changes, and every {HEALTH_REFRESH_MINUTES} minutes: open the "
-        "latest observation (Events) for the table."
+        f"progress or error changes, and every {HEALTH_REFRESH_MINUTES} minutes. It is "
+        "observed, never materialized: the overview's \"Never materialized\" and \"No "
+        "automations\" are how Dagster shows a sensor's observations; the table is the "
+        "`health` row under Metadata, and each observation's under Events."
     ),
     group_name="meta_spend",
     kinds={"meta"},
