@@ -132,8 +132,9 @@ def table_observation(asset_key: dg.AssetKey, figures: TableFigures) -> dg.Asset
             "days": dg.MetadataValue.int(figures.days),
             "first_day": dg.MetadataValue.text(str(figures.first_day or "none")),
             "last_day": dg.MetadataValue.text(str(figures.last_day or "none")),
+            # A table's total may pass a float's 15 exact digits: it is shown as the Decimal.
             **{
-                spend_key(currency): dg.MetadataValue.float(float(total))
+                spend_key(currency): dg.MetadataValue.text(str(total))
                 for currency, total in figures.spend_by_currency.items()
             },
         },
