@@ -52,7 +52,8 @@ ACCOUNTS = sorted({account for accounts in DEMO_LINKS.values() for account in ac
 CURRENCIES = {account: WORLD.accounts[account].currency for account in ACCOUNTS}
 WAVE_KINDS = ("live", "daily", "weekly")
 # The promise: backfills done and live syncs landing within five minutes of the start
-# (backfills took 163-218 s here, on two busy cores). A wave asked for gets two more.
+# (the three accounts' backfills run side by side: about 80-90 s here). A wave asked for gets
+# two more.
 STARTUP_SECONDS = 300
 WAVE_SECONDS = 120
 STOP_SECONDS = 30
