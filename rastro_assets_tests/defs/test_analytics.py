@@ -14,22 +14,9 @@ from rastro_assets.definitions import defs
 from rastro_assets.defs.analytics import analytics_publisher_sensor, analytics_snapshot
 from rastro_assets.defs.publishing import ANALYTICS_SNAPSHOT
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.wave import sync_wave_job
 from rastro_assets_tests.analytics.analyst import Analyst
 from rastro_assets_tests.defs.conftest import TODAY
-
-
-def live(account: str) -> dict:
-    since = TODAY - timedelta(days=1)
-    return {"ad_account_id": account, "kind": "live", "since": str(since), "until": str(TODAY)}
-
-
-def run_wave(instance, rastro, syncs):
-    return sync_wave_job.execute_in_process(
-        run_config={"ops": {"sync_wave": {"config": {"syncs": syncs}}}},
-        instance=instance,
-        resources={"rastro": rastro},
-    )
+from rastro_assets_tests.defs.waves import live, run_wave
 
 
 @pytest.fixture

@@ -14,10 +14,10 @@ from rastro_assets.defs.instance import move_account
 from rastro_assets.defs.partitions import spend_partition_key
 from rastro_assets.defs.run_queue import AccountRunCoordinator, run_account
 from rastro_assets.defs.spend_assets import ACCOUNT_TAG, build_meta_spend, spend_shard
-from rastro_assets.defs.wave import sync_wave_job
 from rastro_assets.warehouse import registry
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.defs.instance_events import add_run, record_spend
+from rastro_assets_tests.defs.waves import live, run_wave
 
 SHARDS = 3
 PLACES = {"act_101": 1, "act_202": 2}
@@ -114,24 +114,8 @@ def test_new_accounts_become_partitions_of_their_shard_and_backfill_there(
     ]
 
 
-def live(account: str) -> dict:
-    return {
-        "ad_account_id": account,
-        "kind": "live",
-        "since": str(TODAY - timedelta(days=1)),
-        "until": str(TODAY),
-        "catalog": False,
-    }
-
-
 def test_a_wave_records_each_account_in_its_own_shard(instance, rastro, sharded):
-    result = sync_wave_job.execute_in_process(
-        run_config={
-            "ops": {"sync_wave": {"config": {"syncs": [live("act_101"), live("act_202")]}}}
-        },
-        instance=instance,
-        resources={"rastro": rastro},
-    )
+    result = run_wave(instance, rastro, [live("act_101"), live("act_202")])
     assert result.success
     recorded = {
         (event.asset_key.to_user_string(), event.partition.split("|")[0])

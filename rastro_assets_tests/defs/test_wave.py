@@ -9,10 +9,11 @@ from pathlib import Path
 
 from rastro_assets.defs.checks import failing_sum_check_partitions, sum_check_evaluations
 from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
-from rastro_assets.defs.wave import sync_wave_job
 from rastro_assets.planner.history import sync_runs_by_account
 from rastro_assets_tests.conftest import NOW
+from rastro_assets_tests.defs import waves
 from rastro_assets_tests.defs.conftest import TODAY
+from rastro_assets_tests.defs.waves import live
 from rastro_assets_tests.truth import assert_equals_truth
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
 
@@ -21,22 +22,7 @@ DAYS = (YESTERDAY, TODAY)
 
 
 def run_wave(instance, rastro, syncs):
-    return sync_wave_job.execute_in_process(
-        run_config={"ops": {"sync_wave": {"config": {"syncs": syncs}}}},
-        instance=instance,
-        resources={"rastro": rastro},
-        raise_on_error=False,
-    )
-
-
-def live(account: str) -> dict:
-    return {
-        "ad_account_id": account,
-        "kind": "live",
-        "since": str(TODAY - timedelta(days=1)),
-        "until": str(TODAY),
-        "catalog": False,
-    }
+    return waves.run_wave(instance, rastro, syncs, raise_on_error=False)
 
 
 def spend_materializations(result) -> list[str]:

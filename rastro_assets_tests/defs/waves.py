@@ -1,0 +1,28 @@
+"""A sync wave run in-process, as the cadence sensor asks for it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from rastro_assets.defs.wave import sync_wave_job
+from rastro_assets_tests.defs.conftest import TODAY
+
+
+def live(account: str) -> dict:
+    """A live sync of the account's yesterday and today, as the cadence plans it."""
+    return {
+        "ad_account_id": account,
+        "kind": "live",
+        "since": str(TODAY - timedelta(days=1)),
+        "until": str(TODAY),
+        "catalog": False,
+    }
+
+
+def run_wave(instance, rastro, syncs, *, raise_on_error: bool = True):
+    return sync_wave_job.execute_in_process(
+        run_config={"ops": {"sync_wave": {"config": {"syncs": syncs}}}},
+        instance=instance,
+        resources={"rastro": rastro},
+        raise_on_error=raise_on_error,
+    )
