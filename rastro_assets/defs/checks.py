@@ -232,14 +232,21 @@ def _names(accounts: list[str], shown: int = 5) -> str:
     return ", ".join(accounts[:shown]) + more
 
 
-def freshness(accounts: list[PlannedAccount], now) -> Freshness:
+def freshness(
+    accounts: list[PlannedAccount],
+    now,
+    statuses: Mapping[str, cadence.AccountStatus] | None = None,
+) -> Freshness:
     """Which accounts are stale, paused or still backfilling at `now`.
 
     An account whose first backfill (or a gap fill after a pause) is under way
     has no today yet by design: it is "backfilling", not stale, unless its
     last sync failed (then its state is "error" and it counts as stale).
+    `statuses`: each account's `cadence.status` at `now`, when the caller has them.
     """
-    rows = [_health(account, now) for account in accounts]
+    statuses = statuses or {}
+    rows = [_health(account, now, statuses.get(account.state.ad_account_id))
+            for account in accounts]
     rows.sort(key=lambda row: (_STATE_RANK.get(row["state"], 0), row["today_fresh"],
                                row["ad_account_id"]))
     return Freshness(
@@ -259,16 +266,17 @@ def freshness(accounts: list[PlannedAccount], now) -> Freshness:
 
 
 def freshness_evaluation(
-    accounts: list[PlannedAccount], now, shard: int = 0
+    accounts: list[PlannedAccount], now, shard: int = 0, found: Freshness | None = None
 ) -> dg.AssetCheckEvaluation:
     """Which accounts' today is older than the freshness limit, with every account's health.
 
-    The evaluation belongs to `shard`'s check; `accounts` are that shard's.
+    The evaluation belongs to `shard`'s check; `accounts` are that shard's, and
+    `found` their `freshness` when the caller has it.
 
     A paused account (its token is dead) syncs nothing until someone connects a
     new token, so it is an ERROR; stale accounts that retry on their own, a WARN.
     """
-    found = freshness(accounts, now)
+    found = found or freshness(accounts, now)
     rows = found.rows
     shown = rows[:MAX_HEALTH_ROWS]
     return dg.AssetCheckEvaluation(
@@ -303,9 +311,9 @@ def health_table(rows: list[dict], *, with_shard: bool = False) -> dg.TableMetad
     return dg.MetadataValue.table(records=[dg.TableRecord(row) for row in rows], schema=schema)
 
 
-def _health(account: PlannedAccount, now) -> dict:
+def _health(account: PlannedAccount, now, status: cadence.AccountStatus | None = None) -> dict:
     state = account.state
-    status = cadence.status(state, now)
+    status = status or cadence.status(state, now)
     usage = next((run.usage_pct for run in reversed(state.runs) if run.usage_pct is not None), None)
     return {
         "ad_account_id": state.ad_account_id,

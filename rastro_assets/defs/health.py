@@ -10,11 +10,13 @@ state, backfill progress or error changes, and at most every
 
 import hashlib
 import json
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 import dagster as dg
 
 from rastro_assets.defs.checks import MAX_HEALTH_ROWS, freshness, health_table
+from rastro_assets.planner.cadence import AccountStatus
 from rastro_assets.planner.history import PlannedAccount
 
 META_ACCOUNT_HEALTH = dg.AssetKey("meta_account_health")
@@ -41,10 +43,16 @@ meta_account_health = dg.AssetSpec(
 
 
 def health_observation(
-    accounts: list[PlannedAccount], now: datetime, shard_count: int = 1
+    accounts: list[PlannedAccount],
+    now: datetime,
+    shard_count: int = 1,
+    statuses: Mapping[str, AccountStatus] | None = None,
 ) -> tuple[dg.AssetObservation, str]:
-    """The observation of every account's health, and the signature of what it says."""
-    found = freshness(accounts, now)
+    """The observation of every account's health, and the signature of what it says.
+
+    `statuses`: each account's `cadence.status` at `now`, when the caller has them.
+    """
+    found = freshness(accounts, now, statuses)
     rows = found.rows
     if shard_count > 1:
         shard_of = {account.state.ad_account_id: account.shard for account in accounts}

@@ -15,6 +15,7 @@ they last reported (freshness, the accounts' health), never what is owed.
 
 import json
 import time
+from collections.abc import Mapping
 
 import dagster as dg
 
@@ -274,8 +275,9 @@ def _meta_cadence_tick(
         return dg.SkipReason(f"the warehouse is busy: {exc}")
     now = rastro.clock()()
     due, skipped = [], {}
+    statuses = {}
     for account in accounts:
-        plan = cadence.plan(account.state, now)
+        plan, statuses[plan.ad_account_id] = cadence.plan_and_status(account.state, now)
         if account.shard >= shard_count:
             skipped["outside the configured shards"] = (
                 skipped.get("outside the configured shards", 0) + 1
@@ -288,8 +290,12 @@ def _meta_cadence_tick(
             due.append(plan)
         else:
             skipped["not due"] = skipped.get("not due", 0) + 1
-    freshness_events, cursor = _freshness_change(context.cursor, accounts, now, shard_count)
-    health_events, cursor = _health_change(context.cursor, cursor, accounts, now, shard_count)
+    freshness_events, cursor = _freshness_change(
+        context.cursor, accounts, now, shard_count, statuses
+    )
+    health_events, cursor = _health_change(
+        context.cursor, cursor, accounts, now, shard_count, statuses
+    )
     freshness_events += health_events
     if not due:
         summary = ", ".join(f"{count} {why}" for why, count in sorted(skipped.items()))
@@ -307,7 +313,11 @@ CURSOR_KEY = "accounts_fresh as last reported, per shard"
 
 
 def _freshness_change(
-    cursor: str | None, accounts: list[PlannedAccount], now, shard_count: int = 1
+    cursor: str | None,
+    accounts: list[PlannedAccount],
+    now,
+    shard_count: int = 1,
+    statuses: Mapping[str, cadence.AccountStatus] | None = None,
 ):
     """A freshness check evaluation for each shard whose stale, paused or backfilling
     accounts changed since the cursor.
@@ -321,10 +331,11 @@ def _freshness_change(
         by_shard = [accounts]
     else:
         by_shard = [[a for a in accounts if a.shard == shard] for shard in range(shard_count)]
-    entries = [freshness(members, now).cursor_entry() for members in by_shard]
+    found = [freshness(members, now, statuses) for members in by_shard]
+    entries = [each.cursor_entry() for each in found]
     before = _reported(cursor)
     events = [
-        freshness_evaluation(members, now, shard)
+        freshness_evaluation(members, now, shard, found[shard])
         for shard, members in enumerate(by_shard)
         if len(before) != len(entries) or before[shard] != entries[shard]
     ]
@@ -344,10 +355,15 @@ HEALTH_CURSOR_KEY = "meta_account_health as last observed"
 
 
 def _health_change(
-    before: str | None, cursor: str, accounts: list[PlannedAccount], now, shard_count: int
+    before: str | None,
+    cursor: str,
+    accounts: list[PlannedAccount],
+    now,
+    shard_count: int,
+    statuses: Mapping[str, cadence.AccountStatus] | None = None,
 ) -> tuple[list[dg.AssetObservation], str]:
     """An observation of `meta_account_health` when it is due, and the cursor that says so."""
-    observation, signature = health_observation(accounts, now, shard_count)
+    observation, signature = health_observation(accounts, now, shard_count, statuses)
     last = _reported(before, HEALTH_CURSOR_KEY, {})
     events = []
     if health_due(last if isinstance(last, dict) else {}, signature, now):

@@ -83,6 +83,7 @@ __all__ = [
     "is_stale",
     "live_interval",
     "plan",
+    "plan_and_status",
     "retry_delay",
     "split_blocks",
     "status",
@@ -184,7 +185,17 @@ def status(
     state: AccountState, now: datetime, *, idle_interval: timedelta | None = None
 ) -> AccountStatus:
     """How `state`'s account is doing at `now`, from the same reasoning as `plan`."""
-    assessment = _assess(state, now, idle_interval)
+    return _status(state, now, _assess(state, now, idle_interval))
+
+
+def plan_and_status(state: AccountState, now: datetime) -> tuple[Plan, AccountStatus]:
+    """`plan` and `status` from one assessment: a sensor tick wants both for every account,
+    and the assessment is most of either's cost."""
+    assessment = _assess(state, now)
+    return assessment.plan, _status(state, now, assessment)
+
+
+def _status(state: AccountState, now: datetime, assessment: _Assessment) -> AccountStatus:
     owed_plan = assessment.plan
     concluded = assessment.last_concluded
     if owed_plan.kind == "paused":

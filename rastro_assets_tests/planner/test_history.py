@@ -175,6 +175,10 @@ def test_reduced_history_gives_the_same_answers(histories, offset) -> None:
         assert cadence.status(small.state, now) == cadence.status(every.state, now), what
         assert cadence.today_synced_at(small.state) == cadence.today_synced_at(every.state)
         assert cadence.is_stale(small.state, now) == cadence.is_stale(every.state, now), what
+        # What a sensor tick asks once for both.
+        assert cadence.plan_and_status(small.state, now) == (
+            cadence.plan(every.state, now), cadence.status(every.state, now)
+        ), what
 
 
 def test_the_scenarios_cover_what_the_planner_does(histories) -> None:
