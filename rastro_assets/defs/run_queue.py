@@ -9,6 +9,12 @@ sets `meta_account` on each run it queues from the one account its partition or
 range covers, before the queue ever sees it: an account's 30-day runs still
 follow one another, and different accounts' runs go side by side. A range over
 several accounts (a rectangle picked in the UI) keeps the tag it came with.
+
+A range run that also carries per-dimension partition tags (`dagster/partition/account`,
+`.../date`) is refused: Dagster's job backfills (the backfill dialog on a
+`meta_spend*_sync` job's page) give every range run the tags of one partition, and a run
+reads its partitions from those tags first, so it would sync that one account-day, often
+of another account, and record only it. The asset's own page launches a correct backfill.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from rastro_assets.defs.spend_assets import ACCOUNT_TAG
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
 ACCOUNT_DIMENSION_TAG = "dagster/partition/account"
+DIMENSION_TAG_PREFIX = "dagster/partition/"
 
 
 def run_account(tags) -> str | None:
@@ -30,6 +37,24 @@ def run_account(tags) -> str | None:
         first, last = start.split("|", 1)[0], end.split("|", 1)[0]
         return first if first == last and "|" in start else None
     return tags.get(ACCOUNT_DIMENSION_TAG)
+
+
+def stray_partition(tags) -> str | None:
+    """The one partition a range run would read instead of its range, or None.
+
+    Dagster takes a run's partition from its `dagster/partition/<dimension>` tags
+    before its range tags; a job backfill gives every range run the first partition's.
+    """
+    start, end = tags.get(RANGE_START_TAG), tags.get(RANGE_END_TAG)
+    dimensions = {
+        key[len(DIMENSION_TAG_PREFIX) :]: value
+        for key, value in tags.items()
+        if key.startswith(DIMENSION_TAG_PREFIX)
+    }
+    if not (start and end and dimensions):
+        return None
+    key = "|".join(value for _, value in sorted(dimensions.items()))
+    return None if start == end == key else key
 
 
 class AccountRunCoordinator(dg.QueuedRunCoordinator):
@@ -42,6 +67,16 @@ class AccountRunCoordinator(dg.QueuedRunCoordinator):
 
     def submit_run(self, context: dg.SubmitRunContext) -> dg.DagsterRun:
         run = context.dagster_run
+        stray = stray_partition(run.tags)
+        if stray:
+            self._instance.report_run_failed(
+                run,
+                f"Refused: this run of {run.tags[RANGE_START_TAG]} .. {run.tags[RANGE_END_TAG]}"
+                f" carries the partition tags of {stray}, so Dagster would sync only {stray}."
+                " A backfill launched from a job's page does that; launch it from the spend"
+                " asset's page (Materialize...) instead.",
+            )
+            return self._instance.get_run_by_id(run.run_id) or run
         account = run_account(run.tags)
         if account and run.tags.get(ACCOUNT_TAG) != account:
             self._instance.add_run_tags(run.run_id, {ACCOUNT_TAG: account})
