@@ -94,6 +94,19 @@ query Health($assetKey: AssetKeyInput!) {
 }
 """
 
+PARTITION_QUERY = """
+query PartitionEvent($assetKey: AssetKeyInput!, $partition: String!) {
+  assetNodeOrError(assetKey: $assetKey) {
+    ... on AssetNode {
+      assetMaterializations(partitions: [$partition], limit: 1) {
+        partition
+        metadataEntries { label }
+      }
+    }
+  }
+}
+"""
+
 LIST_STATUS = {
     "failedPartitions": "FAILED",
     "executionFailedPartitions": "EXECUTION_FAILED",
@@ -224,11 +237,28 @@ def test_after_first_backfills_every_asset_holding_rows_is_materialized_and_no_c
                 stats = node["partitionStats"]
                 assert stats["numMaterialized"] > 0, f"{name} reads as never materialized"
                 assert stats["numFailed"] == 0, name
-            if name in ("ad_spend_daily", "site_spend_daily"):
-                assert overview_row_count(node) == held[name], name
             if name in held:
-                # A row count the overview shows is the table's, never one partition's.
-                assert overview_row_count(node) in (None, held[name]), name
+                # The overview shows its latest materialization's row count and metadata as the
+                # asset's: the whole table's, on an event of no partition, never one partition's.
+                assert overview_row_count(node) == held[name], name
+                [latest] = node["assetMaterializations"]
+                assert latest["partition"] is None, (name, latest["partition"])
+                labels = {entry["label"] for entry in latest["metadataEntries"]}
+                assert "accounts" in labels, (name, labels)
+                assert not [label for label in labels if label.startswith("day_")], (name, labels)
+            if name in ("ad_spend_daily", "site_spend_daily"):
+                assert {"days", "spend_BRL"} <= labels, (name, labels)
+                # Each partition keeps its own figures on its own event.
+                partition = sorted(instance.get_materialized_partitions(key))[-1]
+                answer = execute_dagster_graphql(
+                    context,
+                    PARTITION_QUERY,
+                    {"assetKey": {"path": key.path}, "partition": partition},
+                )
+                [own] = answer.data["assetNodeOrError"]["assetMaterializations"]
+                assert own["partition"] == partition
+                own_labels = {entry["label"] for entry in own["metadataEntries"]}
+                assert [label for label in own_labels if label.startswith("day_spend_")], own
             for check in node["assetChecksOrError"]["checks"]:
                 latest = check["executionForLatestMaterialization"]
                 shown = check_statuses(check) or {latest["status"]}
