@@ -80,7 +80,7 @@ FIGURES_NOTE = (
     " The row count and Metadata on this overview are the whole table's (rows, accounts, "
     "days, spend per currency): each run ends with a materialization of no partition that "
     "holds them. A partition's own event carries only its account-day's "
-    "day_spend_<CURRENCY> and day_ad_rows.\n\n"
+    "`day_spend_<CURRENCY>` and `day_ad_rows`.\n\n"
     "Empty partitions are not missing data. An account's history is read from the first day "
     "of its backfill window (the 90 days up to its link): its days before that are never "
     "read and stay empty by design. The newest date is today in UTC+14, the first timezone "
