@@ -125,7 +125,7 @@ SHOTS = (
         "08-meta-account-health-events",
         "/assets/meta_account_health?view=events",
         "act_1001",
-        "meta_account_health, its latest observation (Events)",
+        "meta_account_health, its latest materialization (Events)",
     ),
     Shot("09-ad-catalog", "/assets/ad_catalog?view=overview", "ad_catalog", "ad_catalog, overview"),
     Shot("10-automation", "/automation", "meta_cadence", "sensors (Automation)"),

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import duckdb
@@ -38,14 +38,17 @@ import duckdb
 from rastro_assets.analytics.frames import open_snapshot
 from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.planner import cadence
+from rastro_assets.planner.coverage import backfill_first_day
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.settings import Settings
+from rastro_assets.timekeeping import local_date
 from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault, generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse, WarehouseLocked
 from rastro_fake_graph.world import DEMO_TOKEN, FakeWorld
 
 DEMO_CONNECTION = "demo"
+AXIS_SETTING = "RASTRO_PARTITIONS_START"
 DEMO_SITES = {"demo-shop": "Demo shop", "demo-clinic": "Demo clinic"}
 DEMO_LINKS = {"demo-shop": ("act_1001", "act_1002"), "demo-clinic": ("act_1002", "act_1003")}
 PREFIX = "rastro demo:"
@@ -134,6 +137,7 @@ def prepare(
                     now,
                     name=account.name,
                 )
+        axis_start = first_owed_day(registry.linked_accounts(con), now)
     paths.dagster_home.mkdir(mode=0o700, parents=True, exist_ok=True)
     # The repo's instance config, refreshed on every start; its relative paths
     # (data/dagster/...) resolve from the repo root, where Dagster runs.
@@ -145,7 +149,21 @@ def prepare(
         "DAGSTER_HOME": str(paths.dagster_home),
         # Someone trying the demo waits for their first query: publish within a minute.
         "RASTRO_ANALYTICS_LAG_SECONDS": environ.get("RASTRO_ANALYTICS_LAG_SECONDS") or "60",
+        # The grid starts where the demo's accounts are first owed: the default axis start
+        # would show the days before as "missing" partitions no account is ever owed.
+        AXIS_SETTING: environ.get(AXIS_SETTING) or axis_start.isoformat(),
     }
+
+
+def first_owed_day(accounts: list[registry.LinkedAccount], now: datetime) -> date:
+    """The first local day any of `accounts` is owed: its backfill's first, from its link."""
+    return min(
+        (
+            backfill_first_day(local_date(account.created_at or now, account.timezone))
+            for account in accounts
+        ),
+        default=backfill_first_day(now.date()),
+    )
 
 
 def _demo_token_stored(con: duckdb.DuckDBPyConnection, vault: Vault) -> bool:
@@ -336,6 +354,8 @@ def run(root: Path, extra_args: list[str], environ: Mapping[str, str] | None = N
     say(f"data in {paths.data}; starting Dagster (UI and daemon) on http://127.0.0.1:{port}")
     for line in linked_lines(paths):
         say(line)
+    why = "as set" if base.get(AXIS_SETTING) else "the first day these accounts are owed"
+    say(f"the partitions' date axis starts on {env[AXIS_SETTING]} ({AXIS_SETTING}, {why})")
     say(
         'Dagster says the dagster.yaml here "will not be used": the demo copies it to'
         f" {paths.dagster_home} (DAGSTER_HOME), where it is used"

@@ -8,13 +8,15 @@ import signal
 import stat
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import date, timedelta
 from pathlib import Path
 
 import pytest
 
 from rastro_assets import demo
 from rastro_assets.outcomes import ConnectionStatus
+from rastro_assets.planner import cadence
+from rastro_assets.planner.history import planned_accounts
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
@@ -74,6 +76,8 @@ def test_prepare_twice_reuses_everything(paths: demo.DemoPaths, now):
         "RASTRO_DUCKDB_PATH": str(paths.data / "rastro.duckdb"),
         "DAGSTER_HOME": str(paths.data / "dagster_home"),
         "RASTRO_ANALYTICS_LAG_SECONDS": "60",
+        # The first day the demo's accounts are owed, kept on the second start (days later).
+        "RASTRO_PARTITIONS_START": "2026-09-02",
     }
     assert (paths.dagster_home / "dagster.yaml").read_text() == (
         paths.root / "dagster.yaml"
@@ -315,3 +319,23 @@ def test_run_outside_the_repo_root(tmp_path: Path, capsys):
     assert demo.run(tmp_path, [], environ={}) == 2
     assert "repo root" in capsys.readouterr().err
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("hour", [1, 12, 23])
+def test_the_demos_date_axis_starts_on_the_first_day_its_accounts_are_owed(
+    paths: demo.DemoPaths, now, hour
+):
+    """No day of the demo's grid is one no account is owed (it would read as "missing"), and
+    no owed day is left off the axis, whatever the hour its accounts' local days differ."""
+    linked_at = now.replace(hour=hour)
+    env = demo.prepare(paths, now=linked_at, environ={})
+    with Warehouse(paths.duckdb).connect(read_only=True) as con:
+        accounts = planned_accounts(con)
+    first_owed = min(cadence.plan(account.state, linked_at).since for account in accounts)
+    assert {cadence.plan(account.state, linked_at).kind for account in accounts} == {"backfill"}
+    assert date.fromisoformat(env["RASTRO_PARTITIONS_START"]) == first_owed
+
+
+def test_an_axis_start_already_set_wins_over_the_demos(paths: demo.DemoPaths, now):
+    env = demo.prepare(paths, now=now, environ={"RASTRO_PARTITIONS_START": "2026-01-01"})
+    assert env["RASTRO_PARTITIONS_START"] == "2026-01-01"

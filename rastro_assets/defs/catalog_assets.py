@@ -5,7 +5,9 @@ every status; `ad_thumbnails` copies every picture missing or stale since it
 was stored. The daily re-sync and the last block of a backfill or gap fill do
 the same inside their spend run (see `Syncer`); `catalog_materializations`
 turns that outcome into events of these assets, so a wave or a spend run
-records these partitions too.
+records these partitions too. Every run that records an account of either
+ends with that table's own figures, an event of no partition
+(`catalog_table_materialization`), so the overview's row count is the table's.
 """
 
 import dagster as dg
@@ -17,6 +19,7 @@ from rastro_assets.defs.metadata import (
     AD_THUMBNAILS,
     catalog_materializations,
     catalog_metadata,
+    catalog_table_materializations,
     table_metadata,
     thumbnail_metadata,
 )
@@ -77,7 +80,7 @@ def _catalog_asset(key: dg.AssetKey, *, deps: list[dg.AssetKey], description: st
         "Meta leaves out keeps its stored value."
     ),
 )
-def ad_catalog(context: dg.AssetExecutionContext, rastro: RastroResource) -> dg.MaterializeResult:
+def ad_catalog(context: dg.AssetExecutionContext, rastro: RastroResource):
     """Reads the account's whole catalog from Meta and merges it into `ad_catalog`."""
     account = _account(context)
     try:
@@ -92,8 +95,9 @@ def ad_catalog(context: dg.AssetExecutionContext, rastro: RastroResource) -> dg.
         f"{account}: {outcome.ads_read} ads read, {outcome.added} added, {outcome.renamed} "
         f"renamed, {outcome.status_changed} status changes; {outcome.total_ads} in the catalog"
     )
+    yield dg.MaterializeResult(metadata=catalog_metadata(outcome))
+    _record_table(context, rastro, AD_CATALOG)
     publish_after_writes(context, rastro)
-    return dg.MaterializeResult(metadata=catalog_metadata(outcome))
 
 
 @_catalog_asset(
@@ -106,9 +110,7 @@ def ad_catalog(context: dg.AssetExecutionContext, rastro: RastroResource) -> dg.
         "retried on the next run; a broken image is never stored."
     ),
 )
-def ad_thumbnails(
-    context: dg.AssetExecutionContext, rastro: RastroResource
-) -> dg.MaterializeResult:
+def ad_thumbnails(context: dg.AssetExecutionContext, rastro: RastroResource):
     """Copies every missing or stale thumbnail of the account (at most 300 a run)."""
     account = _account(context)
     try:
@@ -124,5 +126,15 @@ def ad_thumbnails(
             f"retried; first: {outcome.failures[0] if outcome.failures else 'unknown'}"
         )
     context.log.info(f"{account}: {outcome.fetched} of {outcome.wanted} thumbnails fetched")
+    yield dg.MaterializeResult(metadata=thumbnail_metadata(outcome))
+    _record_table(context, rastro, AD_THUMBNAILS)
     publish_after_writes(context, rastro)
-    return dg.MaterializeResult(metadata=thumbnail_metadata(outcome))
+
+
+def _record_table(
+    context: dg.AssetExecutionContext, rastro: RastroResource, asset_key: dg.AssetKey
+) -> None:
+    """The whole table's figures, after the account's event: the overview shows the latest."""
+    with rastro.warehouse().connect(read_only=True) as con:
+        for event in catalog_table_materializations(con, [asset_key]):
+            context.log_event(event)

@@ -1,11 +1,19 @@
 """`meta_account_health`: every linked account's state where a Dagster user looks.
 
 The same figures as `rastro status`: state, last good sync, next due, backfill
-progress and last error, one row per account, as the latest observation of an
-asset of its own. The cadence sensor observes it (it already plans every account
-each tick); an observation is a stored event, so it is written when an account's
-state, backfill progress or error changes, and at most every
-`HEALTH_REFRESH_MINUTES` otherwise.
+progress and last error, one row per account, as the latest materialization
+of an asset of its own. The cadence sensor records it (it already plans every
+account each tick) as a reported materialization, so the asset's overview
+shows when it was last refreshed; a run of the asset (Materialize in the UI, or
+the `meta_account_health_refresh` job) computes the same table at once. Each
+recording is a stored event, so the sensor writes one when an account's state,
+backfill progress or error changes, and at most every `HEALTH_REFRESH_MINUTES`
+otherwise.
+
+The table is narrow on purpose: the overview shows it inside its Metadata
+table's value column (about 460 px at 1440 px), where a column is never
+narrower than its longest unbroken word. So the headers are short single
+words, the times `MM-DD HH:MM` in UTC, and every long value breaks at spaces.
 """
 
 import hashlib
@@ -15,76 +23,156 @@ from datetime import datetime, timedelta
 
 import dagster as dg
 
-from rastro_assets.defs.checks import MAX_HEALTH_ROWS, freshness, health_table
+from rastro_assets.defs.checks import MAX_HEALTH_ROWS, freshness
+from rastro_assets.defs.partitions import SHARD_COUNT
+from rastro_assets.defs.resources import RastroResource
 from rastro_assets.planner.cadence import AccountStatus
-from rastro_assets.planner.history import PlannedAccount
+from rastro_assets.planner.history import PlannedAccount, planned_accounts
 
 META_ACCOUNT_HEALTH = dg.AssetKey("meta_account_health")
 HEALTH_REFRESH_MINUTES = 30
+HEALTH_JOB = "meta_account_health_refresh"
 SIGNATURE_FIELDS = ("ad_account_id", "state", "backfill", "last_error", "today_fresh")
+STATES = ("backfilling", "error", "live", "paused")
 
-meta_account_health = dg.AssetSpec(
-    META_ACCOUNT_HEALTH,
-    description=(
-        "One row per linked account, the least healthy first: its state (backfilling | live | "
-        "error | paused), whether its local today is fresh, its last good sync, when the "
-        "cadence reads it next, its backfill progress and its last error; the same as "
-        "`rastro status`. Observed by the meta_cadence sensor whenever an account's state, "
-        f"progress or error changes, and every {HEALTH_REFRESH_MINUTES} minutes. It is "
-        "observed, never materialized: the overview's \"Never materialized\" and \"No "
-        "automations\" are how Dagster shows a sensor's observations; the table is the "
-        "`health` row under Metadata, and each observation's under Events."
+HEALTH_COLUMNS = [
+    dg.TableColumn("account", "string", description="the Meta ad account"),
+    dg.TableColumn(
+        "state",
+        "string",
+        description="backfilling | live | error | paused; \", stale\" when its local today "
+        "was not read within its limit (50 min; idle: 3 h 5 min)",
     ),
+    dg.TableColumn("synced", "string", description="last good sync's end, UTC (MM-DD HH:MM)"),
+    dg.TableColumn("due", "string", description="when the cadence reads it next, UTC"),
+    dg.TableColumn(
+        "backfill", "string", description="days read of the backfill or gap fill owed"
+    ),
+    dg.TableColumn("error", "string", description="last error: CODE: message"),
+]
+
+meta_account_health_description = (
+    "One row per linked account, the least healthy first: its state (backfilling | live | "
+    "error | paused, \", stale\" when its local today is not fresh), its last good sync, when "
+    "the cadence reads it next (both UTC), its backfill progress and its last error; the "
+    "same as `rastro status` (the accounts_fresh check's table adds Meta's usage). The table "
+    "is the `health` row under Metadata. The meta_cadence sensor keeps it fresh: it records "
+    "a materialization whenever an account's state, progress or error changes, and every "
+    f"{HEALTH_REFRESH_MINUTES} minutes (see Automation). Materialize computes it at once."
+)
+
+
+def _short_instant(value: str) -> str:
+    """`2026-12-02T14:22+00:00` (UTC) as `12-02 14:22`: it sorts, and breaks at the space."""
+    return f"{value[5:10]} {value[11:16]}" if value else ""
+
+
+def _state(row: dict) -> str:
+    stale = not row["today_fresh"] and row["state"] not in ("backfilling", "paused")
+    return f"{row['state']}, stale" if stale else row["state"]
+
+
+def narrow_health_table(rows: list[dict], *, with_shard: bool = False) -> dg.TableMetadataValue:
+    """The accounts' rows (`checks.freshness`) in the narrow form the overview fits."""
+    columns = [*HEALTH_COLUMNS, *([dg.TableColumn("shard", "int")] if with_shard else [])]
+    records = [
+        dg.TableRecord(
+            {
+                "account": row["ad_account_id"],
+                "state": _state(row),
+                "synced": _short_instant(row["last_good_sync"]),
+                "due": _short_instant(row["next_due"]),
+                "backfill": row["backfill"],
+                "error": row["last_error"],
+                **({"shard": row["shard"]} if with_shard else {}),
+            }
+        )
+        for row in rows
+    ]
+    return dg.MetadataValue.table(records=records, schema=dg.TableSchema(columns=columns))
+
+
+def health_metadata(
+    accounts: list[PlannedAccount],
+    now: datetime,
+    shard_count: int = 1,
+    statuses: Mapping[str, AccountStatus] | None = None,
+) -> tuple[dict, str, str]:
+    """Every account's health as metadata, a one-line summary, and the signature of what
+    it says. Keys are short: the overview's key column is as wide as the longest.
+
+    `statuses`: each account's `cadence.status` at `now`, when the caller has them.
+    """
+    rows = freshness(accounts, now, statuses).rows
+    if shard_count > 1:
+        shard_of = {account.state.ad_account_id: account.shard for account in accounts}
+        rows = [{**row, "shard": shard_of[row["ad_account_id"]]} for row in rows]
+    states = {state: 0 for state in STATES}
+    for row in rows:
+        states[row["state"]] = states.get(row["state"], 0) + 1
+    summary = ", ".join(f"{count} {state}" for state, count in sorted(states.items()) if count)
+    shown = rows[:MAX_HEALTH_ROWS]
+    metadata = {
+        "accounts": len(rows),
+        **states,
+        "health": narrow_health_table(shown, with_shard=shard_count > 1),
+        "not_shown": len(rows) - len(shown),
+    }
+    signature = hashlib.sha256(
+        json.dumps([[row[field] for field in SIGNATURE_FIELDS] for row in rows]).encode()
+    ).hexdigest()[:16]
+    line = f"{len(rows)} accounts: {summary}" if rows else "no linked accounts"
+    return metadata, line, signature
+
+
+def health_materialization(
+    accounts: list[PlannedAccount],
+    now: datetime,
+    shard_count: int = 1,
+    statuses: Mapping[str, AccountStatus] | None = None,
+) -> tuple[dg.AssetMaterialization, str]:
+    """The sensor's recording of every account's health, and the signature of what it says."""
+    metadata, line, signature = health_metadata(accounts, now, shard_count, statuses)
+    return (
+        dg.AssetMaterialization(asset_key=META_ACCOUNT_HEALTH, description=line, metadata=metadata),
+        signature,
+    )
+
+
+def health_due(before: dict, signature: str, now: datetime) -> bool:
+    """Whether the health changed since the last recording, or that one is too old."""
+    if before.get("signature") != signature:
+        return True
+    try:
+        recorded_at = datetime.fromisoformat(before["recorded_at"])
+    except (KeyError, TypeError, ValueError):
+        return True
+    return now - recorded_at >= timedelta(minutes=HEALTH_REFRESH_MINUTES)
+
+
+@dg.asset(
+    key=META_ACCOUNT_HEALTH,
+    description=meta_account_health_description,
     group_name="meta_spend",
     kinds={"meta"},
     owners=["team:data-engineering"],
     tags={"domain": "marketing"},
 )
+def meta_account_health(
+    context: dg.AssetExecutionContext, rastro: RastroResource
+) -> dg.MaterializeResult:
+    """Every linked account's health now, read from the warehouse as the cadence reads it."""
+    with rastro.warehouse().connect(read_only=True) as con:
+        accounts = planned_accounts(con)
+    metadata, line, _ = health_metadata(accounts, rastro.clock()(), SHARD_COUNT)
+    context.log.info(line)
+    return dg.MaterializeResult(metadata=metadata)
 
 
-def health_observation(
-    accounts: list[PlannedAccount],
-    now: datetime,
-    shard_count: int = 1,
-    statuses: Mapping[str, AccountStatus] | None = None,
-) -> tuple[dg.AssetObservation, str]:
-    """The observation of every account's health, and the signature of what it says.
-
-    `statuses`: each account's `cadence.status` at `now`, when the caller has them.
-    """
-    found = freshness(accounts, now, statuses)
-    rows = found.rows
-    if shard_count > 1:
-        shard_of = {account.state.ad_account_id: account.shard for account in accounts}
-        rows = [{**row, "shard": shard_of[row["ad_account_id"]]} for row in rows]
-    states: dict[str, int] = {}
-    for row in rows:
-        states[row["state"]] = states.get(row["state"], 0) + 1
-    summary = ", ".join(f"{count} {state}" for state, count in sorted(states.items()))
-    shown = rows[:MAX_HEALTH_ROWS]
-    observation = dg.AssetObservation(
-        asset_key=META_ACCOUNT_HEALTH,
-        description=f"{len(rows)} accounts: {summary}" if rows else "no linked accounts",
-        metadata={
-            "accounts": len(rows),
-            **{f"accounts_{state}": count for state, count in sorted(states.items())},
-            "health": health_table(shown, with_shard=shard_count > 1),
-            "accounts_not_shown": len(rows) - len(shown),
-            "checked_at": now.isoformat(timespec="minutes"),
-        },
-    )
-    signature = hashlib.sha256(
-        json.dumps([[row[field] for field in SIGNATURE_FIELDS] for row in rows]).encode()
-    ).hexdigest()[:16]
-    return observation, signature
-
-
-def health_due(before: dict, signature: str, now: datetime) -> bool:
-    """Whether the health changed since the last observation, or that one is too old."""
-    if before.get("signature") != signature:
-        return True
-    try:
-        observed_at = datetime.fromisoformat(before["observed_at"])
-    except (KeyError, TypeError, ValueError):
-        return True
-    return now - observed_at >= timedelta(minutes=HEALTH_REFRESH_MINUTES)
+meta_account_health_job = dg.define_asset_job(
+    HEALTH_JOB,
+    selection=[META_ACCOUNT_HEALTH],
+    description="Every linked account's health, computed now. The meta_cadence sensor records "
+    f"it whenever a state changes and every {HEALTH_REFRESH_MINUTES} minutes; launch this "
+    "job to refresh it by hand.",
+)

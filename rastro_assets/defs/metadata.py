@@ -3,9 +3,17 @@
 Every materialization is a row in the instance's event log, kept for as long
 as the run: a partition's event carries only that account-day's figures, and
 a run's summary goes on one event of the run, never on each of its partitions.
+
+An asset's overview shows its latest materialization's metadata (and row
+count) as the asset's, whatever partition it names (ui-core's
+`AssetNodeOverview`: the latest materialization, else the latest
+observation). So a run that records partitions of a table ends with one
+materialization of no partition that holds the whole table's figures
+(`table_materialization`): the overview shows the table, each partition's
+page its own figures.
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import date
 from decimal import Decimal
 from functools import cache
@@ -14,7 +22,7 @@ import dagster as dg
 import duckdb
 
 from rastro_assets.sync.types import CatalogOutcome, SyncOutcome, ThumbnailOutcome
-from rastro_assets.warehouse.figures import TableFigures
+from rastro_assets.warehouse.figures import CatalogFigures, TableFigures, catalog_table_figures
 from rastro_assets.warehouse.schema import migrate
 
 TABLE_NAME_KEY = "dagster/table_name"
@@ -86,16 +94,19 @@ def table_metadata(table: str) -> dict[str, object]:
 
 
 DAY_ROWS_KEY = "day_ad_rows"
+TABLE_DESCRIPTION = (
+    "The whole table after this run (every account and day it holds); each partition's own "
+    "figures are on that partition's event."
+)
 
 
 def day_metadata(outcome: SyncOutcome, day: date, *, row_count: bool) -> dict:
     """One account-day's own figures: `day_spend_<CURRENCY>`, and its ad rows as `day_ad_rows`.
 
-    Named for the day, not `dagster/row_count`: the UI shows the latest event's
-    `dagster/row_count` as the asset's, and a partition's count is not the
-    table's (`table_observation` reports that). The currency is in the key, so
-    the UI plots each currency apart and never adds BRL to JPY. Two entries at
-    most on purpose: SQLite keeps two event rows on a 4 KB page only while each
+    Named for the day, not `dagster/row_count`: that name is the table's, on
+    the run's `table_materialization`. The currency is in the key, so the UI
+    plots each currency apart and never adds BRL to JPY. Two entries at most
+    on purpose: SQLite keeps two event rows on a 4 KB page only while each
     stays under ~1.8 KB, an entry costs ~150 bytes, and a range run's
     `site_spend_daily` event is ~1.7 KB bare (measured: one more entry cost
     ~4 KB per account-day). The float is for the plot: its repr is the exact
@@ -117,15 +128,17 @@ def spend_key(currency: str | None) -> str:
     return f"spend_{currency}" if currency else "spend"
 
 
-def table_observation(asset_key: dg.AssetKey, figures: TableFigures) -> dg.AssetObservation:
-    """The table's own figures as one event of the asset, under no partition.
+def table_materialization(
+    asset_key: dg.AssetKey, figures: TableFigures
+) -> dg.AssetMaterialization:
+    """The spend table's own figures, as the run's last event of the asset, of no partition.
 
-    The asset's overview reads `dagster/row_count` from its latest event: with
-    the partitions' events naming theirs `day_ad_rows`, this is what it shows.
+    Of no partition, so no partition's status or figures change; last, so the
+    overview's Row count and Metadata are the table's (the module's docstring).
     """
-    return dg.AssetObservation(
+    return dg.AssetMaterialization(
         asset_key=asset_key,
-        description="The whole table's figures (every account and day this asset holds).",
+        description=TABLE_DESCRIPTION,
         metadata={
             ROW_COUNT_KEY: dg.MetadataValue.int(figures.rows),
             "accounts": dg.MetadataValue.int(figures.accounts),
@@ -137,6 +150,21 @@ def table_observation(asset_key: dg.AssetKey, figures: TableFigures) -> dg.Asset
                 spend_key(currency): dg.MetadataValue.text(str(total))
                 for currency, total in figures.spend_by_currency.items()
             },
+        },
+    )
+
+
+def catalog_table_materialization(
+    asset_key: dg.AssetKey, figures: CatalogFigures
+) -> dg.AssetMaterialization:
+    """`ad_catalog`'s or `ad_thumbnails`' whole table, after a run that recorded accounts of it."""
+    return dg.AssetMaterialization(
+        asset_key=asset_key,
+        description="The whole table after this run (every account's ads); each account's "
+        "own read is on that account's event.",
+        metadata={
+            ROW_COUNT_KEY: dg.MetadataValue.int(figures.rows),
+            "accounts": dg.MetadataValue.int(figures.accounts),
         },
     )
 
@@ -169,8 +197,8 @@ def run_summary(outcomes: Sequence[SyncOutcome]) -> dict:
 
 
 def catalog_metadata(outcome: CatalogOutcome) -> dict[str, dg.MetadataValue]:
-    """One account's catalog read. Its ad count is `ads_total`, never `dagster/row_count`: the
-    overview shows the latest event's `dagster/row_count` as the table's, and read 20 of 60."""
+    """One account's catalog read. Its ad count is `ads_total`, never `dagster/row_count`: that
+    name is the whole table's, on `catalog_table_materialization` (an account's read 20 of 60)."""
     return {
         "ad_account_id": dg.MetadataValue.text(outcome.ad_account_id),
         "read": dg.MetadataValue.text("full catalog" if outcome.full else "unnamed ads by id"),
@@ -212,3 +240,16 @@ def catalog_materializations(outcome: SyncOutcome) -> Iterator[dg.AssetMateriali
                 partition=account,
                 metadata=thumbnail_metadata(outcome.thumbnails),
             )
+
+
+def catalog_table_materializations(
+    con: duckdb.DuckDBPyConnection, recorded: Iterable[dg.AssetKey]
+) -> list[dg.AssetMaterialization]:
+    """The table-level event of each catalog asset a run `recorded` account events of."""
+    keys = set(recorded)
+    figures = catalog_table_figures(con)
+    return [
+        catalog_table_materialization(key, figures[key.path[-1]])
+        for key in (AD_CATALOG, AD_THUMBNAILS)
+        if key in keys
+    ]

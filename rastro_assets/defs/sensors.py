@@ -33,7 +33,7 @@ from rastro_assets.defs.dagster_private import (
     BulkActionStatus,
     PartitionBackfill,
 )
-from rastro_assets.defs.health import health_due, health_observation
+from rastro_assets.defs.health import health_due, health_materialization, meta_account_health_job
 from rastro_assets.defs.partitions import (
     SHARD_COUNT,
 )
@@ -213,13 +213,15 @@ CATALOG_JOB = "meta_catalog_sync"
 
 
 def cadence_asset_jobs(shard_count: int) -> list:
-    """Jobs over the assets a wave records: each shard's spend pair, and the catalog pair.
+    """Jobs over the assets a wave or a tick records: each shard's spend pair, the catalog
+    pair, and `meta_account_health`.
 
     Dagster lists a sensor in an asset's automation panel only when the sensor
-    targets the asset or a job holding it, and a wave is an op job that records
-    these assets' events without holding them. `meta_cadence` names these jobs
-    among its targets, so the panel shows who keeps them fresh; launched from the
-    UI for a partition, each is a correct sync of it by hand.
+    targets the asset or a job holding it, and a wave is an op job (and the
+    health a tick's event) that records these assets' events without holding
+    them. `meta_cadence` names these jobs among its targets, so the panel shows
+    who keeps them fresh; launched from the UI (for a partition, where they have
+    partitions), each is a correct refresh of it by hand.
     """
     spend = [
         dg.define_asset_job(
@@ -238,7 +240,7 @@ def cadence_asset_jobs(shard_count: int) -> list:
         "meta_cadence and a backfill's last block keep them fresh; launch this job for an "
         "account to read them by hand.",
     )
-    return [*spend, catalog]
+    return [*spend, catalog, meta_account_health_job]
 
 
 def build_meta_cadence_sensor(shard_count: int) -> dg.SensorDefinition:
@@ -253,9 +255,9 @@ def build_meta_cadence_sensor(shard_count: int) -> dg.SensorDefinition:
         "for all live (45 min), daily (04:00 local, 7 days + catalog) and weekly (28 days) "
         "syncs that are due (the other jobs it names hold the assets a wave records). "
         "It reports the accounts_fresh check when the accounts it names change, and "
-        "observes meta_account_health (every account's state) when a state changes and "
+        "records meta_account_health (every account's state) when a state changes and "
         "every 30 minutes; its cursor lists, per shard, the stale and paused accounts and "
-        "the number backfilling it last reported, and when it last observed the health.",
+        "the number backfilling it last reported, and when it last recorded the health.",
     )
     def meta_cadence_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
         return _meta_cadence_tick(context, rastro, shard_count)
@@ -351,7 +353,7 @@ def _reported(cursor: str | None, key: str = CURSOR_KEY, default=None):
     return ([] if default is None else default) if found is None else found
 
 
-HEALTH_CURSOR_KEY = "meta_account_health as last observed"
+HEALTH_CURSOR_KEY = "meta_account_health as last recorded"
 
 
 def _health_change(
@@ -361,14 +363,14 @@ def _health_change(
     now,
     shard_count: int,
     statuses: Mapping[str, cadence.AccountStatus] | None = None,
-) -> tuple[list[dg.AssetObservation], str]:
-    """An observation of `meta_account_health` when it is due, and the cursor that says so."""
-    observation, signature = health_observation(accounts, now, shard_count, statuses)
+) -> tuple[list[dg.AssetMaterialization], str]:
+    """A materialization of `meta_account_health` when it is due, and the cursor that says so."""
+    materialization, signature = health_materialization(accounts, now, shard_count, statuses)
     last = _reported(before, HEALTH_CURSOR_KEY, {})
     events = []
     if health_due(last if isinstance(last, dict) else {}, signature, now):
-        events = [observation]
-        last = {"observed_at": now.isoformat(), "signature": signature}
+        events = [materialization]
+        last = {"recorded_at": now.isoformat(), "signature": signature}
     return events, json.dumps({**json.loads(cursor), HEALTH_CURSOR_KEY: last})
 
 

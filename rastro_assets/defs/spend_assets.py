@@ -17,10 +17,11 @@ import dagster as dg
 from rastro_assets import shards
 from rastro_assets.defs.metadata import (
     catalog_materializations,
+    catalog_table_materializations,
     day_metadata,
     run_summary,
+    table_materialization,
     table_metadata,
-    table_observation,
 )
 from rastro_assets.defs.partitions import (
     SHARD_COUNT,
@@ -76,11 +77,15 @@ def spend_shard(index: int) -> SpendShard:
 
 
 FIGURES_NOTE = (
-    " The row count and the observation each run leaves are the whole table's (rows, "
-    "accounts, days, spend per currency); a partition's event carries only its account-day's "
-    "day_spend_<CURRENCY> and day_ad_rows. An account's days before its first owed day (90 "
-    "days before its link) are never read: those partitions stay empty by design, and are "
-    "no missing data."
+    " The row count and Metadata on this overview are the whole table's (rows, accounts, "
+    "days, spend per currency): each run ends with a materialization of no partition that "
+    "holds them. A partition's own event carries only its account-day's "
+    "`day_spend_<CURRENCY>` and `day_ad_rows`.\n\n"
+    "Empty partitions are not missing data. An account's history is read from the first day "
+    "of its backfill window (the 90 days up to its link): its days before that are never "
+    "read and stay empty by design. The newest date is today in UTC+14, the first timezone "
+    "to reach it: an account further west shows it empty until its own day begins. See "
+    'docs/operations.md, "The date axis".'
 )
 
 
@@ -164,15 +169,18 @@ def build_meta_spend(index: int, shard_count: int) -> dg.AssetsDefinition:
     )
     def meta_spend(context: dg.AssetExecutionContext, rastro: RastroResource):
         """Reads Meta for the run's account-days and replaces them in the warehouse."""
+        outcomes: list[SyncOutcome] = []
         try:
-            outcomes = _sync_partitions(context, rastro, shard)
+            _sync_partitions(context, rastro, shard, outcomes)
         except BaseException:
             # A failed range may follow ranges that were written: they are published all the
-            # same.
+            # same, and the good days it recorded are followed by the tables' figures.
+            if any(outcome.complete_days for outcome in outcomes):
+                _record_tables_after_failure(context, rastro, shard.index, shard_count, outcomes)
             publish_after_writes(context, rastro)
             raise
         yield from _record(context, outcomes, shard)
-        for event in table_observations(rastro, shard.index, shard_count):
+        for event in table_materializations(rastro, shard.index, shard_count, outcomes):
             context.log_event(event)
         publish_after_writes(context, rastro)
 
@@ -182,21 +190,47 @@ def build_meta_spend(index: int, shard_count: int) -> dg.AssetsDefinition:
 meta_spend = build_meta_spend(0, SHARD_COUNT)
 
 
-def table_observations(
-    rastro: RastroResource, shard: int, shard_count: int = SHARD_COUNT
-) -> list[dg.AssetObservation]:
-    """The spend pair's whole-table figures, one observation per asset: once per run.
+def table_materializations(
+    rastro: RastroResource,
+    shard: int,
+    shard_count: int = SHARD_COUNT,
+    outcomes: Iterable[SyncOutcome] = (),
+) -> list[dg.AssetMaterialization]:
+    """The whole-table events a run ends with: the spend pair's, and the catalog's and
+    thumbnails' when `outcomes` recorded account events of them. Once per run.
 
     With several shards each pair holds its own accounts, so its figures are theirs.
     """
     only = None if shard_count == 1 and shard == 0 else shard
+    catalog = {
+        event.asset_key for outcome in outcomes for event in catalog_materializations(outcome)
+    }
     with rastro.warehouse().connect(read_only=True) as con:
         return [
-            table_observation(asset_key, spend_table_figures(con, table, only))
-            for asset_key, table in zip(
-                spend_shard(shard).keys, ("ad_spend_daily", "site_spend_daily"), strict=True
-            )
+            *(
+                table_materialization(asset_key, spend_table_figures(con, table, only))
+                for asset_key, table in zip(
+                    spend_shard(shard).keys, ("ad_spend_daily", "site_spend_daily"), strict=True
+                )
+            ),
+            *catalog_table_materializations(con, catalog),
         ]
+
+
+def _record_tables_after_failure(
+    context: dg.AssetExecutionContext,
+    rastro: RastroResource,
+    shard: int,
+    shard_count: int,
+    outcomes: list[SyncOutcome],
+) -> None:
+    try:
+        events = table_materializations(rastro, shard, shard_count, outcomes)
+    except Exception as exc:  # the run's own failure is what it reports
+        context.log.warning(f"the tables' figures could not be read after the failure: {exc}")
+        return
+    for event in events:
+        context.log_event(event)
 
 
 def _record(
@@ -232,11 +266,15 @@ def _record(
 
 
 def _sync_partitions(
-    context: dg.AssetExecutionContext, rastro: RastroResource, shard: SpendShard
-) -> list[SyncOutcome]:
+    context: dg.AssetExecutionContext,
+    rastro: RastroResource,
+    shard: SpendShard,
+    outcomes: list[SyncOutcome],
+) -> None:
+    """Syncs the run's ranges, each outcome appended to `outcomes` as it comes (a failure
+    raises after its range's complete days are recorded)."""
     syncer = rastro.syncer()
     kind = context.run.tags.get(SYNC_KIND_TAG, "manual")
-    outcomes: list[SyncOutcome] = []
     for account, ranges in account_date_ranges(context.partition_keys).items():
         for since, until in ranges:
             if kind in FILL_KINDS:
@@ -270,7 +308,6 @@ def _sync_partitions(
                 f"{account}: {outcome.rows_written} rows written, {outcome.rows_deleted} deleted, "
                 f"{outcome.api_calls} Meta calls"
             )
-    return outcomes
 
 
 def _wait_out_back_off(rastro: RastroResource, account: str) -> None:

@@ -18,7 +18,7 @@ from rastro_assets.defs.checks import failing_sum_check_partitions, sum_check_ev
 from rastro_assets.defs.partitions import spend_partition_key
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend_assets import materializations, spend_shard, table_observations
+from rastro_assets.defs.spend_assets import materializations, spend_shard, table_materializations
 from rastro_assets.planner import cadence
 from rastro_assets.sync.types import SyncOutcome, SyncRequest
 from rastro_assets.timekeeping import zone
@@ -199,8 +199,11 @@ def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: Rastro
             for evaluation in sum_check_evaluations(con, checked, failing, shard_of):
                 context.log_event(evaluation)
     if recorded:
-        for shard in sorted({shard_of.get(o.request.ad_account_id, 0) for o in outcomes}):
-            for event in table_observations(rastro, shard):
+        # Each table's figures after the partitions: the overview shows the latest event's.
+        shards = sorted({shard_of.get(o.request.ad_account_id, 0) for o in outcomes})
+        for shard in shards:
+            with_catalog = outcomes if shard == shards[0] else ()
+            for event in table_materializations(rastro, shard, outcomes=with_catalog):
                 context.log_event(event)
     context.log.info(
         f"{len(outcomes) - failed} of {len(requests)} accounts synced: {rows_written} rows "

@@ -20,6 +20,13 @@ BACKFILL_BLOCK_DAYS = 30
 TRUNCATED_DAY_TRIES = 3
 
 
+def backfill_first_day(linked_day: date) -> date:
+    """The first day an account linked on `linked_day` (its local date) is owed: no read of
+    the account ever reaches further back (a gap fill reaches at most `BACKFILL_DAYS` back
+    from today)."""
+    return linked_day - timedelta(days=BACKFILL_DAYS - 1)
+
+
 def _ok_reads_within(
     runs: Iterable[SyncRun], since: date, until: date
 ) -> Iterator[tuple[SyncRun, date, date]]:

@@ -24,6 +24,7 @@ from zoneinfo import ZoneInfo
 
 from rastro_assets.planner.coverage import (
     BACKFILL_DAYS,
+    backfill_first_day,
     covered_days,
     first_missing,
     first_unread_day,
@@ -128,7 +129,7 @@ def backfill(account: Account) -> Owed | None:
     """
     today = account.today
     linked_day = min(account.local(account.state.linked_at), today)
-    first = linked_day - timedelta(days=BACKFILL_DAYS - 1)
+    first = backfill_first_day(linked_day)
     if first_unread_day(account.ok_runs, first, linked_day) is None:
         return None
     covered = covered_days(account.ok_runs, first, today)

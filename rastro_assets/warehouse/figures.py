@@ -1,8 +1,9 @@
-"""A spend table's own figures: rows, accounts, days and spend per currency.
+"""A table's own figures: a spend table's rows, accounts, days and spend per currency; the
+catalog's and thumbnails' rows and accounts.
 
 The Dagster UI shows an asset's row count from its events; a partition's
-event can only speak for its account-day, so these whole-table figures are
-reported beside it once per run.
+event can only speak for its account-day (or account), so these whole-table
+figures are reported beside it once per run.
 """
 
 from __future__ import annotations
@@ -57,3 +58,24 @@ def spend_table_figures(
         last_day=last,
         spend_by_currency={currency: total for currency, total in spend},
     )
+
+
+@dataclass(frozen=True)
+class CatalogFigures:
+    rows: int
+    accounts: int
+
+
+def catalog_table_figures(con: duckdb.DuckDBPyConnection) -> dict[str, CatalogFigures]:
+    """`ad_catalog`'s and `ad_thumbnails`' rows, and the accounts their ads belong to."""
+    ads, ad_accounts = con.execute(
+        "SELECT count(*), count(DISTINCT ad_account_id) FROM ad_catalog"
+    ).fetchone()
+    pictures, picture_accounts = con.execute(
+        "SELECT count(*), count(DISTINCT c.ad_account_id) FROM ad_thumbnails t"
+        " LEFT JOIN ad_catalog c USING (ad_id)"
+    ).fetchone()
+    return {
+        "ad_catalog": CatalogFigures(ads, ad_accounts),
+        "ad_thumbnails": CatalogFigures(pictures, picture_accounts),
+    }

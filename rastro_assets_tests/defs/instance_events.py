@@ -69,7 +69,12 @@ def record_spend(
 
 
 def spend_events(instance: dg.DagsterInstance, planned: bool = False) -> list[tuple[str, str]]:
-    """(partition, run id) of each stored materialization (or planned event) of ad_spend_daily."""
+    """(partition, run id) of each stored materialization (or planned event) of an
+    ad_spend_daily partition; the whole table's events (of no partition) are left out."""
     fetch = instance.fetch_planned_materializations if planned else instance.fetch_materializations
     records = fetch(dg.AssetRecordsFilter(asset_key=AD_SPEND_DAILY), limit=10_000, ascending=True)
-    return [(record.partition_key, record.run_id) for record in records.records]
+    return [
+        (record.partition_key, record.run_id)
+        for record in records.records
+        if record.partition_key is not None
+    ]

@@ -37,10 +37,11 @@ def materialize(instance, rastro, assets, account: str, **kwargs):
 
 
 def metadata(result, node: str) -> dict:
+    """The account's own event (the run's other one is the whole table's)."""
     [event] = [
         event
         for event in result.asset_materializations_for_node(node)
-        if event.asset_key.to_user_string() == node
+        if event.asset_key.to_user_string() == node and event.partition is not None
     ]
     return {key: value.value for key, value in event.metadata.items()}
 
@@ -76,6 +77,29 @@ def test_catalog_then_thumbnails_for_one_account(instance, rastro, warehouse, li
 
     again = materialize(instance, rastro, [ad_thumbnails], "act_101")
     assert metadata(again, "ad_thumbnails")["thumbnails_fetched"] == 0
+
+
+def test_a_hand_run_ends_with_the_whole_tables_figures(instance, rastro, warehouse, linked_world):
+    """The overview shows the latest materialization's row count: the table's, not the
+    account's (act_202's read is 4 of the catalog's 10 ads)."""
+    materialize(instance, rastro, [ad_catalog, ad_thumbnails], "act_101")
+    materialize(instance, rastro, [ad_catalog, ad_thumbnails], "act_202")
+    with warehouse.connect(read_only=True) as con:
+        held = {
+            table: con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            for table in ("ad_catalog", "ad_thumbnails")
+        }
+    for asset_key in (AD_CATALOG, AD_THUMBNAILS):
+        [latest] = instance.fetch_materializations(asset_key, limit=1).records
+        event = latest.asset_materialization
+        assert event.partition is None
+        assert event.metadata["dagster/row_count"].value == held[asset_key.path[-1]]
+        assert event.metadata["accounts"].value == 2
+    assert held["ad_catalog"] == len(linked_world.accounts["act_101"].ads) + len(
+        linked_world.accounts["act_202"].ads
+    )
+    # Partitions are the accounts' own events, untouched by the table's.
+    assert instance.get_materialized_partitions(AD_CATALOG) == {"act_101", "act_202"}
 
 
 def test_failed_pictures_do_not_fail_the_asset(instance, rastro, warehouse, linked_world):

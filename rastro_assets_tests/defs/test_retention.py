@@ -67,10 +67,17 @@ def test_superseded_events_go_and_each_partition_keeps_its_newest(instance, rast
         (f"act_101|{TODAY}", latest_today),
     ]
     # The first run's two materializations went, every run's planned events (2 each): their
-    # own materializations supersede them, and the first two runs' whole-table observations
-    # (one per spend asset), superseded by the third's.
+    # own materializations supersede them, and the first two runs' whole-table events (one
+    # per spend asset, of no partition), superseded by the third's.
     assert tick.events_deleted == 2 + 3 * 2 + 2 * 2
     assert spend_events(instance, planned=True) == []
+    # The whole table's event of the newest run stays: the overview shows its figures.
+    [table] = [
+        record
+        for record in instance.fetch_materializations(AD_SPEND_DAILY, limit=10).records
+        if record.partition_key is None
+    ]
+    assert table.run_id == latest_today
     # The first run still holds the newest `analytics_snapshot` materialization (it published).
     assert tick.runs_deleted == 0
     assert instance.get_run_by_id(first_today) is not None

@@ -358,14 +358,19 @@ def test_the_cadence_cursor_says_what_it_holds(instance, rastro, warehouse):
     assert cursor["accounts_fresh as last reported, per shard"] == [
         {"stale": ["act_101"], "paused": [], "backfilling": 1}
     ]
-    assert cursor["meta_account_health as last observed"]["observed_at"] == NOW.isoformat()
+    assert cursor["meta_account_health as last recorded"]["recorded_at"] == NOW.isoformat()
 
 
-def health_observations(result) -> list[dg.AssetObservation]:
-    return [event for event in result.asset_events if isinstance(event, dg.AssetObservation)]
+def health_events(result) -> list[dg.AssetMaterialization]:
+    return [
+        event
+        for event in result.asset_events
+        if isinstance(event, dg.AssetMaterialization | dg.AssetObservation)
+        and event.asset_key == dg.AssetKey("meta_account_health")
+    ]
 
 
-def test_the_cadence_observes_every_accounts_health_when_it_changes(instance, rastro_at, warehouse):
+def test_the_cadence_records_every_accounts_health_when_it_changes(instance, rastro_at, warehouse):
     from rastro_assets.definitions import defs
 
     backfilled(warehouse, "act_101", at=NOW - timedelta(minutes=10))
@@ -378,22 +383,24 @@ def test_the_cadence_observes_every_accounts_health_when_it_changes(instance, ra
         return meta_cadence_sensor(context)
 
     first = tick(NOW, None)
-    [observation] = health_observations(first)
-    assert observation.asset_key == dg.AssetKey("meta_account_health")
-    assert observation.description == "2 accounts: 1 backfilling, 1 live"
-    rows = {row.data["ad_account_id"]: row.data for row in observation.metadata["health"].records}
+    # A materialization, so the overview reads "Latest materialization", not "Never".
+    [recorded] = health_events(first)
+    assert isinstance(recorded, dg.AssetMaterialization)
+    assert recorded.description == "2 accounts: 1 backfilling, 1 live"
+    assert recorded.metadata["backfilling"].value == 1 and recorded.metadata["live"].value == 1
+    rows = {row.data["account"]: row.data for row in recorded.metadata["health"].records}
     assert rows["act_202"]["state"] == "backfilling"
     assert rows["act_202"]["backfill"] == "0 of 90 days"
-    assert rows["act_101"]["last_good_sync"].startswith(f"{TODAY}T")
-    assert rows["act_101"]["next_due"]
-    assert "last_error" in rows["act_101"]
+    assert rows["act_101"]["synced"] == f"{TODAY:%m-%d} 11:50"  # UTC, ten minutes before NOW
+    assert rows["act_101"]["due"]
+    assert "error" in rows["act_101"]
 
     # Nothing changed: no new event until the refresh interval, then one.
     later = tick(NOW + timedelta(minutes=5), first.cursor)
-    assert health_observations(later) == []
-    assert health_observations(tick(NOW + timedelta(minutes=31), later.cursor))
+    assert health_events(later) == []
+    assert health_events(tick(NOW + timedelta(minutes=31), later.cursor))
 
     # A backfill's progress is a change.
     record_ok(warehouse, "act_202", TODAY - timedelta(days=89), TODAY - timedelta(days=60),
               NOW + timedelta(minutes=1))
-    assert health_observations(tick(NOW + timedelta(minutes=6), later.cursor))
+    assert health_events(tick(NOW + timedelta(minutes=6), later.cursor))

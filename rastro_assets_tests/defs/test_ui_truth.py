@@ -86,8 +86,32 @@ HEALTH_QUERY = """
 query Health($assetKey: AssetKeyInput!) {
   assetNodeOrError(assetKey: $assetKey) {
     ... on AssetNode {
-      assetObservations(limit: 1) {
-        metadataEntries { label ... on TableMetadataEntry { table { records } } }
+      isMaterializable
+      targetingInstigators { ... on Sensor { name } }
+      assetMaterializations(limit: 1) {
+        metadataEntries {
+          label
+          ... on TableMetadataEntry { table { records schema { columns { name } } } }
+        }
+      }
+    }
+  }
+}
+"""
+# The overview shows the health table in its Metadata table's value column, about 460 px at
+# 1440 px, where no column is narrower than its longest unbroken word (~7.3 px a character,
+# plus ~13 px of padding): headers of at most 8 characters and values that break at spaces
+# keep six columns within it.
+MAX_HEALTH_HEADER_CHARS = 8
+MAX_HEALTH_WORD_CHARS = 11
+
+PARTITION_QUERY = """
+query PartitionEvent($assetKey: AssetKeyInput!, $partition: String!) {
+  assetNodeOrError(assetKey: $assetKey) {
+    ... on AssetNode {
+      assetMaterializations(partitions: [$partition], limit: 1) {
+        partition
+        metadataEntries { label }
       }
     }
   }
@@ -224,11 +248,28 @@ def test_after_first_backfills_every_asset_holding_rows_is_materialized_and_no_c
                 stats = node["partitionStats"]
                 assert stats["numMaterialized"] > 0, f"{name} reads as never materialized"
                 assert stats["numFailed"] == 0, name
-            if name in ("ad_spend_daily", "site_spend_daily"):
-                assert overview_row_count(node) == held[name], name
             if name in held:
-                # A row count the overview shows is the table's, never one partition's.
-                assert overview_row_count(node) in (None, held[name]), name
+                # The overview shows its latest materialization's row count and metadata as the
+                # asset's: the whole table's, on an event of no partition, never one partition's.
+                assert overview_row_count(node) == held[name], name
+                [latest] = node["assetMaterializations"]
+                assert latest["partition"] is None, (name, latest["partition"])
+                labels = {entry["label"] for entry in latest["metadataEntries"]}
+                assert "accounts" in labels, (name, labels)
+                assert not [label for label in labels if label.startswith("day_")], (name, labels)
+            if name in ("ad_spend_daily", "site_spend_daily"):
+                assert {"days", "spend_BRL"} <= labels, (name, labels)
+                # Each partition keeps its own figures on its own event.
+                partition = sorted(instance.get_materialized_partitions(key))[-1]
+                answer = execute_dagster_graphql(
+                    context,
+                    PARTITION_QUERY,
+                    {"assetKey": {"path": key.path}, "partition": partition},
+                )
+                [own] = answer.data["assetNodeOrError"]["assetMaterializations"]
+                assert own["partition"] == partition
+                own_labels = {entry["label"] for entry in own["metadataEntries"]}
+                assert [label for label in own_labels if label.startswith("day_spend_")], own
             for check in node["assetChecksOrError"]["checks"]:
                 latest = check["executionForLatestMaterialization"]
                 shown = check_statuses(check) or {latest["status"]}
@@ -236,18 +277,31 @@ def test_after_first_backfills_every_asset_holding_rows_is_materialized_and_no_c
                 assert latest["status"] == "SUCCEEDED", (name, check["name"], latest)
                 assert latest["evaluation"]["description"], (name, check["name"])
 
-        # The per-account view: the health asset's latest observation, its table one row each.
+        # The per-account view: the health asset's latest materialization (so the overview
+        # never reads "Never materialized"), its table one row each, narrow enough to fit.
         answer = execute_dagster_graphql(
             context, HEALTH_QUERY, {"assetKey": {"path": ["meta_account_health"]}}
         )
-        [observation] = answer.data["assetNodeOrError"]["assetObservations"]
+        health = answer.data["assetNodeOrError"]
+        assert health["isMaterializable"]
+        assert {"meta_cadence"} <= {sensor["name"] for sensor in health["targetingInstigators"]}
+        [recorded] = health["assetMaterializations"]
         [table] = [
-            entry["table"] for entry in observation["metadataEntries"] if entry["label"] == "health"
+            entry["table"] for entry in recorded["metadataEntries"] if entry["label"] == "health"
         ]
-        states = {
-            row["ad_account_id"]: row["state"] for row in map(json.loads, table["records"])
+        headers = [column["name"] for column in table["schema"]["columns"]]
+        assert headers == ["account", "state", "synced", "due", "backfill", "error"]
+        assert max(map(len, headers)) <= MAX_HEALTH_HEADER_CHARS
+        rows = {row["account"]: row for row in map(json.loads, table["records"])}
+        assert {account: row["state"] for account, row in rows.items()} == {
+            "act_101": "live",
+            "act_202": "live",
         }
-        assert states == {"act_101": "live", "act_202": "live"}
+        for row in rows.values():
+            assert row["synced"] and row["due"], row
+            words = [word for key, value in row.items() if key != "account"
+                     for word in str(value).split()]
+            assert max(map(len, words)) <= MAX_HEALTH_WORD_CHARS, row
 
     # The last block of each account's backfill read its whole catalog.
     assert instance.get_materialized_partitions(dg.AssetKey("ad_catalog")) == {
@@ -267,6 +321,7 @@ def test_the_automation_panel_names_the_sensors_that_keep_each_asset_fresh(insta
             ("site_spend_daily", {"meta_accounts", "meta_cadence"}),
             ("ad_catalog", {"meta_cadence"}),
             ("ad_thumbnails", {"meta_cadence"}),
+            ("meta_account_health", {"meta_cadence"}),
         ):
             answer = execute_dagster_graphql(context, ASSET_QUERY, {"assetKey": {"path": [name]}})
             node = answer.data["assetNodeOrError"]

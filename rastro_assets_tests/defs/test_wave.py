@@ -26,10 +26,11 @@ def run_wave(instance, rastro, syncs):
 
 
 def spend_materializations(result) -> list[str]:
+    """The partitions recorded (a wave that records any ends with the table's own event)."""
     return [
         event.partition
         for event in result.get_asset_materialization_events()
-        if event.asset_key == AD_SPEND_DAILY
+        if event.asset_key == AD_SPEND_DAILY and event.partition is not None
     ]
 
 
@@ -166,17 +167,25 @@ def test_a_live_wave_records_an_empty_day_once_whatever_the_block(
         assert spend_materializations(run_wave(instance, rastro_at(later), [live("act_101")])) == []
 
 
-def test_a_wave_that_records_reports_each_tables_own_figures_once(
+def test_a_wave_that_records_ends_with_each_tables_own_figures(
     instance, rastro, warehouse, linked_world
 ):
     result = run_wave(instance, rastro, [live("act_101"), live("act_202")])
-    observed = {
-        event.event_specific_data.asset_observation.asset_key.to_user_string():
-            event.event_specific_data.asset_observation
+    # The table's events have no partition, and come last: the overview shows the latest.
+    events = [
+        event.event_specific_data.materialization
         for event in result.all_events
-        if event.event_type_value == "ASSET_OBSERVATION"
+        if event.event_type_value == "ASSET_MATERIALIZATION"
+    ]
+    observed = {
+        event.asset_key.to_user_string(): event
+        for event in events
+        if event.partition is None and event.asset_key.to_user_string().endswith("spend_daily")
     }
     assert sorted(observed) == ["ad_spend_daily", "site_spend_daily"]
+    for asset_key in ("ad_spend_daily", "site_spend_daily"):
+        [last] = [event for event in events if event.asset_key.to_user_string() == asset_key][-1:]
+        assert last.partition is None
     with warehouse.connect() as con:
         rows, brl = con.execute(
             "SELECT count(*), sum(spend) FILTER (WHERE ad_account_id = 'act_101')"
