@@ -12,10 +12,10 @@ import duckdb
 import pytest
 
 from rastro_assets.analytics.publish import Publisher, PublishError
+from rastro_assets.analytics.staging import ANALYST_TABLES
 from rastro_assets.settings import Settings, SettingsError
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets.warehouse import registry
-from rastro_assets.warehouse.snapshot import ANALYST_TABLES
 from rastro_assets_tests.analytics.analyst import Analyst
 from rastro_assets_tests.analytics.helpers import WEEK, assert_snapshot_equals_pipeline
 from rastro_assets_tests.conftest import TOKEN

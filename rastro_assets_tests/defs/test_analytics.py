@@ -157,7 +157,7 @@ def test_a_full_disk_while_publishing_never_fails_the_run_that_wrote(
     age_last_publish(warehouse)
     if where == "refresh":
         monkeypatch.setattr(
-            "rastro_assets.analytics.publish.snapshot.refresh", staging_full(publisher)
+            "rastro_assets.analytics.publish.staging.refresh", staging_full(publisher)
         )
     else:
         monkeypatch.setattr("rastro_assets.analytics.publish.shutil.copyfile", copy_full)
