@@ -61,6 +61,35 @@ class SettingsError(ValueError):
     """A variable of the environment holds a value the product cannot use."""
 
 
+class NotTheSnapshot(SettingsError):
+    """The analytics snapshot's path names the pipeline's own file."""
+
+
+def check_not_the_pipeline_file(
+    snapshot_path: str | os.PathLike[str], pipeline_path: str | os.PathLike[str]
+) -> None:
+    """Raise `NotTheSnapshot` when the snapshot's path is the pipeline's own file (the same
+    path, relative or absolute, or another name of the same file).
+
+    A publish renames a new file over the snapshot: over the pipeline's file it would destroy
+    the registry, the sealed tokens and the sync history. And an analyst's session on the
+    pipeline's file, even read-only, would hold up its writers.
+    """
+    if _same_file(Path(snapshot_path), Path(pipeline_path)):
+        raise NotTheSnapshot(
+            f"{snapshot_path} is the pipeline's own file (RASTRO_DUCKDB_PATH), not the analytics"
+            " snapshot: point RASTRO_ANALYTICS_PATH at another file (default: analytics.duckdb"
+            " beside the pipeline's file)"
+        )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:  # one of them does not exist yet
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
 def idle_live_interval_minutes(raw: str | None) -> int:
     """`RASTRO_IDLE_LIVE_INTERVAL_MINUTES`: whole minutes, at least the live interval."""
     if not raw:
@@ -196,14 +225,7 @@ class Settings:
     from the working directory (`from_env`); None when it was named or found."""
 
     def __post_init__(self) -> None:
-        # A publish renames a new file over the snapshot: over the pipeline's own file it
-        # would destroy the registry, the sealed tokens and the sync history.
-        if os.path.abspath(self.snapshot_path) == os.path.abspath(self.duckdb_path):
-            raise SettingsError(
-                f"RASTRO_ANALYTICS_PATH names the pipeline's own file ({self.duckdb_path},"
-                " RASTRO_DUCKDB_PATH): the snapshot must be another file, since each publish"
-                " replaces it whole"
-            )
+        check_not_the_pipeline_file(self.snapshot_path, self.duckdb_path)
 
     @property
     def snapshot_path(self) -> str:

@@ -40,7 +40,12 @@ import duckdb
 from rastro_assets.analytics import staging
 from rastro_assets.analytics.status import status_table
 from rastro_assets.planner.history import planned_accounts
-from rastro_assets.settings import DEFAULT_ANALYTICS_STORAGE_VERSION, Settings, storage_version
+from rastro_assets.settings import (
+    DEFAULT_ANALYTICS_STORAGE_VERSION,
+    Settings,
+    check_not_the_pipeline_file,
+    storage_version,
+)
 from rastro_assets.timekeeping import Clock, system_clock
 from rastro_assets.warehouse.connection import Warehouse
 
@@ -98,8 +103,7 @@ class Publisher:
         timer: Clock = system_clock,
         storage: str = DEFAULT_ANALYTICS_STORAGE_VERSION,
     ) -> None:
-        if os.path.abspath(target) == os.path.abspath(warehouse.path):
-            raise PublishError(f"the snapshot cannot replace the pipeline's own file {target}")
+        check_not_the_pipeline_file(target, warehouse.path)
         # Checked here too: it is spliced into the ATTACH statement.
         self.storage = storage_version(storage)
         self.warehouse = warehouse
