@@ -7,7 +7,7 @@ from datetime import datetime
 
 import pyarrow as pa
 
-from rastro_assets.analytics.staging import STATUS_SCHEMA
+from rastro_assets.analytics.tables import STATUS_SCHEMA
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount
 from rastro_assets.timekeeping import local_date

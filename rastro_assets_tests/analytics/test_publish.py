@@ -12,7 +12,7 @@ import duckdb
 import pytest
 
 from rastro_assets.analytics.publish import Publisher, PublishError
-from rastro_assets.analytics.staging import ANALYST_TABLES
+from rastro_assets.analytics.tables import ANALYST_TABLES
 from rastro_assets.settings import NotTheSnapshot, Settings, SettingsError
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets.warehouse import registry
