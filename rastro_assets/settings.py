@@ -92,19 +92,29 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def idle_live_interval_minutes(raw: str | None) -> int:
     """`RASTRO_IDLE_LIVE_INTERVAL_MINUTES`: whole minutes, at least the live interval."""
+    return _whole_number(
+        raw,
+        DEFAULT_IDLE_LIVE_INTERVAL_MINUTES,
+        least=LIVE_INTERVAL_MINUTES,
+        refusal=f"RASTRO_IDLE_LIVE_INTERVAL_MINUTES must be a whole number of minutes,"
+        f" {LIVE_INTERVAL_MINUTES} (idle accounts read like the others) or more",
+    )
+
+
+def _whole_number(
+    raw: str | None, default: int, *, least: int, most: int | None = None, refusal: str
+) -> int:
+    """`raw` as a whole number from `least` to `most`, `default` when empty; otherwise a
+    SettingsError that says `refusal` and the value given."""
     if not raw:
-        return DEFAULT_IDLE_LIVE_INTERVAL_MINUTES
+        return default
     try:
-        minutes = int(raw)
+        number = int(raw)
     except ValueError:
-        minutes = 0
-    if minutes < LIVE_INTERVAL_MINUTES:
-        raise SettingsError(
-            f"RASTRO_IDLE_LIVE_INTERVAL_MINUTES must be a whole number of minutes,"
-            f" {LIVE_INTERVAL_MINUTES} (idle accounts read like the others) or more,"
-            f" not {raw!r}"
-        )
-    return minutes
+        number = least - 1
+    if number < least or (most is not None and number > most):
+        raise SettingsError(f"{refusal}, not {raw!r}")
+    return number
 
 
 DEFAULT_PARTITIONS_START = "2026-08-01"
@@ -137,18 +147,13 @@ MAX_ACCOUNT_SHARDS = 500
 
 def account_shards(raw: str | None) -> int:
     """`RASTRO_ACCOUNT_SHARDS`: how many spend asset pairs hold the accounts (1 to 500)."""
-    if not raw:
-        return DEFAULT_ACCOUNT_SHARDS
-    try:
-        shards = int(raw)
-    except ValueError:
-        shards = 0
-    if not 1 <= shards <= MAX_ACCOUNT_SHARDS:
-        raise SettingsError(
-            f"RASTRO_ACCOUNT_SHARDS must be a whole number from 1 to {MAX_ACCOUNT_SHARDS},"
-            f" not {raw!r}"
-        )
-    return shards
+    return _whole_number(
+        raw,
+        DEFAULT_ACCOUNT_SHARDS,
+        least=1,
+        most=MAX_ACCOUNT_SHARDS,
+        refusal=f"RASTRO_ACCOUNT_SHARDS must be a whole number from 1 to {MAX_ACCOUNT_SHARDS}",
+    )
 
 
 # Read once, when the code loads: each shard is a pair of assets, fixed at definition time,
@@ -276,7 +281,7 @@ class Settings:
             ),
             analytics_path=env.get("RASTRO_ANALYTICS_PATH") or None,
             analytics_mode=_octal_mode(env.get("RASTRO_ANALYTICS_MODE")),
-            analytics_lag_seconds=_positive_seconds(env.get("RASTRO_ANALYTICS_LAG_SECONDS")),
+            analytics_lag_seconds=_lag_seconds(env.get("RASTRO_ANALYTICS_LAG_SECONDS")),
             analytics_storage_version=storage_version(env.get("RASTRO_ANALYTICS_STORAGE_VERSION")),
             account_shards=account_shards(env.get("RASTRO_ACCOUNT_SHARDS")),
         )
@@ -309,16 +314,10 @@ def _octal_mode(raw: str | None) -> int:
     return mode
 
 
-def _positive_seconds(raw: str | None) -> int:
-    if not raw:
-        return DEFAULT_ANALYTICS_LAG_SECONDS
-    try:
-        seconds = int(raw)
-    except ValueError:
-        seconds = 0
-    if seconds < 30:
-        raise SettingsError(
-            f"RASTRO_ANALYTICS_LAG_SECONDS must be a whole number of seconds, 30 or more,"
-            f" not {raw!r}"
-        )
-    return seconds
+def _lag_seconds(raw: str | None) -> int:
+    return _whole_number(
+        raw,
+        DEFAULT_ANALYTICS_LAG_SECONDS,
+        least=30,
+        refusal="RASTRO_ANALYTICS_LAG_SECONDS must be a whole number of seconds, 30 or more",
+    )
