@@ -135,7 +135,7 @@ class Builder:
         from dagster._core.events import AssetMaterializationPlannedData, StepMaterializationData
         from dagster_shared.serdes import serialize_value
 
-        from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, SITE_SPEND_DAILY
+        from rastro_assets.defs.spend.assets import AD_SPEND_DAILY, SITE_SPEND_DAILY
 
         self.dg = dg
         self.instance = instance
@@ -362,7 +362,7 @@ def new_accounts(accounts: int) -> list[str]:
 
 def submit_new_accounts(instance, accounts: int, now: datetime, per_account: bool) -> list[str]:
     """20 accounts linked in the same minute, as `meta_accounts` and the sensor daemon do."""
-    from rastro_assets.defs.backfills import Fill, backfill_request, shared_backfills
+    from rastro_assets.defs.cadence.backfills import Fill, backfill_request, shared_backfills
     from rastro_assets.defs.dagster_private import PartitionBackfill
     from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
 
@@ -491,7 +491,7 @@ def measure_writes(instance, accounts: int, today: date) -> tuple[float, float]:
     import dagster as dg
     from dagster._core.events import StepMaterializationData
 
-    from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
+    from rastro_assets.defs.spend.assets import AD_SPEND_DAILY
 
     count = 30
     started = time.perf_counter()
@@ -534,7 +534,7 @@ def measure_status_cache(instance) -> dict[str, float]:
     )
 
     from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, spend_partitions
-    from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
+    from rastro_assets.defs.spend.assets import AD_SPEND_DAILY
 
     def update() -> float:
         started = time.perf_counter()
@@ -563,7 +563,7 @@ def measure_ui(instance) -> dict[str, dict[str, float]]:
     import _ui
 
     from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
-    from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, SITE_SPEND_DAILY
+    from rastro_assets.defs.spend.assets import AD_SPEND_DAILY, SITE_SPEND_DAILY
 
     operations = _ui.load_operations()
 
@@ -602,8 +602,8 @@ def measure_sensor_ticks(instance, accounts: int, directory: Path) -> dict[str, 
     import dagster as dg
     import sensor as sensor_bench
 
+    from rastro_assets.defs.cadence.sensors import meta_accounts_sensor, meta_cadence_sensor
     from rastro_assets.defs.resources import RastroResource
-    from rastro_assets.defs.sensors import meta_accounts_sensor, meta_cadence_sensor
 
     path = directory / f"sensor-{accounts}.duckdb"
     if not path.exists():

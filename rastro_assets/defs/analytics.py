@@ -11,10 +11,10 @@ has waited 0.7 × the lag; so no write waits longer than the lag.
 
 import dagster as dg
 
+from rastro_assets.defs.cadence.sensors import IN_FLIGHT_STATUSES, SENSOR_LOCK_WAIT_SECONDS
 from rastro_assets.defs.publishing import ANALYTICS_SNAPSHOT, snapshot_metadata
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.sensors import IN_FLIGHT_STATUSES, SENSOR_LOCK_WAIT_SECONDS
-from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, OWNERS, SITE_SPEND_DAILY
+from rastro_assets.defs.spend.assets import AD_SPEND_DAILY, OWNERS, SITE_SPEND_DAILY
 from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS
 from rastro_assets.warehouse.connection import WarehouseLocked
 

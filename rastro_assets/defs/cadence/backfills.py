@@ -8,6 +8,7 @@ from datetime import date, datetime
 import dagster as dg
 
 from rastro_assets import shards
+from rastro_assets.defs.cadence.wave import MAX_RUNTIME_TAG, PARTITION_RUN_MAX_RUNTIME_SECONDS
 from rastro_assets.defs.dagster_private import AssetGraphSubset
 from rastro_assets.defs.partitions import (
     ACCOUNT_PARTITIONS_NAME,
@@ -15,8 +16,7 @@ from rastro_assets.defs.partitions import (
     reach_start,
     spend_partition_key,
 )
-from rastro_assets.defs.spend_assets import ACCOUNT_TAG, SYNC_KIND_TAG, spend_shard
-from rastro_assets.defs.wave import MAX_RUNTIME_TAG, PARTITION_RUN_MAX_RUNTIME_SECONDS
+from rastro_assets.defs.spend.assets import ACCOUNT_TAG, SYNC_KIND_TAG, spend_shard
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount
 from rastro_assets.planner.state import AccountState

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 import dagster as dg
 
-from rastro_assets.defs.checks import MAX_HEALTH_ROWS, freshness, health_table
+from rastro_assets.defs.spend.checks import MAX_HEALTH_ROWS, freshness, health_table
 from rastro_assets.planner.history import PlannedAccount
 
 META_ACCOUNT_HEALTH = dg.AssetKey("meta_account_health")

@@ -19,36 +19,36 @@ import time
 import dagster as dg
 
 from rastro_assets import shards
-from rastro_assets.defs.backfills import (
+from rastro_assets.defs.cadence.backfills import (
     BACKFILL_KINDS,
     backfill_request,
     reachable_fill,
     shard_partition_changes,
     shared_backfills,
 )
-from rastro_assets.defs.checks import freshness, freshness_evaluation
-from rastro_assets.defs.dagster_private import (
-    BulkActionsFilter,
-    BulkActionStatus,
-    PartitionBackfill,
-)
-from rastro_assets.defs.health import health_due, health_observation
-from rastro_assets.defs.partitions import (
-    SHARD_COUNT,
-)
-from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend_assets import (
-    ACCOUNT_TAG,
-    AD_SPEND_DAILY,
-    SYNC_KIND_TAG,
-    spend_shard,
-)
-from rastro_assets.defs.wave import (
+from rastro_assets.defs.cadence.health import health_due, health_observation
+from rastro_assets.defs.cadence.wave import (
     DEFAULT_MAX_RUNTIME_SECONDS,
     MAX_RUNTIME_TAG,
     WAVE_TAG,
     sync_wave_job,
 )
+from rastro_assets.defs.dagster_private import (
+    BulkActionsFilter,
+    BulkActionStatus,
+    PartitionBackfill,
+)
+from rastro_assets.defs.partitions import (
+    SHARD_COUNT,
+)
+from rastro_assets.defs.resources import RastroResource
+from rastro_assets.defs.spend.assets import (
+    ACCOUNT_TAG,
+    AD_SPEND_DAILY,
+    SYNC_KIND_TAG,
+    spend_shard,
+)
+from rastro_assets.defs.spend.checks import freshness, freshness_evaluation
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS

@@ -23,7 +23,7 @@ from rastro_assets.defs.metadata import (
 from rastro_assets.defs.partitions import account_partitions
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
+from rastro_assets.defs.spend.assets import AD_SPEND_DAILY
 from rastro_assets.sync.types import CatalogRefused
 
 GROUP = "meta_catalog"

@@ -14,12 +14,12 @@ from datetime import date
 
 import dagster as dg
 
-from rastro_assets.defs.catalog_assets import catalog_materializations
-from rastro_assets.defs.checks import failing_sum_check_partitions, sum_check_evaluations
+from rastro_assets.defs.catalog import catalog_materializations
 from rastro_assets.defs.partitions import spend_partition_key
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend_assets import materializations, spend_shard, table_observations
+from rastro_assets.defs.spend.assets import materializations, spend_shard, table_observations
+from rastro_assets.defs.spend.checks import failing_sum_check_partitions, sum_check_evaluations
 from rastro_assets.planner import cadence
 from rastro_assets.sync.types import SyncOutcome, SyncRequest
 from rastro_assets.timekeeping import zone
