@@ -131,7 +131,7 @@ def test_the_scaled_instance_keeps_the_repos_queue_rules():
 
 
 def test_both_instances_monitor_runs_with_the_sensors_default_limit():
-    from rastro_assets.defs.cadence.wave import DEFAULT_MAX_RUNTIME_SECONDS
+    from rastro_assets.defs.keys import DEFAULT_MAX_RUNTIME_SECONDS
 
     for instance in (load_yaml(REPO / "dagster.yaml"), load_yaml(DOCS / SCALED)):
         monitoring = instance["run_monitoring"]

@@ -16,11 +16,12 @@ from __future__ import annotations
 import dagster as dg
 
 from rastro_assets.defs.daemon_logs import summarise_backfill_logs
-from rastro_assets.defs.spend.assets import ACCOUNT_TAG
-
-RANGE_START_TAG = "dagster/asset_partition_range_start"
-RANGE_END_TAG = "dagster/asset_partition_range_end"
-ACCOUNT_DIMENSION_TAG = "dagster/partition/account"
+from rastro_assets.defs.keys import (
+    ACCOUNT_DIMENSION_TAG,
+    ACCOUNT_TAG,
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+)
 
 
 def run_account(tags) -> str | None:

@@ -12,7 +12,7 @@ import pytest
 
 from rastro_assets.definitions import defs
 from rastro_assets.defs.analytics import analytics_publisher_sensor, analytics_snapshot
-from rastro_assets.defs.publishing import ANALYTICS_SNAPSHOT
+from rastro_assets.defs.keys import ANALYTICS_SNAPSHOT
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets_tests.analytics.analyst import Analyst
 from rastro_assets_tests.defs.conftest import TODAY

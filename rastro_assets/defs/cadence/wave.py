@@ -14,9 +14,10 @@ from datetime import date
 
 import dagster as dg
 
+from rastro_assets.defs.analytics import publish_after_writes
 from rastro_assets.defs.catalog import catalog_materializations
+from rastro_assets.defs.keys import MAX_RUNTIME_TAG, WAVE_MAX_RUNTIME_SECONDS, WAVE_TAG
 from rastro_assets.defs.partitions import spend_partition_key
-from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend.assets import materializations, spend_shard, table_observations
 from rastro_assets.defs.spend.checks import failing_sum_check_partitions, sum_check_evaluations
@@ -25,18 +26,9 @@ from rastro_assets.sync.types import SyncOutcome, SyncRequest
 from rastro_assets.timekeeping import zone
 from rastro_assets.warehouse.registry import account_shards
 
-WAVE_TAG = "rastro/wave"
 # Accounts a wave syncs at once. A live sync mostly waits on Meta (0.3-2 s a request),
 # so 16 keep a wave of 5,000 within minutes (bench/latency.py); the CPU is the writer's.
 WAVE_CONCURRENCY = 16
-# Run monitoring (`dagster.yaml`) fails a run that outlives this tag; the sensors
-# also stop waiting for it then (`sensors.busy_accounts`).
-MAX_RUNTIME_TAG = "dagster/max_runtime"
-# A sync's lease: by then the planner takes the wave's accounts again, and the
-# spend writer refuses what the old wave still writes.
-WAVE_MAX_RUNTIME_SECONDS = int(cadence.LEASE.total_seconds())
-PARTITION_RUN_MAX_RUNTIME_SECONDS = 60 * 60  # 30 days of one account
-DEFAULT_MAX_RUNTIME_SECONDS = 2 * 60 * 60  # dagster.yaml's max_runtime_seconds: any other run
 
 
 class WaveSync(dg.Config):
