@@ -48,7 +48,7 @@ from zoneinfo import ZoneInfo
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rastro_assets.defs.wave import LIVE_RECORD_BLOCK_MINUTES  # noqa: E402
+from rastro_assets.defs.cadence.wave import LIVE_RECORD_BLOCK_MINUTES  # noqa: E402
 from rastro_assets.planner import cadence  # noqa: E402
 from rastro_assets.planner.state import AccountState, Delivery, SyncRun  # noqa: E402
 from rastro_assets.timekeeping import local_date  # noqa: E402
@@ -103,7 +103,7 @@ def backfilled_state(index: int, now: datetime, delivery: Delivery = ACTIVE) -> 
 
 
 def in_recording_block(instant: datetime, timezone: str) -> bool:
-    """Whether a live wave at `instant` records its changed days (see `defs/wave.py`)."""
+    """Whether a live wave at `instant` records its changed days (see `defs/cadence/wave.py`)."""
     local = instant.astimezone(ZoneInfo(timezone))
     minutes = local.hour * 60 + local.minute
     return minutes % LIVE_RECORD_BLOCK_MINUTES < cadence.LIVE_INTERVAL.total_seconds() // 60

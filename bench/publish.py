@@ -401,17 +401,16 @@ class _Timed:
 
 @contextlib.contextmanager
 def instrumented(log: list, parts: dict):
-    """Time the statements of `snapshot.refresh`, the status table and the copy's parts."""
-    from rastro_assets.analytics import publish
-    from rastro_assets.warehouse import snapshot
+    """Time the statements of `staging.refresh`, the status table and the copy's parts."""
+    from rastro_assets.analytics import publish, staging
 
-    originals = (snapshot.refresh, publish.planned_accounts, publish.status_table,
+    originals = (staging.refresh, publish.planned_accounts, publish.status_table,
                  shutil.copyfile)
 
     def timed(name, fn):
         return _world.timed_into(parts, name, fn)
 
-    snapshot.refresh = timed("snapshot.refresh", lambda con, *a: originals[0](_Timed(con, log),
+    staging.refresh = timed("staging.refresh", lambda con, *a: originals[0](_Timed(con, log),
                                                                               *a))
     publish.planned_accounts = timed("planned_accounts", originals[1])
     publish.status_table = timed("status_table", originals[2])
@@ -419,7 +418,7 @@ def instrumented(log: list, parts: dict):
     try:
         yield
     finally:
-        (snapshot.refresh, publish.planned_accounts, publish.status_table,
+        (staging.refresh, publish.planned_accounts, publish.status_table,
          shutil.copyfile) = originals
 
 
@@ -592,10 +591,10 @@ def main() -> None:
 def print_breakdown(result, log: list, parts: dict) -> None:
     print(f"breakdown of one more publish: {result.duration_seconds:.2f} s = refresh "
           f"{result.refresh_seconds:.2f} s + copy {result.copy_seconds:.2f} s")
-    inside = parts.get("snapshot.refresh", 0.0)
+    inside = parts.get("staging.refresh", 0.0)
     status = parts.get("planned_accounts", 0.0) + parts.get("status_table", 0.0)
     print(f"  refresh: planned_accounts {parts.get('planned_accounts', 0.0):.2f} s, status_table"
-          f" {parts.get('status_table', 0.0):.2f} s, snapshot.refresh {inside:.2f} s, the rest "
+          f" {parts.get('status_table', 0.0):.2f} s, staging.refresh {inside:.2f} s, the rest "
           f"(open, ATTACH, CHECKPOINT, DETACH) {result.refresh_seconds - inside - status:.2f} s")
     for sql, seconds in sorted(log, key=lambda item: -item[1])[:12]:
         print(f"    {seconds * 1000:7.0f} ms  {sql[:110]}")

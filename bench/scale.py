@@ -173,7 +173,7 @@ class Builder:
         from dagster._core.events import AssetMaterializationPlannedData, StepMaterializationData
         from dagster_shared.serdes import serialize_value
 
-        from rastro_assets.defs.spend_assets import spend_shard
+        from rastro_assets.defs.spend.assets import spend_shard
 
         self.dg = dg
         self.instance = instance
@@ -402,7 +402,7 @@ def submit_new_accounts(instance, accounts: int, now: datetime, per_account: boo
                         shard_count: int = 1) -> list[str]:
     """20 accounts linked in the same minute, as `meta_accounts` and the sensor daemon do:
     each shard's new accounts grouped into its own shared backfills."""
-    from rastro_assets.defs.backfills import Fill, backfill_request, shared_backfills
+    from rastro_assets.defs.cadence.backfills import Fill, backfill_request, shared_backfills
     from rastro_assets.defs.dagster_private import PartitionBackfill
 
     today = now.date()
@@ -532,7 +532,7 @@ def measure_writes(instance, accounts: int, today: date,
     import dagster as dg
     from dagster._core.events import StepMaterializationData
 
-    from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
+    from rastro_assets.defs.spend.assets import AD_SPEND_DAILY
 
     count = 30
     shard_zero = [account_id(number * shard_count) for number in range(count)]
@@ -577,7 +577,7 @@ def measure_status_cache(instance, shard_count: int = 1) -> dict[str, float]:
     )
 
     from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, spend_partitions
-    from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
+    from rastro_assets.defs.spend.assets import AD_SPEND_DAILY
 
     def update() -> float:
         started = time.perf_counter()
@@ -656,7 +656,7 @@ def measure_ui(instance, shard_count: int = 1) -> dict[str, dict[str, float]]:
     calls after one account is linked to shard 0 (its pair's pages; the lineage whole)."""
     from rastro_assets.definitions import defs
     from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
-    from rastro_assets.defs.spend_assets import spend_shard
+    from rastro_assets.defs.spend.assets import spend_shard
 
     pairs = [spend_shard(shard).keys for shard in range(shard_count)]
     spend = [key.path for pair in pairs for key in pair]
@@ -689,8 +689,8 @@ def measure_sensor_ticks(instance, accounts: int, directory: Path,
     import dagster as dg
     import sensor as sensor_bench
 
+    from rastro_assets.defs.cadence.sensors import meta_accounts_sensor, meta_cadence_sensor
     from rastro_assets.defs.resources import RastroResource
-    from rastro_assets.defs.sensors import meta_accounts_sensor, meta_cadence_sensor
     from rastro_assets.warehouse.connection import Warehouse
 
     path = directory / f"sensor-{accounts}.duckdb"

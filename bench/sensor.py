@@ -167,8 +167,8 @@ def main() -> None:
 
     import dagster as dg
 
+    from rastro_assets.defs.cadence.sensors import meta_accounts_sensor, meta_cadence_sensor
     from rastro_assets.defs.resources import RastroResource
-    from rastro_assets.defs.sensors import meta_accounts_sensor, meta_cadence_sensor
     from rastro_assets.planner import cadence
     from rastro_assets.planner.history import planned_accounts
     from rastro_assets.warehouse.connection import Warehouse

@@ -7,26 +7,26 @@ from rastro_assets.defs.analytics import (
     analytics_snapshot,
     publish_snapshot_job,
 )
-from rastro_assets.defs.catalog_assets import ad_catalog, ad_thumbnails
-from rastro_assets.defs.checks import (
-    accounts_fresh,
-    build_freshness_check,
-    build_sum_check,
-    site_spend_equals_ad_sums,
-)
-from rastro_assets.defs.external import external_specs
-from rastro_assets.defs.health import meta_account_health
-from rastro_assets.defs.partitions import SHARD_COUNT, all_accounts_partitions_name
-from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.retention import retention_sensor
-from rastro_assets.defs.sensors import (
+from rastro_assets.defs.cadence.health import meta_account_health
+from rastro_assets.defs.cadence.sensors import (
     build_meta_accounts_sensor,
     build_meta_cadence_sensor,
     meta_accounts_sensor,
     meta_cadence_sensor,
 )
-from rastro_assets.defs.spend_assets import build_meta_spend, meta_spend, spend_shard
-from rastro_assets.defs.wave import sync_wave_job
+from rastro_assets.defs.cadence.wave import sync_wave_job
+from rastro_assets.defs.catalog import ad_catalog, ad_thumbnails
+from rastro_assets.defs.external import external_specs
+from rastro_assets.defs.partitions import SHARD_COUNT, all_accounts_partitions_name
+from rastro_assets.defs.resources import RastroResource
+from rastro_assets.defs.retention import retention_sensor
+from rastro_assets.defs.spend.assets import build_meta_spend, meta_spend, spend_shard
+from rastro_assets.defs.spend.checks import (
+    accounts_fresh,
+    build_freshness_check,
+    build_sum_check,
+    site_spend_equals_ad_sums,
+)
 
 
 def build_defs(shard_count: int = SHARD_COUNT) -> dg.Definitions:

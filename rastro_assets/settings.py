@@ -61,21 +61,60 @@ class SettingsError(ValueError):
     """A variable of the environment holds a value the product cannot use."""
 
 
+class NotTheSnapshot(SettingsError):
+    """The analytics snapshot's path names the pipeline's own file."""
+
+
+def check_not_the_pipeline_file(
+    snapshot_path: str | os.PathLike[str], pipeline_path: str | os.PathLike[str]
+) -> None:
+    """Raise `NotTheSnapshot` when the snapshot's path is the pipeline's own file (the same
+    path, relative or absolute, or another name of the same file).
+
+    A publish renames a new file over the snapshot: over the pipeline's file it would destroy
+    the registry, the sealed tokens and the sync history. And an analyst's session on the
+    pipeline's file, even read-only, would hold up its writers.
+    """
+    if _same_file(Path(snapshot_path), Path(pipeline_path)):
+        raise NotTheSnapshot(
+            f"{snapshot_path} is the pipeline's own file (RASTRO_DUCKDB_PATH), not the analytics"
+            " snapshot: point RASTRO_ANALYTICS_PATH at another file (default: analytics.duckdb"
+            " beside the pipeline's file)"
+        )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:  # one of them does not exist yet
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
 def idle_live_interval_minutes(raw: str | None) -> int:
     """`RASTRO_IDLE_LIVE_INTERVAL_MINUTES`: whole minutes, at least the live interval."""
+    return _whole_number(
+        raw,
+        DEFAULT_IDLE_LIVE_INTERVAL_MINUTES,
+        least=LIVE_INTERVAL_MINUTES,
+        refusal=f"RASTRO_IDLE_LIVE_INTERVAL_MINUTES must be a whole number of minutes,"
+        f" {LIVE_INTERVAL_MINUTES} (idle accounts read like the others) or more",
+    )
+
+
+def _whole_number(
+    raw: str | None, default: int, *, least: int, most: int | None = None, refusal: str
+) -> int:
+    """`raw` as a whole number from `least` to `most`, `default` when empty; otherwise a
+    SettingsError that says `refusal` and the value given."""
     if not raw:
-        return DEFAULT_IDLE_LIVE_INTERVAL_MINUTES
+        return default
     try:
-        minutes = int(raw)
+        number = int(raw)
     except ValueError:
-        minutes = 0
-    if minutes < LIVE_INTERVAL_MINUTES:
-        raise SettingsError(
-            f"RASTRO_IDLE_LIVE_INTERVAL_MINUTES must be a whole number of minutes,"
-            f" {LIVE_INTERVAL_MINUTES} (idle accounts read like the others) or more,"
-            f" not {raw!r}"
-        )
-    return minutes
+        number = least - 1
+    if number < least or (most is not None and number > most):
+        raise SettingsError(f"{refusal}, not {raw!r}")
+    return number
 
 
 DEFAULT_PARTITIONS_START = "2026-08-01"
@@ -108,18 +147,13 @@ MAX_ACCOUNT_SHARDS = 500
 
 def account_shards(raw: str | None) -> int:
     """`RASTRO_ACCOUNT_SHARDS`: how many spend asset pairs hold the accounts (1 to 500)."""
-    if not raw:
-        return DEFAULT_ACCOUNT_SHARDS
-    try:
-        shards = int(raw)
-    except ValueError:
-        shards = 0
-    if not 1 <= shards <= MAX_ACCOUNT_SHARDS:
-        raise SettingsError(
-            f"RASTRO_ACCOUNT_SHARDS must be a whole number from 1 to {MAX_ACCOUNT_SHARDS},"
-            f" not {raw!r}"
-        )
-    return shards
+    return _whole_number(
+        raw,
+        DEFAULT_ACCOUNT_SHARDS,
+        least=1,
+        most=MAX_ACCOUNT_SHARDS,
+        refusal=f"RASTRO_ACCOUNT_SHARDS must be a whole number from 1 to {MAX_ACCOUNT_SHARDS}",
+    )
 
 
 # Read once, when the code loads: each shard is a pair of assets, fixed at definition time,
@@ -196,14 +230,7 @@ class Settings:
     from the working directory (`from_env`); None when it was named or found."""
 
     def __post_init__(self) -> None:
-        # A publish renames a new file over the snapshot: over the pipeline's own file it
-        # would destroy the registry, the sealed tokens and the sync history.
-        if os.path.abspath(self.snapshot_path) == os.path.abspath(self.duckdb_path):
-            raise SettingsError(
-                f"RASTRO_ANALYTICS_PATH names the pipeline's own file ({self.duckdb_path},"
-                " RASTRO_DUCKDB_PATH): the snapshot must be another file, since each publish"
-                " replaces it whole"
-            )
+        check_not_the_pipeline_file(self.snapshot_path, self.duckdb_path)
 
     @property
     def snapshot_path(self) -> str:
@@ -254,7 +281,7 @@ class Settings:
             ),
             analytics_path=env.get("RASTRO_ANALYTICS_PATH") or None,
             analytics_mode=_octal_mode(env.get("RASTRO_ANALYTICS_MODE")),
-            analytics_lag_seconds=_positive_seconds(env.get("RASTRO_ANALYTICS_LAG_SECONDS")),
+            analytics_lag_seconds=_lag_seconds(env.get("RASTRO_ANALYTICS_LAG_SECONDS")),
             analytics_storage_version=storage_version(env.get("RASTRO_ANALYTICS_STORAGE_VERSION")),
             account_shards=account_shards(env.get("RASTRO_ACCOUNT_SHARDS")),
         )
@@ -287,16 +314,10 @@ def _octal_mode(raw: str | None) -> int:
     return mode
 
 
-def _positive_seconds(raw: str | None) -> int:
-    if not raw:
-        return DEFAULT_ANALYTICS_LAG_SECONDS
-    try:
-        seconds = int(raw)
-    except ValueError:
-        seconds = 0
-    if seconds < 30:
-        raise SettingsError(
-            f"RASTRO_ANALYTICS_LAG_SECONDS must be a whole number of seconds, 30 or more,"
-            f" not {raw!r}"
-        )
-    return seconds
+def _lag_seconds(raw: str | None) -> int:
+    return _whole_number(
+        raw,
+        DEFAULT_ANALYTICS_LAG_SECONDS,
+        least=30,
+        refusal="RASTRO_ANALYTICS_LAG_SECONDS must be a whole number of seconds, 30 or more",
+    )

@@ -131,7 +131,7 @@ def test_the_scaled_instance_keeps_the_repos_queue_rules():
 
 
 def test_both_instances_monitor_runs_with_the_sensors_default_limit():
-    from rastro_assets.defs.wave import DEFAULT_MAX_RUNTIME_SECONDS
+    from rastro_assets.defs.keys import DEFAULT_MAX_RUNTIME_SECONDS
 
     for instance in (load_yaml(REPO / "dagster.yaml"), load_yaml(DOCS / SCALED)):
         monitoring = instance["run_monitoring"]
@@ -283,7 +283,7 @@ def test_the_docs_name_the_snapshots_variables():
 
 
 def test_the_readme_says_how_many_accounts_a_wave_syncs_at_once():
-    from rastro_assets.defs.wave import WAVE_CONCURRENCY
+    from rastro_assets.defs.cadence.wave import WAVE_CONCURRENCY
 
     said = re.findall(r"(\d+|four) accounts at a time", README.read_text())
     assert said == [str(WAVE_CONCURRENCY)]

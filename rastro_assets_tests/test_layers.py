@@ -11,6 +11,8 @@ last tests can plant a bad import in a copy of the tree and watch the rule catch
   (the CLI may reach `defs` lazily).
 - The leaves (settings, time, vault, shared vocabulary, account ids, token shape, shards, the
   spend schema) import nothing of ours.
+- Within `defs/`, the keys, tags and limits (`defs/keys.py`) import nothing else of `defs/`,
+  so its domains (spend, catalog, analytics, cadence) share them without importing one another.
 - Only `defs/` and `definitions.py` import any `dagster*` package.
 - The fake Graph (`rastro_fake_graph`, shipped beside the product) imports only the leaves and
   `meta/`; of the product only `demo.py`, the CLI and `make_client` (the `RASTRO_META_FAKE`
@@ -39,6 +41,7 @@ LEAVES = {
         "shards",
     )
 }
+DEFS_LEAVES = {f"{PRODUCT}.defs.keys"}
 DAGSTER_ALLOWED = (f"{PRODUCT}.defs", f"{PRODUCT}.definitions")
 
 _META = f"{PRODUCT}.meta"
@@ -176,6 +179,16 @@ def imports_above_their_layer(root: Path) -> set[tuple[str, str]]:
     return wrong
 
 
+def defs_leaves_importing_defs(root: Path) -> set[tuple[str, str]]:
+    edges = graph(root)
+    return {
+        (leaf, target)
+        for leaf in DEFS_LEAVES
+        for target in edges.get(leaf, ())
+        if is_in(target, _DEFS) and target != _DEFS
+    }
+
+
 def fake_reached_from_the_product(root: Path) -> set[tuple[str, str]]:
     return {
         (module, target)
@@ -233,6 +246,10 @@ def test_only_defs_import_dagster():
 
 def test_a_layer_imports_nothing_above_it():
     assert imports_above_their_layer(ROOT) == set()
+
+
+def test_the_defs_keys_import_nothing_else_of_defs():
+    assert defs_leaves_importing_defs(ROOT) == set()
 
 
 def test_only_the_demo_the_cli_and_make_client_reach_the_fake_graph():
@@ -295,6 +312,7 @@ def test_the_copy_is_clean(tree_copy: Path):
     assert dagster_outside_defs(tree_copy) == set()
     assert imports_above_their_layer(tree_copy) == set()
     assert fake_reached_from_the_product(tree_copy) == set()
+    assert defs_leaves_importing_defs(tree_copy) == set()
     assert import_circles(tree_copy) == []
 
 
@@ -317,6 +335,13 @@ def test_a_planted_import_in_a_leaf_fails(tree_copy: Path):
     assert ("rastro_assets.outcomes", "rastro_assets.meta.errors") in imports_above_their_layer(
         tree_copy
     )
+
+
+def test_a_planted_import_in_the_defs_keys_fails(tree_copy: Path):
+    plant(tree_copy, "rastro_assets/defs/keys.py", "from rastro_assets.defs import partitions")
+    assert defs_leaves_importing_defs(tree_copy) == {
+        ("rastro_assets.defs.keys", "rastro_assets.defs.partitions")
+    }
 
 
 def test_a_planted_package_in_no_layer_fails(tree_copy: Path):

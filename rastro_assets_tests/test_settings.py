@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from rastro_assets.settings import (
+    NotTheSnapshot,
     Settings,
     SettingsError,
     idle_live_interval_minutes,
@@ -45,6 +46,14 @@ def test_the_snapshot_may_never_be_the_pipeline_file():
         Settings.from_env(
             {"RASTRO_DUCKDB_PATH": "data/x.duckdb", "RASTRO_ANALYTICS_PATH": "./data/x.duckdb"}
         )
+
+
+def test_another_name_of_the_pipeline_file_is_refused_too(tmp_path: Path):
+    pipeline = tmp_path / "rastro.duckdb"
+    pipeline.write_bytes(b"")
+    (tmp_path / "analytics.duckdb").symlink_to(pipeline)
+    with pytest.raises(NotTheSnapshot, match="pipeline's own file"):
+        Settings(duckdb_path=str(pipeline))
 
 
 def test_the_idle_live_interval_defaults_to_three_hours_and_never_undercuts_45_minutes():

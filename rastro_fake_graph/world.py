@@ -198,7 +198,17 @@ HTML_502 = (
 
 
 def _failure_catalog() -> dict[str, FailureSpec]:
-    catalog: dict[str, FailureSpec] = {
+    catalog = {**_graph_errors(), **_broken_answers()}
+    catalog["permission_200"] = catalog["permission"]
+    catalog.update(_token_failures())
+    catalog.update(_throttles())
+    catalog["throttled"] = catalog["throttled_80000"]
+    return catalog
+
+
+def _graph_errors() -> dict[str, FailureSpec]:
+    """Meta's own error answers, as its JSON `error` object says them."""
+    return {
         "token": FailureSpec(code=190, message=TOKEN_MESSAGES[None]),
         "permission": FailureSpec(
             status=403, code=200,
@@ -228,6 +238,13 @@ def _failure_catalog() -> dict[str, FailureSpec]:
             message="An unexpected error has occurred. Please retry your request later.",
         ),
         "other": FailureSpec(code=100, message="(#100) Invalid parameter"),
+    }
+
+
+def _broken_answers() -> dict[str, FailureSpec]:
+    """Answers that are no Graph answer (HTML, cut JSON, dropped connections) and async
+    reports that never finish."""
+    return {
         "http5xx_html": FailureSpec(
             status=502, body=HTML_502, content_type="text/html; charset=utf-8"
         ),
@@ -245,20 +262,25 @@ def _failure_catalog() -> dict[str, FailureSpec]:
         "job_skipped": FailureSpec(job_outcome="skipped"),
         "job_stuck": FailureSpec(job_outcome="stuck"),
     }
-    catalog["permission_200"] = catalog["permission"]
-    for subcode in TOKEN_SUBCODES:
-        catalog[f"token_{subcode}"] = FailureSpec(
-            code=190, subcode=subcode, message=TOKEN_MESSAGES[subcode]
-        )
-    for code in THROTTLE_CODES:
-        catalog[f"throttled_{code}"] = FailureSpec(
+
+
+def _token_failures() -> dict[str, FailureSpec]:
+    return {
+        f"token_{subcode}": FailureSpec(code=190, subcode=subcode, message=TOKEN_MESSAGES[subcode])
+        for subcode in TOKEN_SUBCODES
+    }
+
+
+def _throttles() -> dict[str, FailureSpec]:
+    return {
+        f"throttled_{code}": FailureSpec(
             code=code,
             subcode=2446079 if code in (17, 80000) else None,
             message=THROTTLE_MESSAGES.get(code, THROTTLE_ACCOUNT_MESSAGE),
             throttled=True,
         )
-    catalog["throttled"] = catalog["throttled_80000"]
-    return catalog
+        for code in THROTTLE_CODES
+    }
 
 
 FAILURES = _failure_catalog()

@@ -43,7 +43,9 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from rastro_assets.settings import Settings, SettingsError
+# Named here too: a notebook catches it beside SnapshotMissing.
+from rastro_assets.settings import NotTheSnapshot as NotTheSnapshot
+from rastro_assets.settings import Settings, SettingsError, check_not_the_pipeline_file
 
 if TYPE_CHECKING:
     import polars as pl
@@ -56,10 +58,6 @@ PUBLISH_NOW = "dagster asset materialize --select analytics_snapshot -m rastro_a
 
 class SnapshotMissing(FileNotFoundError):
     """No snapshot has been published at the path yet."""
-
-
-class NotTheSnapshot(ValueError):
-    """The path names the pipeline's own file, which analysts never open."""
 
 
 def missing_message(
@@ -97,12 +95,8 @@ def open_snapshot(
     since even a read-only session there would hold up the pipeline's writers.
     """
     path = Path(path)
-    if pipeline_path is not None and _same_file(path, Path(pipeline_path)):
-        raise NotTheSnapshot(
-            f"{path} is the pipeline's own file (RASTRO_DUCKDB_PATH), not the analytics"
-            " snapshot: point RASTRO_ANALYTICS_PATH elsewhere (default: analytics.duckdb"
-            " beside the pipeline's file)"
-        )
+    if pipeline_path is not None:
+        check_not_the_pipeline_file(path, pipeline_path)
     if not path.is_file():
         raise SnapshotMissing(missing_message(path, pipeline_path))
     con = duckdb.connect(config=dict(NO_EXTENSIONS))
@@ -141,13 +135,6 @@ def lock_down(con: duckdb.DuckDBPyConnection) -> None:
     """
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.samefile(b)
-    except OSError:  # one of them does not exist
-        return os.path.abspath(a) == os.path.abspath(b)
 
 
 # spend ----------------------------------------------------------------------

@@ -9,7 +9,7 @@ killed) leaves the previous snapshot whole, and the next one retries.
 
 A new file costs a copy of every byte, so the copy is all a publish does on
 the analysts' side: the private staging file it copies is kept current by
-`warehouse.snapshot.refresh`, which applies only what changed.
+`staging.refresh`, which applies only what changed.
 
 Analysts bring their own DuckDB (a shell, DBeaver, Metabase, a notebook), often
 older than the pipeline's, and DuckDB reads no file written in a newer storage
@@ -37,11 +37,16 @@ from pathlib import Path
 
 import duckdb
 
+from rastro_assets.analytics import staging
 from rastro_assets.analytics.status import status_table
 from rastro_assets.planner.history import planned_accounts
-from rastro_assets.settings import DEFAULT_ANALYTICS_STORAGE_VERSION, Settings, storage_version
+from rastro_assets.settings import (
+    DEFAULT_ANALYTICS_STORAGE_VERSION,
+    Settings,
+    check_not_the_pipeline_file,
+    storage_version,
+)
 from rastro_assets.timekeeping import Clock, system_clock
-from rastro_assets.warehouse import snapshot
 from rastro_assets.warehouse.connection import Warehouse
 
 
@@ -98,8 +103,7 @@ class Publisher:
         timer: Clock = system_clock,
         storage: str = DEFAULT_ANALYTICS_STORAGE_VERSION,
     ) -> None:
-        if os.path.abspath(target) == os.path.abspath(warehouse.path):
-            raise PublishError(f"the snapshot cannot replace the pipeline's own file {target}")
+        check_not_the_pipeline_file(target, warehouse.path)
         # Checked here too: it is spliced into the ATTACH statement.
         self.storage = storage_version(storage)
         self.warehouse = warehouse
@@ -154,7 +158,7 @@ class Publisher:
         return PublishState(
             fingerprint,
             published_at,
-            snapshot.fingerprint(con),
+            staging.fingerprint(con),
             stray_wal=_wal(self.target).exists(),
         )
 
@@ -225,7 +229,7 @@ class Publisher:
             changed_account_days=report.changed_account_days,
         )
 
-    def _refresh(self, now: datetime, published_at: datetime) -> snapshot.RefreshReport:
+    def _refresh(self, now: datetime, published_at: datetime) -> staging.RefreshReport:
         try:
             return self._refresh_staging(now, published_at)
         except _StagingFailed as failed:
@@ -243,7 +247,7 @@ class Publisher:
                 f" {_reason(failed.__cause__)}; the previous snapshot is unchanged"
             ) from failed.__cause__
 
-    def _refresh_staging(self, now: datetime, published_at: datetime) -> snapshot.RefreshReport:
+    def _refresh_staging(self, now: datetime, published_at: datetime) -> staging.RefreshReport:
         try:
             if self.staging.exists() and _storage_tag(self.staging) != self._wanted_storage():
                 self._remove_staging()
@@ -253,16 +257,16 @@ class Publisher:
             status = status_table(planned_accounts(con), now)
             try:
                 con.execute(
-                    f"ATTACH ? AS {snapshot.STAGE} (STORAGE_VERSION '{self.storage}')",
+                    f"ATTACH ? AS {staging.STAGE} (STORAGE_VERSION '{self.storage}')",
                     [str(self.staging)],
                 )
                 try:
                     # A cache of analyst data only, but nobody else's business to read.
                     os.chmod(self.staging, 0o600)
-                    report = snapshot.refresh(con, status, published_at)
-                    con.execute(f"CHECKPOINT {snapshot.STAGE}")
+                    report = staging.refresh(con, status, published_at)
+                    con.execute(f"CHECKPOINT {staging.STAGE}")
                 finally:
-                    con.execute(f"DETACH {snapshot.STAGE}")
+                    con.execute(f"DETACH {staging.STAGE}")
             except (duckdb.Error, OSError) as exc:
                 failure = exc
             else:
@@ -361,7 +365,7 @@ def _drop_bookkeeping(copy: Path) -> None:
     their `information_schema`. Dropping it frees its few blocks, and the copy stays one file
     (the checkpoint folds the drop in and removes the log)."""
     with duckdb.connect(str(copy)) as con:
-        con.execute(f"DROP SCHEMA IF EXISTS {snapshot.BOOKKEEPING} CASCADE")
+        con.execute(f"DROP SCHEMA IF EXISTS {staging.BOOKKEEPING} CASCADE")
         con.execute("CHECKPOINT")
     if _wal(copy).exists():
         raise PublishError(f"the copy {copy} was not checkpointed")

@@ -7,10 +7,10 @@ from datetime import datetime
 
 import pyarrow as pa
 
+from rastro_assets.analytics.tables import STATUS_SCHEMA
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount
 from rastro_assets.timekeeping import local_date
-from rastro_assets.warehouse.snapshot import STATUS_SCHEMA
 
 
 def status_table(accounts: Sequence[PlannedAccount], now: datetime) -> pa.Table:

@@ -12,6 +12,8 @@ import base64
 import ipaddress
 from pathlib import Path
 
+import duckdb
+
 from rastro_assets.cli.context import (
     EXIT_OK,
     Context,
@@ -44,6 +46,36 @@ def add_rotate_key(subparsers: Subparsers) -> None:
 
 def _rotate_key(args: argparse.Namespace, ctx: Context) -> int:
     old_var = args.old_key_env.strip()
+    old, new = _old_and_new_vaults(ctx, old_var)
+    warehouse = ctx.warehouse()
+    if not Path(warehouse.path).exists():
+        ctx.say(f"no warehouse at {warehouse.path}: no token to re-seal")
+        return EXIT_OK
+    with warehouse.connect() as con, transaction(con):
+        resealed, already = _reseal_all(con, ctx, old, new, old_var)
+        now = ctx.now()
+        for connection_id, sealed in resealed:
+            # `sealed_at` is the token's version, not the ciphertext's: the
+            # token is the same, so runs holding it still count as current.
+            con.execute(
+                "UPDATE meta_connections SET sealed_token = ?, updated_at = ?"
+                " WHERE connection_id = ?",
+                [sealed, now, connection_id],
+            )
+    ctx.say(f"re-sealed {len(resealed)} token(s) under {ENV_VAR}")
+    if already:
+        names = ", ".join(already)
+        ctx.say(f"{len(already)} token(s) were sealed under {ENV_VAR} already: {names}")
+    ctx.say(
+        f"restart dagster-daemon, dagster-webserver and the run workers with the new {ENV_VAR};"
+        f" {old_var} opens nothing any more"
+    )
+    return EXIT_OK
+
+
+def _old_and_new_vaults(ctx: Context, old_var: str) -> tuple[Vault, Vault]:
+    """The vaults of the old key (in `old_var`) and the new one; UsageError unless both
+    hold a key and the keys differ."""
     if not old_var:
         raise UsageError("--old-key-env needs the name of an environment variable")
     if old_var == ENV_VAR:
@@ -64,57 +96,42 @@ def _rotate_key(args: argparse.Namespace, ctx: Context) -> int:
             f"{old_var} and {ENV_VAR} hold the same key: export the new key (`rastro keygen`)"
             f" as {ENV_VAR} first"
         )
-    warehouse = ctx.warehouse()
-    if not Path(warehouse.path).exists():
-        ctx.say(f"no warehouse at {warehouse.path}: no token to re-seal")
-        return EXIT_OK
-    with warehouse.connect() as con, transaction(con):
-        rows = con.execute(
-            "SELECT connection_id, sealed_token FROM meta_connections"
-            " WHERE sealed_token IS NOT NULL ORDER BY connection_id"
-        ).fetchall()
-        resealed: list[tuple[str, bytes]] = []
-        already: list[str] = []
-        unreadable: list[str] = []
-        # Every token is opened before anything is written: one that opens
-        # under neither key would be lost, so it stops the whole rotation.
-        for connection_id, sealed in rows:
-            sealed = bytes(sealed)
-            try:
-                token = old.open(connection_id, sealed)
-            except SecretsKeyError:
-                if _opens(new, connection_id, sealed):
-                    already.append(connection_id)
-                else:
-                    unreadable.append(connection_id)
-                continue
-            ctx.keep_secret(token)
-            resealed.append((connection_id, new.seal(connection_id, token)))
-        if unreadable:
-            names = ", ".join(repr(name) for name in unreadable)
-            raise UsageError(
-                f"the token of connection(s) {names} opens under neither {old_var} nor"
-                f" {ENV_VAR}; nothing was changed (reconnect those with `rastro connect`,"
-                " or find the key they were sealed with)"
-            )
-        now = ctx.now()
-        for connection_id, sealed in resealed:
-            # `sealed_at` is the token's version, not the ciphertext's: the
-            # token is the same, so runs holding it still count as current.
-            con.execute(
-                "UPDATE meta_connections SET sealed_token = ?, updated_at = ?"
-                " WHERE connection_id = ?",
-                [sealed, now, connection_id],
-            )
-    ctx.say(f"re-sealed {len(resealed)} token(s) under {ENV_VAR}")
-    if already:
-        names = ", ".join(already)
-        ctx.say(f"{len(already)} token(s) were sealed under {ENV_VAR} already: {names}")
-    ctx.say(
-        f"restart dagster-daemon, dagster-webserver and the run workers with the new {ENV_VAR};"
-        f" {old_var} opens nothing any more"
-    )
-    return EXIT_OK
+    return old, new
+
+
+def _reseal_all(
+    con: duckdb.DuckDBPyConnection, ctx: Context, old: Vault, new: Vault, old_var: str
+) -> tuple[list[tuple[str, bytes]], list[str]]:
+    """Every stored token sealed under the new key, and the connections whose token was
+    sealed under it already. Writes nothing: a token that opens under neither key would be
+    lost, so it stops the whole rotation (UsageError)."""
+    rows = con.execute(
+        "SELECT connection_id, sealed_token FROM meta_connections"
+        " WHERE sealed_token IS NOT NULL ORDER BY connection_id"
+    ).fetchall()
+    resealed: list[tuple[str, bytes]] = []
+    already: list[str] = []
+    unreadable: list[str] = []
+    for connection_id, sealed in rows:
+        sealed = bytes(sealed)
+        try:
+            token = old.open(connection_id, sealed)
+        except SecretsKeyError:
+            if _opens(new, connection_id, sealed):
+                already.append(connection_id)
+            else:
+                unreadable.append(connection_id)
+            continue
+        ctx.keep_secret(token)
+        resealed.append((connection_id, new.seal(connection_id, token)))
+    if unreadable:
+        names = ", ".join(repr(name) for name in unreadable)
+        raise UsageError(
+            f"the token of connection(s) {names} opens under neither {old_var} nor"
+            f" {ENV_VAR}; nothing was changed (reconnect those with `rastro connect`,"
+            " or find the key they were sealed with)"
+        )
+    return resealed, already
 
 
 def _key_bytes(ctx: Context, var: str) -> bytes:

@@ -1,1 +1,2 @@
-"""The Dagster skin over the pure core: partitions, resources, assets, checks, sensors, jobs."""
+"""The Dagster skin over the pure core, by domain (spend, catalog, analytics, cadence) over
+shared keys, partitions, resources and metadata."""

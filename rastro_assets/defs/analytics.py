@@ -1,7 +1,7 @@
 """`analytics_snapshot`: the analysts' copy of the warehouse, and who publishes it.
 
 Runs that wrote publish at their end when the last publish is older than half
-the lag setting (`defs.publishing.publish_after_writes`), and record a
+the lag setting (`publish_after_writes`), and record a
 materialization of `analytics_snapshot` when they do: at a thousand accounts
 waves end every minute or so, and publishing rides on them for free. What they leave
 unpublished (the last writes of a quiet spell, a link made from the CLI) the
@@ -11,14 +11,20 @@ has waited 0.7 × the lag; so no write waits longer than the lag.
 
 import dagster as dg
 
-from rastro_assets.defs.publishing import ANALYTICS_SNAPSHOT, snapshot_metadata
+from rastro_assets.analytics.publish import PublishError, PublishResult
+from rastro_assets.defs.keys import (
+    AD_SPEND_DAILY,
+    ANALYTICS_SNAPSHOT,
+    IN_FLIGHT_STATUSES,
+    OWNERS,
+    PUBLISH_TAG,
+    SENSOR_LOCK_WAIT_SECONDS,
+    SITE_SPEND_DAILY,
+)
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.sensors import IN_FLIGHT_STATUSES, SENSOR_LOCK_WAIT_SECONDS
-from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, OWNERS, SITE_SPEND_DAILY
 from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS
 from rastro_assets.warehouse.connection import WarehouseLocked
 
-PUBLISH_TAG = "rastro/publish"
 PUBLISHER_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 60
 
 
@@ -85,3 +91,50 @@ def analytics_publisher_sensor(context: dg.SensorEvaluationContext, rastro: Rast
             "the snapshot is up to date" if not state.owed else "runs that write will publish"
         )
     return dg.RunRequest(run_key=f"publish:{state.current_fingerprint}:{now.isoformat()}")
+
+
+def snapshot_metadata(result: PublishResult) -> dict[str, object]:
+    metadata: dict[str, object] = {
+        "path": dg.MetadataValue.path(result.path),
+        "size_bytes": result.bytes,
+        "duration_seconds": round(result.duration_seconds, 3),
+        "refresh_seconds": round(result.refresh_seconds, 3),
+        "copy_seconds": round(result.copy_seconds, 3),
+        "changed_account_days": result.changed_account_days,
+        "dagster/row_count": result.rows.get("ad_spend_daily", 0),
+        "rows": dg.MetadataValue.json(result.rows),
+    }
+    if result.lag_seconds is not None:
+        metadata["lag_seconds"] = round(result.lag_seconds, 1)
+    if result.rebuilt:
+        metadata["rebuilt"] = ", ".join(result.rebuilt)
+    return metadata
+
+
+def publish_after_writes(
+    context: dg.OpExecutionContext | dg.AssetExecutionContext, rastro: RastroResource
+) -> None:
+    """Publish the snapshot if changes wait and the last publish is older than half the
+    lag. A failure of any kind is logged and recorded, never raised: the run's own work is
+    done and its outcome is its sync's, and the sensor retries the publish."""
+    try:
+        result = rastro.publisher().publish_if_due()
+    except Exception as exc:  # a full disk is a duckdb.Error as often as an OSError
+        reason = str(exc) if isinstance(exc, PublishError | WarehouseLocked) else repr(exc)
+        context.log.warning(f"analytics snapshot not published (retried later): {reason}")
+        context.log_event(
+            dg.AssetObservation(
+                asset_key=ANALYTICS_SNAPSHOT,
+                description="not published at the end of a run that wrote; retried later",
+                metadata={"publish_error": reason, "published": False},
+            )
+        )
+        return
+    if result is not None:
+        context.log_event(
+            dg.AssetMaterialization(
+                asset_key=ANALYTICS_SNAPSHOT,
+                description="published at the end of a run that wrote",
+                metadata=snapshot_metadata(result),
+            )
+        )

@@ -7,10 +7,10 @@ materialize them: they show where the spend and catalog assets start from.
 
 import dagster as dg
 
+from rastro_assets.defs.keys import OWNERS
 from rastro_assets.defs.metadata import table_metadata
 
 GROUP = "registry"
-OWNERS = ["team:data-engineering"]
 
 SITES = dg.AssetKey("sites")
 META_CONNECTIONS = dg.AssetKey("meta_connections")

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import dagster as dg
 
+from rastro_assets.defs.cadence.sensors import busy_accounts
 from rastro_assets.defs.partitions import SHARD_COUNT, all_accounts_partitions_name
-from rastro_assets.defs.sensors import busy_accounts
-from rastro_assets.defs.spend_assets import spend_shard
+from rastro_assets.defs.spend.assets import spend_shard
 
 MOVED_FROM = "rastro/moved_from"
 

@@ -22,11 +22,13 @@ from __future__ import annotations
 import dagster as dg
 
 from rastro_assets.defs.daemon_logs import summarise_backfill_logs
-from rastro_assets.defs.spend_assets import ACCOUNT_TAG
+from rastro_assets.defs.keys import (
+    ACCOUNT_DIMENSION_TAG,
+    ACCOUNT_TAG,
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+)
 
-RANGE_START_TAG = "dagster/asset_partition_range_start"
-RANGE_END_TAG = "dagster/asset_partition_range_end"
-ACCOUNT_DIMENSION_TAG = "dagster/partition/account"
 DIMENSION_TAG_PREFIX = "dagster/partition/"
 
 

@@ -231,10 +231,7 @@ class InsightsReader:
                                         read_page=self._page_reader(since, until)):
             if stop.is_set():
                 raise _Stopped
-            pages.append(
-                page if isinstance(page, pa.Table)
-                else parse_insight_table(page, since, until)
-            )
+            pages.append(_as_table(page, since, until))
         return _by_day_and_ad(pages)
 
     @staticmethod
@@ -242,12 +239,14 @@ class InsightsReader:
         return lambda body: read_insights_page(body, since, until)
 
     def _read_async(self, act: str, day: date, stop: threading.Event) -> InsightsChunk:
-        def incomplete(pages: Sequence[pa.Table] = ()) -> InsightsChunk:
-            return InsightsChunk(
-                since=day, until=day, table=_by_day_and_ad(list(pages)), complete=False
-            )
-
         what = f"async report for {act} on {day}"
+        run_id = self._start_report(act, day, what)
+        if run_id is None or not self._report_finished(run_id, what, stop):
+            return _incomplete(day)
+        return self._read_report(run_id, day, what)
+
+    def _start_report(self, act: str, day: date, what: str) -> str | None:
+        """The started report's id; None when Meta will not start one (too much data)."""
         try:
             body = self._session.call("POST", f"{act}/insights",
                                       data=self._insights_params(day, day),
@@ -256,13 +255,16 @@ class InsightsReader:
             if exc.kind is not ErrorKind.TOO_MUCH_DATA:
                 raise
             log.warning("%s could not start: %s", what, exc)
-            return incomplete()
+            return None
         run_id = body.get("report_run_id")
         if isinstance(run_id, int) and not isinstance(run_id, bool):
             run_id = str(run_id)
         if not isinstance(run_id, str) or not _NODE_ID_RE.match(run_id):
             raise MalformedResponse(f"Meta started {what} without a usable 'report_run_id'")
+        return run_id
 
+    def _report_finished(self, run_id: str, what: str, stop: threading.Event) -> bool:
+        """Poll the report until it is done (True), or Meta gave up or it took too long."""
         waited_seconds = 0.0
         started = time.monotonic()
         while True:
@@ -270,40 +272,49 @@ class InsightsReader:
                                      what=f"GET report {run_id}")
             status = job.get("async_status")
             if status == ASYNC_DONE:
-                break
+                return True
             if not isinstance(status, str):
                 raise MalformedResponse(f"report {run_id} answered without an 'async_status'")
             if status in ASYNC_GAVE_UP:
                 log.warning("%s ended %r (error %s: %s); the day stays incomplete", what,
                             status, job.get("error_code"),
                             self._session.scrub(str(job.get("error_message"))))
-                return incomplete()
+                return False
             elapsed = max(waited_seconds, time.monotonic() - started)
             if elapsed >= self._async_timeout_seconds:
                 log.warning("%s still %r after %.0fs; the day stays incomplete",
                             what, status, elapsed)
-                return incomplete()
+                return False
             self._session.sleep(self._async_poll_seconds)
             waited_seconds += self._async_poll_seconds
             if stop.is_set():
                 raise _Stopped
 
+    def _read_report(self, run_id: str, day: date, what: str) -> InsightsChunk:
         pages: list[pa.Table] = []
         try:
             for page in self._session.pages(f"{run_id}/insights",
                                             {"limit": str(self._page_size)},
                                             what=f"GET report {run_id}/insights",
                                             read_page=self._page_reader(day, day)):
-                pages.append(
-                    page if isinstance(page, pa.Table)
-                    else parse_insight_table(page, day, day)
-                )
+                pages.append(_as_table(page, day, day))
         except MetaError as exc:
             if exc.kind is not ErrorKind.TOO_MUCH_DATA:
                 raise
             log.warning("%s could not be read in full: %s", what, exc)
-            return incomplete(pages)
+            return _incomplete(day, pages)
         return InsightsChunk(since=day, until=day, table=_by_day_and_ad(pages), complete=True)
+
+
+def _as_table(page: object, since: date, until: date) -> pa.Table:
+    """A page as the byte reader read it, or parsed row by row when it could not."""
+    return page if isinstance(page, pa.Table) else parse_insight_table(page, since, until)
+
+
+def _incomplete(day: date, pages: Sequence[pa.Table] = ()) -> InsightsChunk:
+    """What was read of a day Meta would not answer in full: kept, and marked incomplete."""
+    return InsightsChunk(since=day, until=day, table=_by_day_and_ad(list(pages)), complete=False)
+
 
 class _RangeRead:
     """One read's ranges: sized, read up to `range_concurrency` at a time, yielded in order.

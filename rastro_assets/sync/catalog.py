@@ -23,6 +23,8 @@ from datetime import datetime, timedelta
 from itertools import islice
 from typing import TypeVar
 
+import duckdb
+
 from rastro_assets.meta.client import MetaClient
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.meta.models import Ad
@@ -71,6 +73,23 @@ _QUERY = re.compile(r"\?\S*")
 T = TypeVar("T")
 
 
+def _missing_names(
+    con: duckdb.DuckDBPyConnection, account: registry.LinkedAccount, now: datetime
+) -> list[str]:
+    """The ads that brought leads lately but have no name yet, at most `MAX_MISSING_NAMES`."""
+    since = local_date(now, account.timezone) - timedelta(days=MISSING_NAMES_LOOKBACK_DAYS)
+    return store.missing_ad_names(con, account.ad_account_id, since, limit=MAX_MISSING_NAMES)
+
+
+def _log_catalog_read(result: CatalogOutcome, run_id: str) -> None:
+    log.info(
+        "%s catalog (%s, run %s): %d ads read, %d added, %d renamed, %d status changes,"
+        " %d in all",
+        result.ad_account_id, "full" if result.full else "missing names", run_id,
+        result.ads_read, result.added, result.renamed, result.status_changed, result.total_ads,
+    )
+
+
 class _Stop(Exception):
     """Ends a call early with the outcome already filled in."""
 
@@ -108,33 +127,15 @@ class CatalogSyncer(Wiring):
         result = CatalogOutcome(ad_account_id=ad_account_id, full=full)
         with self.warehouse.connect() as con:
             account, connection = known or self._account(con, ad_account_id)
-            missing: list[str] = []
-            if not full:
-                since = local_date(now, account.timezone) - timedelta(
-                    days=MISSING_NAMES_LOOKBACK_DAYS
-                )
-                missing = store.missing_ad_names(con, ad_account_id, since, limit=MAX_MISSING_NAMES)
-                if not missing:
-                    return result
+            missing = [] if full else _missing_names(con, account, now)
+        if not full and not missing:
+            return result
         try:
             client = self._client(connection, result)
         except _Stop:
             return result
         try:
-            if full:
-                for batch in _batched(client.ads(ad_account_id), CATALOG_BATCH):
-                    self._write_ads(ad_account_id, batch, now, result, refile=True)
-            else:
-                result.asked_by_id = len(missing)
-                ads = self._ads_by_id(client, missing)
-                # The answer names its account only when Meta says so; an ad of
-                # another account is that account's to name.
-                ours = [ad for ad in ads if ad.ad_account_id in (None, ad_account_id)]
-                result.skipped += len(ads) - len(ours)
-                result.named_ids = [ad.ad_id for ad in ours]
-                self._write_ads(ad_account_id, ours, now, result, refile=False)
-            with self.warehouse.connect() as con:
-                result.total_ads = store.catalog_size(con, ad_account_id)
+            self._read_catalog(client, ad_account_id, missing, now, result)
         except MetaError as exc:
             self._fail(result, outcome_of(exc.kind), str(exc))
             result.regain_seconds = exc.regain_seconds or client.stats.usage.regain_seconds
@@ -149,13 +150,32 @@ class CatalogSyncer(Wiring):
         if own_run and result.outcome == Outcome.THROTTLED:
             self._record_throttle(account, connection, result, run_id=run_id, started_at=now)
         if result.ok:
-            log.info(
-                "%s catalog (%s, run %s): %d ads read, %d added, %d renamed, %d status changes,"
-                " %d in all",
-                ad_account_id, "full" if full else "missing names", run_id, result.ads_read,
-                result.added, result.renamed, result.status_changed, result.total_ads,
-            )
+            _log_catalog_read(result, run_id)
         return result
+
+    def _read_catalog(
+        self,
+        client: MetaClient,
+        ad_account_id: str,
+        missing: list[str],
+        now: datetime,
+        result: CatalogOutcome,
+    ) -> None:
+        """Every ad (`result.full`), or the `missing` names by id; then count the catalog."""
+        if result.full:
+            for batch in _batched(client.ads(ad_account_id), CATALOG_BATCH):
+                self._write_ads(ad_account_id, batch, now, result, refile=True)
+        else:
+            result.asked_by_id = len(missing)
+            ads = self._ads_by_id(client, missing)
+            # The answer names its account only when Meta says so; an ad of
+            # another account is that account's to name.
+            ours = [ad for ad in ads if ad.ad_account_id in (None, ad_account_id)]
+            result.skipped += len(ads) - len(ours)
+            result.named_ids = [ad.ad_id for ad in ours]
+            self._write_ads(ad_account_id, ours, now, result, refile=False)
+        with self.warehouse.connect() as con:
+            result.total_ads = store.catalog_size(con, ad_account_id)
 
     def _write_ads(
         self, ad_account_id: str, ads: Sequence[Ad], now: datetime, result: CatalogOutcome,

@@ -234,18 +234,42 @@ def upsert_spend_names(
         )
         if table.num_rows
     ]
-    if len(batch) > 1:
-        accounts = [account for _, account, _ in batch]
-        ad_ids = [set(table["ad_id"].unique().to_pylist()) for _, _, table in batch]
-        if len(set(accounts)) < len(accounts) or sum(map(len, ad_ids)) != len(
-            set().union(*ad_ids)
-        ):
-            # One ad (or account) in two reads would meet itself twice in the merge.
-            for index, account, table in batch:
-                [answers[index]] = upsert_spend_names(con, [(account, table)], now)
-            return answers
     if not batch:
         return answers
+    if _reads_overlap(batch):
+        # One ad (or account) in two reads would meet itself twice in the merge.
+        for index, account, table in batch:
+            [answers[index]] = upsert_spend_names(con, [(account, table)], now)
+        return answers
+    counts = _merge_names(con, batch, now)
+    for index, account, _ in batch:
+        linked, ads, added, skipped, renamed, _ = counts[account]
+        answers[index] = (
+            CatalogWriteResult(
+                ads=int(ads), added=int(added), renamed=int(renamed), skipped=int(skipped)
+            )
+            if linked
+            else not_linked(account)
+        )
+    return answers
+
+
+def _reads_overlap(batch: Sequence[tuple[int, str, pa.Table]]) -> bool:
+    """Whether two reads share an account or an ad."""
+    if len(batch) < 2:
+        return False
+    accounts = [account for _, account, _ in batch]
+    ad_ids = [set(table["ad_id"].unique().to_pylist()) for _, _, table in batch]
+    return len(set(accounts)) < len(accounts) or sum(map(len, ad_ids)) != len(
+        set().union(*ad_ids)
+    )
+
+
+def _merge_names(
+    con: duckdb.DuckDBPyConnection, batch: Sequence[tuple[int, str, pa.Table]], now: datetime
+) -> dict[str, tuple]:
+    """One merge of every read's names; per account, `_NAMES_COUNTS`'s figures (whether a
+    site links it, its ads, added, skipped, renamed, touched)."""
     incoming = pa.concat_tables(
         table.add_column(
             0, "ad_account_id", pa.repeat(pa.scalar(account, pa.string()), table.num_rows)
@@ -261,16 +285,7 @@ def upsert_spend_names(
                 con.execute(_NAMES_MERGE, [now])
         finally:
             con.unregister(_INCOMING_NAMES)
-    for index, account, _ in batch:
-        linked, ads, added, skipped, renamed, _ = counts[account]
-        answers[index] = (
-            CatalogWriteResult(
-                ads=int(ads), added=int(added), renamed=int(renamed), skipped=int(skipped)
-            )
-            if linked
-            else not_linked(account)
-        )
-    return answers
+    return counts
 
 
 # Each read's ads with their latest non-empty value of each name, by day, and

@@ -217,19 +217,14 @@ def link_account(
     timezone = validate_timezone(timezone)
     currency = normalize_currency(currency)
     with transaction(con):
-        if not site_exists(con, site_id):
-            raise RegistryError(f"unknown site {site_id!r}: add it first with `rastro site add`")
-        if get_connection(con, connection_id) is None:
-            raise RegistryError(
-                f"unknown connection {connection_id!r}: connect it first with `rastro connect`"
-            )
-        account = con.execute(
+        _require_site_and_connection(con, site_id, connection_id)
+        stored = con.execute(
             "SELECT connection_id, timezone, currency FROM meta_ad_accounts"
             " WHERE ad_account_id = ?",
             [ad_account_id],
         ).fetchone()
         linked_sites = _sites_linking(con, ad_account_id)
-        if account is None or not linked_sites:
+        if stored is None or not linked_sites:
             shard = least_filled_shard(con, shards)
             con.execute(
                 """
@@ -244,18 +239,8 @@ def link_account(
             )
             _store_shard(con, ad_account_id, shard)
         else:
-            stored_connection, stored_timezone, stored_currency = account
-            if stored_connection != connection_id:
-                raise RegistryError(
-                    f"{ad_account_id} is already synced through connection"
-                    f" {stored_connection!r} (linked to {', '.join(linked_sites)});"
-                    " unlink it from every site before linking it through another connection"
-                )
-            if (stored_timezone, stored_currency) != (timezone, currency):
-                raise RegistryError(
-                    f"{ad_account_id} is stored with timezone {stored_timezone} and currency"
-                    f" {stored_currency}, not {timezone} and {currency}"
-                )
+            asked = (connection_id, timezone, currency)
+            _require_same_account(ad_account_id, stored, asked, linked_sites)
             if name is not None:
                 con.execute(
                     "UPDATE meta_ad_accounts SET name = coalesce(name, ?) WHERE ad_account_id = ?",
@@ -269,6 +254,40 @@ def link_account(
         )
         rebuild_site_spend(con, ad_account_id, site_ids=[site_id])
     return LinkResult.LINKED
+
+
+def _require_site_and_connection(
+    con: duckdb.DuckDBPyConnection, site_id: str, connection_id: str
+) -> None:
+    if not site_exists(con, site_id):
+        raise RegistryError(f"unknown site {site_id!r}: add it first with `rastro site add`")
+    if get_connection(con, connection_id) is None:
+        raise RegistryError(
+            f"unknown connection {connection_id!r}: connect it first with `rastro connect`"
+        )
+
+
+def _require_same_account(
+    ad_account_id: str,
+    stored: tuple[str, str, str],
+    asked: tuple[str, str, str],
+    linked_sites: list[str],
+) -> None:
+    """A linked account is linked again only through its connection, in its timezone and
+    currency: its spend is filed under them."""
+    stored_connection, stored_timezone, stored_currency = stored
+    connection_id, timezone, currency = asked
+    if stored_connection != connection_id:
+        raise RegistryError(
+            f"{ad_account_id} is already synced through connection"
+            f" {stored_connection!r} (linked to {', '.join(linked_sites)});"
+            " unlink it from every site before linking it through another connection"
+        )
+    if (stored_timezone, stored_currency) != (timezone, currency):
+        raise RegistryError(
+            f"{ad_account_id} is stored with timezone {stored_timezone} and currency"
+            f" {stored_currency}, not {timezone} and {currency}"
+        )
 
 
 def shard_counts(con: duckdb.DuckDBPyConnection) -> dict[int, int]:

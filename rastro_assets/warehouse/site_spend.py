@@ -108,8 +108,13 @@ def replace_site_spend(
         """,
         params,
     )
+    return _summaries_of_first_sites(_insert_sums(con, params))
+
+
+def _insert_sums(con: duckdb.DuckDBPyConnection, params: dict) -> list[tuple]:
+    """Insert the scope's site sums; the rows inserted (site, account, day, spend, ad rows)."""
     try:
-        inserted = con.execute(
+        return con.execute(
             f"""
             INSERT INTO site_spend_daily (site_id, ad_account_id, day, spend, impressions,
                                           clicks, conversations, ad_rows)
@@ -133,7 +138,10 @@ def replace_site_spend(
         if _OVERFLOW_MARK not in message:
             raise
         raise SpendInputError(message.split(_OVERFLOW_MARK, 1)[1]) from None
-    # Every site linking an account gets the same sums: report the first site's.
+
+
+def _summaries_of_first_sites(inserted: list[tuple]) -> dict[str, dict[date, DaySummary]]:
+    """Every site linking an account gets the same sums: the first site's, per account-day."""
     first_site: dict[str, str] = {}
     for site_id, account, _, _, _ in inserted:
         if site_id < first_site.get(account, "\uffff"):

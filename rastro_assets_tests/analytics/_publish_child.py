@@ -35,24 +35,23 @@ def _die(point: str, detail: object = "") -> None:
 
 
 def _hook(point: str) -> None:
-    from rastro_assets.analytics import publish
-    from rastro_assets.warehouse import snapshot
+    from rastro_assets.analytics import publish, staging
 
     if point == "refresh":
-        apply_spend = snapshot._apply_spend
+        apply_spend = staging._apply_spend
 
         def dying_apply_spend(con):
             _die(point, apply_spend(con))
 
-        snapshot._apply_spend = dying_apply_spend
+        staging._apply_spend = dying_apply_spend
     elif point == "checkpoint":
-        refresh = snapshot.refresh
+        refresh = staging.refresh
 
         def dying_refresh(*args, **kwargs):
             refresh(*args, **kwargs)
             _die(point)
 
-        snapshot.refresh = dying_refresh
+        staging.refresh = dying_refresh
     elif point == "copy":
 
         def half_copy(source, destination):

@@ -12,10 +12,10 @@ import duckdb
 import pytest
 
 from rastro_assets.analytics.publish import Publisher, PublishError
-from rastro_assets.settings import Settings, SettingsError
+from rastro_assets.analytics.tables import ANALYST_TABLES
+from rastro_assets.settings import NotTheSnapshot, Settings, SettingsError
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets.warehouse import registry
-from rastro_assets.warehouse.snapshot import ANALYST_TABLES
 from rastro_assets_tests.analytics.analyst import Analyst
 from rastro_assets_tests.analytics.helpers import WEEK, assert_snapshot_equals_pipeline
 from rastro_assets_tests.conftest import TOKEN
@@ -157,6 +157,11 @@ def test_analysts_see_only_their_tables_and_the_staging_keeps_its_bookkeeping(
     with duckdb.connect(str(publisher.staging), read_only=True) as staging:
         assert staging.execute("SELECT count(*) FROM publisher.applied_runs").fetchone()[0] > 0
     assert not list(snapshot_path.parent.glob("*.wal"))
+
+
+def test_the_pipelines_own_file_is_never_a_target(warehouse, duckdb_path):
+    with pytest.raises(NotTheSnapshot, match="pipeline's own file"):
+        Publisher(warehouse, duckdb_path.parent / "." / duckdb_path.name)
 
 
 def test_file_modes(syncer, warehouse, publisher, snapshot_path, duckdb_path):

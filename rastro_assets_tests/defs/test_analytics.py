@@ -12,7 +12,7 @@ import pytest
 
 from rastro_assets.definitions import defs
 from rastro_assets.defs.analytics import analytics_publisher_sensor, analytics_snapshot
-from rastro_assets.defs.publishing import ANALYTICS_SNAPSHOT
+from rastro_assets.defs.keys import ANALYTICS_SNAPSHOT
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets_tests.analytics.analyst import Analyst
 from rastro_assets_tests.defs.conftest import TODAY
@@ -157,7 +157,7 @@ def test_a_full_disk_while_publishing_never_fails_the_run_that_wrote(
     age_last_publish(warehouse)
     if where == "refresh":
         monkeypatch.setattr(
-            "rastro_assets.analytics.publish.snapshot.refresh", staging_full(publisher)
+            "rastro_assets.analytics.publish.staging.refresh", staging_full(publisher)
         )
     else:
         monkeypatch.setattr("rastro_assets.analytics.publish.shutil.copyfile", copy_full)

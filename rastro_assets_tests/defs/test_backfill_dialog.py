@@ -43,6 +43,7 @@ from dagster._utils.tags import TagConcurrencyLimitsCounter
 from dagster_graphql.test.utils import execute_dagster_graphql
 
 from rastro_assets.definitions import build_defs
+from rastro_assets.defs.keys import ACCOUNT_TAG
 from rastro_assets.defs.run_queue import (
     RANGE_END_TAG,
     RANGE_START_TAG,
@@ -50,7 +51,7 @@ from rastro_assets.defs.run_queue import (
     run_account,
     stray_partition,
 )
-from rastro_assets.defs.spend_assets import ACCOUNT_TAG, MAX_DAYS_PER_RUN, spend_shard
+from rastro_assets.defs.spend.assets import MAX_DAYS_PER_RUN, spend_shard
 
 REPO = Path(__file__).resolve().parents[2]
 LOCATION = "rastro_assets"

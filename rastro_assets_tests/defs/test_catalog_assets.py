@@ -13,7 +13,7 @@ import pytest
 
 from rastro_assets import cli
 from rastro_assets.cli.context import Context
-from rastro_assets.defs.catalog_assets import (
+from rastro_assets.defs.catalog import (
     AD_CATALOG,
     AD_THUMBNAILS,
     ad_catalog,

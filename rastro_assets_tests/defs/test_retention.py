@@ -15,7 +15,7 @@ from rastro_assets.defs.retention import (
     prune_instance,
     retention_sensor,
 )
-from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, SITE_SPEND_DAILY, meta_spend
+from rastro_assets.defs.spend.assets import AD_SPEND_DAILY, SITE_SPEND_DAILY, meta_spend
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.defs.instance_events import add_run, record_spend, spend_events
 

@@ -9,21 +9,22 @@ from datetime import date, timedelta
 import dagster as dg
 import pytest
 
-from rastro_assets.defs.backfills import Fill, shared_backfills
+from rastro_assets.defs.cadence.backfills import Fill, shared_backfills
+from rastro_assets.defs.cadence.sensors import meta_accounts_sensor, meta_cadence_sensor
+from rastro_assets.defs.keys import (
+    ACCOUNT_TAG,
+    AD_SPEND_DAILY,
+    MAX_RUNTIME_TAG,
+    SITE_SPEND_DAILY,
+    SYNC_KIND_TAG,
+    WAVE_TAG,
+)
 from rastro_assets.defs.partitions import (
     ACCOUNT_PARTITIONS_NAME,
     AXIS_START,
     reach_start,
     spend_partitions,
 )
-from rastro_assets.defs.sensors import meta_accounts_sensor, meta_cadence_sensor
-from rastro_assets.defs.spend_assets import (
-    ACCOUNT_TAG,
-    AD_SPEND_DAILY,
-    SITE_SPEND_DAILY,
-    SYNC_KIND_TAG,
-)
-from rastro_assets.defs.wave import WAVE_TAG
 from rastro_assets.warehouse import registry
 from rastro_assets_tests.conftest import NOW, record_sync_run
 from rastro_assets_tests.defs.conftest import TODAY
@@ -258,8 +259,7 @@ def test_no_wave_while_the_previous_wave_runs(instance, rastro, warehouse):
 
 
 def test_a_run_older_than_its_max_runtime_blocks_nothing(instance):
-    from rastro_assets.defs.sensors import busy_accounts
-    from rastro_assets.defs.wave import MAX_RUNTIME_TAG
+    from rastro_assets.defs.cadence.sensors import busy_accounts
 
     for run_id, tags in (
         ("w1", {WAVE_TAG: "true", MAX_RUNTIME_TAG: "900"}),

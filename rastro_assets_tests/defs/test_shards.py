@@ -9,11 +9,12 @@ import dagster as dg
 import pytest
 
 from rastro_assets import shards
-from rastro_assets.defs.checks import build_sum_check
 from rastro_assets.defs.instance import move_account
+from rastro_assets.defs.keys import ACCOUNT_TAG
 from rastro_assets.defs.partitions import spend_partition_key
 from rastro_assets.defs.run_queue import AccountRunCoordinator, run_account
-from rastro_assets.defs.spend_assets import ACCOUNT_TAG, build_meta_spend, spend_shard
+from rastro_assets.defs.spend.assets import build_meta_spend, spend_shard
+from rastro_assets.defs.spend.checks import build_sum_check
 from rastro_assets.warehouse import registry
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.defs.instance_events import add_run, record_spend

@@ -13,10 +13,10 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from rastro_assets.defs.checks import site_spend_equals_ad_sums
 from rastro_assets.defs.dagster_private import AssetGraphSubset, PartitionBackfill
 from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, spend_partition_key
-from rastro_assets.defs.spend_assets import AD_SPEND_DAILY, SITE_SPEND_DAILY, meta_spend
+from rastro_assets.defs.spend.assets import AD_SPEND_DAILY, SITE_SPEND_DAILY, meta_spend
+from rastro_assets.defs.spend.checks import site_spend_equals_ad_sums
 from rastro_assets.warehouse import registry
 from rastro_assets_tests.conftest import TOKEN
 from rastro_assets_tests.defs.conftest import TODAY
@@ -289,7 +289,7 @@ def test_a_backfill_run_says_which_block_it_reads(instance, rastro, linked_world
 def test_a_fills_next_block_waits_out_the_back_off_of_the_last(
     instance, rastro, rastro_at, warehouse, linked_world
 ):
-    from rastro_assets.defs.spend_assets import SYNC_KIND_TAG
+    from rastro_assets.defs.spend.assets import SYNC_KIND_TAG
     from rastro_assets_tests.conftest import NOW
 
     backfill = {SYNC_KIND_TAG: "backfill"}
@@ -317,8 +317,8 @@ def test_a_fills_next_block_waits_out_the_back_off_of_the_last(
 
 
 def test_a_range_run_evaluates_the_sum_check_for_each_of_its_days(instance, rastro, linked_world):
-    from rastro_assets.defs.checks import SUM_CHECK_KEY
     from rastro_assets.defs.dagster_private import AssetCheckExecutionRecordStatus
+    from rastro_assets.defs.spend.checks import SUM_CHECK_KEY
 
     since = TODAY - timedelta(days=2)
     assert materialize_range(instance, rastro, "act_202", since, TODAY).success

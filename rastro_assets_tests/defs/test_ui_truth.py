@@ -23,14 +23,14 @@ from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 from dagster_graphql.test.utils import execute_dagster_graphql
 
-from rastro_assets.defs.checks import accounts_fresh, site_spend_equals_ad_sums
-from rastro_assets.defs.sensors import meta_accounts_sensor, meta_cadence_sensor
-from rastro_assets.defs.spend_assets import (
+from rastro_assets.defs.cadence.sensors import meta_accounts_sensor, meta_cadence_sensor
+from rastro_assets.defs.spend.assets import (
     AD_SPEND_DAILY,
     MAX_DAYS_PER_RUN,
     SYNC_KIND_TAG,
     meta_spend,
 )
+from rastro_assets.defs.spend.checks import accounts_fresh, site_spend_equals_ad_sums
 
 REPO = Path(__file__).resolve().parents[2]
 

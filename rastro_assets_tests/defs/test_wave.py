@@ -7,8 +7,8 @@ import stat
 from datetime import timedelta
 from pathlib import Path
 
-from rastro_assets.defs.checks import failing_sum_check_partitions, sum_check_evaluations
-from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
+from rastro_assets.defs.spend.assets import AD_SPEND_DAILY
+from rastro_assets.defs.spend.checks import failing_sum_check_partitions, sum_check_evaluations
 from rastro_assets.planner.history import sync_runs_by_account
 from rastro_assets_tests.conftest import NOW
 from rastro_assets_tests.defs import waves

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from rastro_assets.defs.wave import sync_wave_job
+from rastro_assets.defs.cadence.wave import sync_wave_job
 from rastro_assets_tests.defs.conftest import TODAY
 
 

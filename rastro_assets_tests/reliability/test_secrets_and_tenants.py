@@ -23,10 +23,10 @@ import duckdb
 import pytest
 
 from rastro_assets import cli
-from rastro_assets.defs.catalog_assets import ad_catalog, ad_thumbnails
+from rastro_assets.defs.catalog import ad_catalog, ad_thumbnails
 from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, spend_partition_key
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend_assets import meta_spend
+from rastro_assets.defs.spend.assets import meta_spend
 from rastro_assets.sync.catalog import CatalogSyncer
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets.vault import ENV_VAR, Vault

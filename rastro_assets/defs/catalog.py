@@ -13,7 +13,9 @@ ends with that table's own figures, an event of no partition
 import dagster as dg
 
 from rastro_assets.accounts import normalize_account_id
+from rastro_assets.defs.analytics import publish_after_writes
 from rastro_assets.defs.external import LEAD_DAILY_ROLLUPS, META_AD_ACCOUNTS, META_CONNECTIONS
+from rastro_assets.defs.keys import AD_SPEND_DAILY, OWNERS
 from rastro_assets.defs.metadata import (
     AD_CATALOG,
     AD_THUMBNAILS,
@@ -24,13 +26,10 @@ from rastro_assets.defs.metadata import (
     thumbnail_metadata,
 )
 from rastro_assets.defs.partitions import account_partitions
-from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend_assets import AD_SPEND_DAILY
 from rastro_assets.sync.types import CatalogRefused
 
 GROUP = "meta_catalog"
-OWNERS = ["team:data-engineering"]
 
 __all__ = [
     "AD_CATALOG",

@@ -20,36 +20,42 @@ from collections.abc import Mapping
 import dagster as dg
 
 from rastro_assets import shards
-from rastro_assets.defs.backfills import (
+from rastro_assets.defs.cadence.backfills import (
     BACKFILL_KINDS,
     backfill_request,
     reachable_fill,
     shard_partition_changes,
     shared_backfills,
 )
-from rastro_assets.defs.checks import freshness, freshness_evaluation
+from rastro_assets.defs.cadence.health import (
+    health_due,
+    health_materialization,
+    meta_account_health_job,
+)
+from rastro_assets.defs.cadence.wave import sync_wave_job
 from rastro_assets.defs.dagster_private import (
     BulkActionsFilter,
     BulkActionStatus,
     PartitionBackfill,
 )
-from rastro_assets.defs.health import health_due, health_materialization, meta_account_health_job
+from rastro_assets.defs.keys import (
+    ACCOUNT_DIMENSION_TAG,
+    ACCOUNT_TAG,
+    AD_SPEND_DAILY,
+    DEFAULT_MAX_RUNTIME_SECONDS,
+    IN_FLIGHT_STATUSES,
+    MAX_RUNTIME_TAG,
+    RANGE_START_TAG,
+    SENSOR_LOCK_WAIT_SECONDS,
+    SYNC_KIND_TAG,
+    WAVE_TAG,
+)
 from rastro_assets.defs.partitions import (
     SHARD_COUNT,
 )
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend_assets import (
-    ACCOUNT_TAG,
-    AD_SPEND_DAILY,
-    SYNC_KIND_TAG,
-    spend_shard,
-)
-from rastro_assets.defs.wave import (
-    DEFAULT_MAX_RUNTIME_SECONDS,
-    MAX_RUNTIME_TAG,
-    WAVE_TAG,
-    sync_wave_job,
-)
+from rastro_assets.defs.spend.assets import spend_shard
+from rastro_assets.defs.spend.checks import freshness, freshness_evaluation
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS
@@ -57,16 +63,7 @@ from rastro_assets.warehouse.connection import WarehouseLocked
 
 ACCOUNTS_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 30
 CADENCE_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 60
-SENSOR_LOCK_WAIT_SECONDS = 20.0
 WAVE_KINDS = ("live", "daily", "weekly")
-RANGE_START_TAG = "dagster/asset_partition_range_start"
-ACCOUNT_DIMENSION_TAG = "dagster/partition/account"
-IN_FLIGHT_STATUSES = [
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-]
 
 
 def load_accounts(rastro: RastroResource) -> list[PlannedAccount]:

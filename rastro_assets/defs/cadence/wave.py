@@ -8,34 +8,31 @@ recorded as a materialization of its partition, so the partition grid and
 freshness stay true.
 """
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import date
 
 import dagster as dg
 
-from rastro_assets.defs.catalog_assets import catalog_materializations
-from rastro_assets.defs.checks import failing_sum_check_partitions, sum_check_evaluations
+from rastro_assets.defs.analytics import publish_after_writes
+from rastro_assets.defs.catalog import catalog_materializations
+from rastro_assets.defs.keys import MAX_RUNTIME_TAG, WAVE_MAX_RUNTIME_SECONDS, WAVE_TAG
 from rastro_assets.defs.partitions import spend_partition_key
-from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend_assets import materializations, spend_shard, table_materializations
+from rastro_assets.defs.spend.assets import (
+    materializations,
+    spend_shard,
+    table_materializations,
+)
+from rastro_assets.defs.spend.checks import failing_sum_check_partitions, sum_check_evaluations
 from rastro_assets.planner import cadence
 from rastro_assets.sync.types import SyncOutcome, SyncRequest
 from rastro_assets.timekeeping import zone
 from rastro_assets.warehouse.registry import account_shards
 
-WAVE_TAG = "rastro/wave"
 # Accounts a wave syncs at once. A live sync mostly waits on Meta (0.3-2 s a request),
 # so 16 keep a wave of 5,000 within minutes (bench/latency.py); the CPU is the writer's.
 WAVE_CONCURRENCY = 16
-# Run monitoring (`dagster.yaml`) fails a run that outlives this tag; the sensors
-# also stop waiting for it then (`sensors.busy_accounts`).
-MAX_RUNTIME_TAG = "dagster/max_runtime"
-# A sync's lease: by then the planner takes the wave's accounts again, and the
-# spend writer refuses what the old wave still writes.
-WAVE_MAX_RUNTIME_SECONDS = int(cadence.LEASE.total_seconds())
-PARTITION_RUN_MAX_RUNTIME_SECONDS = 60 * 60  # 30 days of one account
-DEFAULT_MAX_RUNTIME_SECONDS = 2 * 60 * 60  # dagster.yaml's max_runtime_seconds: any other run
 
 
 class WaveSync(dg.Config):
@@ -128,31 +125,68 @@ def _first_wave_of_block(outcome: SyncOutcome) -> bool:
     pool="meta_api",
 )
 def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: RastroResource):
-    syncer = rastro.syncer()
-    synced_at = rastro.run_started_at(context)
-    requests = [
+    requests = _requests(config, context.run_id)
+    wave = rastro.syncer().sync_wave(
+        requests, synced_at=rastro.run_started_at(context), concurrency=WAVE_CONCURRENCY
+    )
+    for request, reason in wave.refused:
+        context.log.warning(f"{request.ad_account_id}: skipped: {reason}")
+    outcomes = wave.outcomes
+    # Read when recording, not from the sensor's tick: a `rastro shard move` meanwhile
+    # must not leave this wave's days in the account's old shard.
+    with rastro.warehouse().connect(read_only=True) as con:
+        shard_of = account_shards(con, [request.ad_account_id for request in requests])
+    tally = _record_outcomes(context, outcomes, shard_of)
+    if tally.checked:
+        _evaluate_sum_checks(context, rastro, tally.checked, shard_of)
+    if tally.recorded:
+        # Each table's figures after the partitions: the overview shows the latest event's.
+        shards = sorted({shard_of.get(o.request.ad_account_id, 0) for o in outcomes})
+        for shard in shards:
+            with_catalog = outcomes if shard == shards[0] else ()
+            for event in table_materializations(rastro, shard, outcomes=with_catalog):
+                context.log_event(event)
+    _report(context, tally, accounts=len(requests), skipped=len(wave.refused))
+    publish_after_writes(context, rastro)
+    if outcomes and tally.failed == len(outcomes):
+        raise dg.Failure(description=f"every account of the wave failed ({tally.failed})")
+
+
+def _requests(config: WaveConfig, run_id: str) -> list[SyncRequest]:
+    return [
         SyncRequest(
             ad_account_id=item.ad_account_id,
             since=date.fromisoformat(item.since),
             until=date.fromisoformat(item.until),
             kind=item.kind,
-            run_id=context.run_id,
+            run_id=run_id,
             catalog=item.catalog,
         )
         for item in config.syncs
     ]
 
-    wave = syncer.sync_wave(requests, synced_at=synced_at, concurrency=WAVE_CONCURRENCY)
-    for request, reason in wave.refused:
-        context.log.warning(f"{request.ad_account_id}: skipped: {reason}")
 
-    # Each log line is an event the instance stores, one write each: accounts that
-    # synced fine are summed up in one line and the run's metadata.
-    outcomes = wave.outcomes
-    # Read when recording, not from the sensor's tick: a `rastro shard move` meanwhile
-    # must not leave this wave's days in the account's old shard.
-    with rastro.warehouse().connect(read_only=True) as con:
-        shard_of = account_shards(con, [item.ad_account_id for item in config.syncs])
+@dataclass
+class _WaveTally:
+    """What a wave's outcomes added up to, for its log line, metadata and checks."""
+
+    synced: int = 0
+    failed: int = 0
+    recorded: int = 0
+    """Materializations logged."""
+    rows_written: int = 0
+    rows_deleted: int = 0
+    checked: list[tuple[str, date]] = field(default_factory=list)
+    """The account-days recorded, whose site sums are checked."""
+
+
+def _record_outcomes(
+    context: dg.OpExecutionContext, outcomes: Sequence[SyncOutcome], shard_of: Mapping[str, int]
+) -> _WaveTally:
+    """Log each outcome's materializations, and a warning for each failure: accounts that
+    synced fine are summed up in one line and the run's metadata, since each log line is an
+    event the instance stores, one write each."""
+    tally = _WaveTally()
     already_recorded = materialized_partitions(
         context.instance,
         [
@@ -163,66 +197,68 @@ def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: Rastro
         ],
         shard_of,
     )
-    failed = recorded = rows_written = rows_deleted = 0
-    checked = []
     for outcome in outcomes:
+        account = outcome.request.ad_account_id
         days = days_worth_recording(outcome, already_recorded)
-        checked += [(outcome.request.ad_account_id, day) for day in days]
-        shard = shard_of.get(outcome.request.ad_account_id, 0)
+        tally.checked += [(account, day) for day in days]
         for event in [
-            *materializations(outcome, days, shard),
+            *materializations(outcome, days, shard_of.get(account, 0)),
             *catalog_materializations(outcome),
         ]:
             context.log_event(event)
-            recorded += 1
+            tally.recorded += 1
         if outcome.catalog_error:
-            context.log.warning(f"{outcome.request.ad_account_id}: {outcome.catalog_error}")
+            context.log.warning(f"{account}: {outcome.catalog_error}")
         if outcome.ok:
-            rows_written += outcome.rows_written
-            rows_deleted += outcome.rows_deleted
+            tally.synced += 1
+            tally.rows_written += outcome.rows_written
+            tally.rows_deleted += outcome.rows_deleted
         else:
-            failed += 1
-            context.log.warning(f"{outcome.request.ad_account_id}: {outcome.error}")
-    if checked:
-        failing: set[str] = set()
-        for shard in sorted({shard_of.get(account, 0) for account, _ in checked}):
-            failing |= failing_sum_check_partitions(
-                context.instance,
-                [
-                    spend_partition_key(account, day)
-                    for account, day in checked
-                    if shard_of.get(account, 0) == shard
-                ],
-                shard,
-            )
-        with rastro.warehouse().connect(read_only=True) as con:
-            for evaluation in sum_check_evaluations(con, checked, failing, shard_of):
-                context.log_event(evaluation)
-    if recorded:
-        # Each table's figures after the partitions: the overview shows the latest event's.
-        shards = sorted({shard_of.get(o.request.ad_account_id, 0) for o in outcomes})
-        for shard in shards:
-            with_catalog = outcomes if shard == shards[0] else ()
-            for event in table_materializations(rastro, shard, outcomes=with_catalog):
-                context.log_event(event)
+            tally.failed += 1
+            context.log.warning(f"{account}: {outcome.error}")
+    return tally
+
+
+def _evaluate_sum_checks(
+    context: dg.OpExecutionContext,
+    rastro: RastroResource,
+    checked: Sequence[tuple[str, date]],
+    shard_of: Mapping[str, int],
+) -> None:
+    failing: set[str] = set()
+    for shard in sorted({shard_of.get(account, 0) for account, _ in checked}):
+        failing |= failing_sum_check_partitions(
+            context.instance,
+            [
+                spend_partition_key(account, day)
+                for account, day in checked
+                if shard_of.get(account, 0) == shard
+            ],
+            shard,
+        )
+    with rastro.warehouse().connect(read_only=True) as con:
+        for evaluation in sum_check_evaluations(con, checked, failing, shard_of):
+            context.log_event(evaluation)
+
+
+def _report(
+    context: dg.OpExecutionContext, tally: _WaveTally, *, accounts: int, skipped: int
+) -> None:
     context.log.info(
-        f"{len(outcomes) - failed} of {len(requests)} accounts synced: {rows_written} rows "
-        f"written, {rows_deleted} deleted; {failed} failed, {len(wave.refused)} skipped"
+        f"{tally.synced} of {accounts} accounts synced: {tally.rows_written} rows "
+        f"written, {tally.rows_deleted} deleted; {tally.failed} failed, {skipped} skipped"
     )
     context.add_output_metadata(
         {
-            "accounts": len(requests),
-            "synced": len(outcomes) - failed,
-            "failed": failed,
-            "skipped": len(wave.refused),
-            "rows_written": rows_written,
-            "rows_deleted": rows_deleted,
-            "materializations": recorded,
+            "accounts": accounts,
+            "synced": tally.synced,
+            "failed": tally.failed,
+            "skipped": skipped,
+            "rows_written": tally.rows_written,
+            "rows_deleted": tally.rows_deleted,
+            "materializations": tally.recorded,
         }
     )
-    publish_after_writes(context, rastro)
-    if outcomes and failed == len(outcomes):
-        raise dg.Failure(description=f"every account of the wave failed ({failed})")
 
 
 @dg.job(

@@ -29,6 +29,13 @@ from datetime import datetime
 import duckdb
 import pyarrow as pa
 
+from rastro_assets.analytics.tables import (
+    ANALYST_TABLES,
+    COPIED_COLUMNS,
+    ORDER_BY,
+    PRIMARY_KEYS,
+    TOTALS_COMPARED,
+)
 from rastro_assets.warehouse.connection import register_arrow, transaction
 
 STAGE = "rastro_stage"
@@ -42,56 +49,7 @@ FORMAT_VERSION = 2
 """Bumped whenever the snapshot's tables change shape: a staging file of another version
 is rebuilt whole."""
 
-STATUS_SCHEMA = pa.schema(
-    [
-        ("ad_account_id", pa.string()),
-        ("sites", pa.list_(pa.string())),
-        ("state", pa.string()),
-        ("last_sync_at", pa.timestamp("us", tz="UTC")),
-        ("next_sync_at", pa.timestamp("us", tz="UTC")),
-        ("backfill_done_days", pa.int64()),
-        ("backfill_total_days", pa.int64()),
-        ("last_error", pa.string()),
-        ("local_today", pa.date32()),
-        ("today_synced_at", pa.timestamp("us", tz="UTC")),
-    ]
-)
-"""`account_sync_status`: the planner's view of each linked account when the snapshot
-was published (see `rastro_assets.analytics.status`)."""
-
-# Columns copied, per table. Every contract column, and nothing sealed.
-_COPIED: dict[str, str] = {
-    "sites": "site_id, name, created_at",
-    "site_ad_accounts": "site_id, ad_account_id, linked_at",
-    "meta_ad_accounts": "ad_account_id, connection_id, timezone, currency, name, created_at",
-    "ad_spend_daily": (
-        "ad_account_id, ad_id, day, spend, impressions, clicks, conversations, synced_at"
-    ),
-    "site_spend_daily": "site_id, ad_account_id, day, spend, impressions, clicks, conversations",
-    "ad_catalog": (
-        "ad_id, ad_account_id, ad_name, adset_id, adset_name, campaign_id, campaign_name,"
-        " ad_status, creative_type, creative_id, updated_at"
-    ),
-    "ad_thumbnails": "ad_id, content_type, image, sha256, fetched_at",
-}
-ANALYST_TABLES: tuple[str, ...] = (*_COPIED, "account_sync_status", "snapshot_info")
-
-# Day-ordered spend lets a refresh's deletes skip every row group outside the days synced.
-_ORDER = {
-    "ad_spend_daily": " ORDER BY day, ad_account_id, ad_id",
-    "site_spend_daily": " ORDER BY day, site_id, ad_account_id",
-    "ad_catalog": " ORDER BY ad_account_id, ad_id",
-}
-
 _RUN_HASH = "hash(run_id, ad_account_id, finished_at, outcome)"
-
-_PRIMARY_KEYS = {
-    "sites": "site_id",
-    "site_ad_accounts": "site_id, ad_account_id",
-    "meta_ad_accounts": "ad_account_id",
-    "ad_catalog": "ad_id",
-    "ad_thumbnails": "ad_id",
-}
 
 _FINGERPRINT = """
     SELECT md5(concat_ws('|',
@@ -183,29 +141,54 @@ def _apply(
     *,
     rebuild_all: bool,
 ) -> RefreshReport:
-    s = STAGE
     digest = fingerprint(con)
+    oldest = _collect_new_runs(con)
+    if rebuild_all:
+        for table in COPIED_COLUMNS:
+            _rebuild(con, table)
+        rebuilt, changed_days = list(COPIED_COLUMNS), 0
+    else:
+        rebuilt, changed_days = [], _apply_changes(con)
+    _record_applied_runs(con)
+    _replace_status(con, status)
+    _replace_info(con, published_at)
+    healed = [] if rebuild_all else _heal(con)
+    return RefreshReport(
+        rebuilt=tuple(rebuilt) + tuple(healed),
+        changed_account_days=changed_days,
+        rows=_row_counts(con),
+        fingerprint=digest,
+        oldest_change_at=oldest,
+        healed=tuple(healed),
+    )
+
+
+def _collect_new_runs(con: duckdb.DuckDBPyConnection) -> datetime | None:
+    """Gather the sync runs whose writes the staging file does not hold yet
+    (`snapshot_new_runs`); returns when the oldest of them finished."""
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE snapshot_new_runs AS
             SELECT r.run_id, r.ad_account_id, r.since, r.until, r.finished_at, r.h
             FROM (SELECT run_id, ad_account_id, since, until, finished_at, {_RUN_HASH} AS h
                   FROM main.meta_sync_runs) r
-            ANTI JOIN {s}.publisher.applied_runs a
+            ANTI JOIN {STAGE}.publisher.applied_runs a
               ON a.h = r.h AND r.finished_at IS NOT NULL"""
     )
-    oldest = con.execute("SELECT min(finished_at) FROM snapshot_new_runs").fetchone()[0]
-    rebuilt: list[str] = []
-    changed_days = 0
-    if rebuild_all:
-        for table in _COPIED:
-            _rebuild(con, table)
-            rebuilt.append(table)
-    else:
-        changed_days = _apply_spend(con)
-        _apply_rows_that_differ(con, "ad_catalog")
-        _apply_thumbnails(con)
-        for table in ("sites", "site_ad_accounts", "meta_ad_accounts"):
-            _replace(con, table)
+    return con.execute("SELECT min(finished_at) FROM snapshot_new_runs").fetchone()[0]
+
+
+def _apply_changes(con: duckdb.DuckDBPyConnection) -> int:
+    """Apply what changed since the last refresh; returns the account-days replaced."""
+    changed_days = _apply_spend(con)
+    _apply_rows_that_differ(con, "ad_catalog")
+    _apply_thumbnails(con)
+    for table in ("sites", "site_ad_accounts", "meta_ad_accounts"):
+        _replace(con, table)
+    return changed_days
+
+
+def _record_applied_runs(con: duckdb.DuckDBPyConnection) -> None:
+    s = STAGE
     con.execute(
         f"INSERT INTO {s}.publisher.applied_runs"
         " SELECT h FROM snapshot_new_runs WHERE finished_at IS NOT NULL"
@@ -220,44 +203,44 @@ def _apply(
             f"INSERT INTO {s}.publisher.applied_runs SELECT DISTINCT {_RUN_HASH}"
             " FROM main.meta_sync_runs WHERE finished_at IS NOT NULL"
         )
+
+
+def _replace_status(con: duckdb.DuckDBPyConnection, status: pa.Table) -> None:
     register_arrow(con, "snapshot_status_rows", status)
     try:
-        con.execute(f"DROP TABLE IF EXISTS {s}.main.account_sync_status")
+        con.execute(f"DROP TABLE IF EXISTS {STAGE}.main.account_sync_status")
         con.execute(
-            f"CREATE TABLE {s}.main.account_sync_status AS"
+            f"CREATE TABLE {STAGE}.main.account_sync_status AS"
             " SELECT * FROM snapshot_status_rows ORDER BY ad_account_id"
         )
     finally:
         con.unregister("snapshot_status_rows")
-    con.execute(f"DELETE FROM {s}.main.snapshot_info")
+
+
+def _replace_info(con: duckdb.DuckDBPyConnection, published_at: datetime) -> None:
+    con.execute(f"DELETE FROM {STAGE}.main.snapshot_info")
     con.execute(
-        f"INSERT INTO {s}.main.snapshot_info VALUES (?, ?, ?)",
+        f"INSERT INTO {STAGE}.main.snapshot_info VALUES (?, ?, ?)",
         [
             published_at,
             FORMAT_VERSION,
             "A read-only copy of the rastro warehouse, replaced whole at each publish.",
         ],
     )
-    healed = [] if rebuild_all else _heal(con)
-    rows = {
-        table: con.execute(f"SELECT count(*) FROM {s}.main.{table}").fetchone()[0]
+
+
+def _row_counts(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    return {
+        table: con.execute(f"SELECT count(*) FROM {STAGE}.main.{table}").fetchone()[0]
         for table in ANALYST_TABLES
     }
-    return RefreshReport(
-        rebuilt=tuple(rebuilt) + tuple(healed),
-        changed_account_days=changed_days,
-        rows=rows,
-        fingerprint=digest,
-        oldest_change_at=oldest,
-        healed=tuple(healed),
-    )
 
 
 def _rebuild(con: duckdb.DuckDBPyConnection, table: str) -> None:
     con.execute(f"DROP TABLE IF EXISTS {STAGE}.main.{table}")
     con.execute(
         f"CREATE TABLE {STAGE}.main.{table} AS"
-        f" SELECT {_COPIED[table]} FROM main.{table}{_ORDER.get(table, '')}"
+        f" SELECT {COPIED_COLUMNS[table]} FROM main.{table}{ORDER_BY.get(table, '')}"
     )
 
 
@@ -265,7 +248,7 @@ def _replace(con: duckdb.DuckDBPyConnection, table: str) -> None:
     con.execute(f"DELETE FROM {STAGE}.main.{table}")
     con.execute(
         f"INSERT INTO {STAGE}.main.{table}"
-        f" SELECT {_COPIED[table]} FROM main.{table}{_ORDER.get(table, '')}"
+        f" SELECT {COPIED_COLUMNS[table]} FROM main.{table}{ORDER_BY.get(table, '')}"
     )
 
 
@@ -274,27 +257,31 @@ def _apply_spend(con: duckdb.DuckDBPyConnection) -> int:
 
     Returns how many account-days were replaced.
     """
+    _drop_gone_accounts(con)
+    changed_days = _replace_changed_days(con)
+    _replace_changed_links(con)
+    return changed_days
+
+
+def _drop_gone_accounts(con: duckdb.DuckDBPyConnection) -> None:
+    """An account purged (its last link went), or purged and linked again: its rows go whole
+    (`snapshot_gone_accounts` names them)."""
     s = STAGE
-    # An account purged (its last link went) or purged and linked again: its rows go whole.
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE snapshot_gone_accounts AS
             SELECT ad_account_id, created_at FROM {s}.main.meta_ad_accounts
             EXCEPT SELECT ad_account_id, created_at FROM main.meta_ad_accounts"""
-    )
-    con.execute(
-        f"""CREATE OR REPLACE TEMP TABLE snapshot_changed_links AS
-            (SELECT site_id, ad_account_id FROM {s}.main.site_ad_accounts
-             EXCEPT SELECT site_id, ad_account_id FROM main.site_ad_accounts)
-            UNION
-            (SELECT site_id, ad_account_id FROM main.site_ad_accounts
-             EXCEPT SELECT site_id, ad_account_id FROM {s}.main.site_ad_accounts)"""
     )
     for table in ("ad_spend_daily", "site_spend_daily"):
         con.execute(
             f"DELETE FROM {s}.main.{table} WHERE ad_account_id IN"
             " (SELECT ad_account_id FROM snapshot_gone_accounts)"
         )
-    # A re-created account's history is all new: every day it has counts as changed.
+
+
+def _replace_changed_days(con: duckdb.DuckDBPyConnection) -> int:
+    """The account-days of the new runs, and every day of a re-created account (its history
+    is all new), copied again in both spend tables; returns how many account-days."""
     con.execute(
         """CREATE OR REPLACE TEMP TABLE snapshot_changed_days AS
            SELECT DISTINCT ad_account_id, unnest(generate_series(since, until,
@@ -307,45 +294,60 @@ def _apply_spend(con: duckdb.DuckDBPyConnection) -> int:
     low, high, count = con.execute(
         "SELECT min(day), max(day), count(*) FROM snapshot_changed_days"
     ).fetchone()
-    if count:
-        for table, columns in (
-            ("ad_spend_daily", _COPIED["ad_spend_daily"]),
-            ("site_spend_daily", _COPIED["site_spend_daily"]),
-        ):
-            con.execute(
-                f"""DELETE FROM {s}.main.{table} t USING snapshot_changed_days c
-                    WHERE t.day BETWEEN ? AND ?
-                      AND t.ad_account_id = c.ad_account_id AND t.day = c.day""",
-                [low, high],
-            )
-            con.execute(
-                f"""INSERT INTO {s}.main.{table}
-                    SELECT {", ".join("t." + c.strip() for c in columns.split(","))}
-                    FROM main.{table} t JOIN snapshot_changed_days c
-                      ON t.ad_account_id = c.ad_account_id AND t.day = c.day
-                    WHERE t.day BETWEEN ? AND ?
-                    ORDER BY t.day""",
-                [low, high],
-            )
-    # A site linked or unlinked: that site's sums for the account, whole.
-    if con.execute("SELECT count(*) FROM snapshot_changed_links").fetchone()[0]:
+    if not count:
+        return count
+    for table in ("ad_spend_daily", "site_spend_daily"):
+        # The day range lets the delete and the copy skip every row group outside it.
         con.execute(
-            f"""DELETE FROM {s}.main.site_spend_daily t USING snapshot_changed_links l
-                WHERE t.site_id = l.site_id AND t.ad_account_id = l.ad_account_id"""
+            f"""DELETE FROM {STAGE}.main.{table} t USING snapshot_changed_days c
+                WHERE t.day BETWEEN ? AND ?
+                  AND t.ad_account_id = c.ad_account_id AND t.day = c.day""",
+            [low, high],
         )
         con.execute(
-            f"""INSERT INTO {s}.main.site_spend_daily
-                SELECT t.site_id, t.ad_account_id, t.day, t.spend, t.impressions, t.clicks,
-                       t.conversations
-                FROM main.site_spend_daily t JOIN snapshot_changed_links l
-                  ON t.site_id = l.site_id AND t.ad_account_id = l.ad_account_id
-                ORDER BY t.day"""
+            f"""INSERT INTO {STAGE}.main.{table}
+                SELECT {_qualified(COPIED_COLUMNS[table], "t")}
+                FROM main.{table} t JOIN snapshot_changed_days c
+                  ON t.ad_account_id = c.ad_account_id AND t.day = c.day
+                WHERE t.day BETWEEN ? AND ?
+                ORDER BY t.day""",
+            [low, high],
         )
     return count
 
 
+def _replace_changed_links(con: duckdb.DuckDBPyConnection) -> None:
+    """A site linked or unlinked: that site's sums for the account, whole."""
+    s = STAGE
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE snapshot_changed_links AS
+            (SELECT site_id, ad_account_id FROM {s}.main.site_ad_accounts
+             EXCEPT SELECT site_id, ad_account_id FROM main.site_ad_accounts)
+            UNION
+            (SELECT site_id, ad_account_id FROM main.site_ad_accounts
+             EXCEPT SELECT site_id, ad_account_id FROM {s}.main.site_ad_accounts)"""
+    )
+    if not con.execute("SELECT count(*) FROM snapshot_changed_links").fetchone()[0]:
+        return
+    con.execute(
+        f"""DELETE FROM {s}.main.site_spend_daily t USING snapshot_changed_links l
+            WHERE t.site_id = l.site_id AND t.ad_account_id = l.ad_account_id"""
+    )
+    con.execute(
+        f"""INSERT INTO {s}.main.site_spend_daily
+            SELECT {_qualified(COPIED_COLUMNS["site_spend_daily"], "t")}
+            FROM main.site_spend_daily t JOIN snapshot_changed_links l
+              ON t.site_id = l.site_id AND t.ad_account_id = l.ad_account_id
+            ORDER BY t.day"""
+    )
+
+
+def _qualified(columns: str, alias: str) -> str:
+    return ", ".join(f"{alias}.{column.strip()}" for column in columns.split(","))
+
+
 def _apply_rows_that_differ(con: duckdb.DuckDBPyConnection, table: str) -> None:
-    s, key, columns = STAGE, _PRIMARY_KEYS[table], _COPIED[table]
+    s, key, columns = STAGE, PRIMARY_KEYS[table], COPIED_COLUMNS[table]
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE snapshot_changed_keys AS
             SELECT {key} FROM (SELECT {columns} FROM main.{table}
@@ -369,7 +371,7 @@ def _apply_thumbnails(con: duckdb.DuckDBPyConnection) -> None:
             SELECT ad_id FROM (SELECT {compared} FROM {s}.main.ad_thumbnails
                                EXCEPT SELECT {compared} FROM main.ad_thumbnails)"""
     )
-    _replace_keys(con, "ad_thumbnails", "ad_id", _COPIED["ad_thumbnails"])
+    _replace_keys(con, "ad_thumbnails", "ad_id", COPIED_COLUMNS["ad_thumbnails"])
 
 
 def _replace_keys(con: duckdb.DuckDBPyConnection, table: str, key: str, columns: str) -> None:
@@ -385,17 +387,6 @@ def _replace_keys(con: duckdb.DuckDBPyConnection, table: str, key: str, columns:
     )
 
 
-_CHECKS: dict[str, str] = {
-    "ad_spend_daily": "count(*), sum(spend), sum(impressions), sum(clicks), sum(conversations)",
-    "site_spend_daily": "count(*), sum(spend), sum(impressions), sum(clicks), sum(conversations)",
-    "ad_catalog": "count(*)",
-    "ad_thumbnails": "count(*)",
-    "sites": "count(*)",
-    "site_ad_accounts": "count(*)",
-    "meta_ad_accounts": "count(*)",
-}
-
-
 def _heal(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Repair any table whose counts or totals differ from the pipeline's.
 
@@ -403,7 +394,7 @@ def _heal(con: duckdb.DuckDBPyConnection) -> list[str]:
     differ); the others, small or compared row by row already, are copied whole.
     """
     healed = []
-    for table, totals in _CHECKS.items():
+    for table, totals in TOTALS_COMPARED.items():
         ours = con.execute(f"SELECT {totals} FROM {STAGE}.main.{table}").fetchone()
         theirs = con.execute(f"SELECT {totals} FROM main.{table}").fetchone()
         if ours == theirs:
@@ -430,4 +421,4 @@ def _heal_accounts(con: duckdb.DuckDBPyConnection, table: str, totals: str) -> N
                 EXCEPT
                 SELECT ad_account_id, {totals} FROM main.{table} GROUP BY ad_account_id)"""
     )
-    _replace_keys(con, table, "ad_account_id", _COPIED[table])
+    _replace_keys(con, table, "ad_account_id", COPIED_COLUMNS[table])

@@ -9,14 +9,19 @@ import dagster as dg
 
 from rastro_assets import shards
 from rastro_assets.defs.dagster_private import AssetGraphSubset
+from rastro_assets.defs.keys import (
+    ACCOUNT_TAG,
+    MAX_RUNTIME_TAG,
+    PARTITION_RUN_MAX_RUNTIME_SECONDS,
+    SYNC_KIND_TAG,
+)
 from rastro_assets.defs.partitions import (
     ACCOUNT_PARTITIONS_NAME,
     all_accounts_partitions_name,
     reach_start,
     spend_partition_key,
 )
-from rastro_assets.defs.spend_assets import ACCOUNT_TAG, SYNC_KIND_TAG, spend_shard
-from rastro_assets.defs.wave import MAX_RUNTIME_TAG, PARTITION_RUN_MAX_RUNTIME_SECONDS
+from rastro_assets.defs.spend.assets import spend_shard
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount
 from rastro_assets.planner.state import AccountState

@@ -15,6 +15,14 @@ from functools import cache
 import dagster as dg
 
 from rastro_assets import shards
+from rastro_assets.defs.analytics import publish_after_writes
+from rastro_assets.defs.keys import (
+    AD_SPEND_DAILY,
+    BACKFILL_ID_TAG,
+    OWNERS,
+    SITE_SPEND_DAILY,
+    SYNC_KIND_TAG,
+)
 from rastro_assets.defs.metadata import (
     catalog_materializations,
     catalog_table_materializations,
@@ -30,7 +38,6 @@ from rastro_assets.defs.partitions import (
     spend_partition_key,
     spend_partitions,
 )
-from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.outcomes import FILL_KINDS
 from rastro_assets.planner import cadence
@@ -40,14 +47,7 @@ from rastro_assets.timekeeping import days_between
 from rastro_assets.warehouse.figures import spend_table_figures
 
 GROUP = "meta_spend"
-OWNERS = ["team:data-engineering"]
-SYNC_KIND_TAG = "rastro/sync_kind"
-ACCOUNT_TAG = "meta_account"
-BACKFILL_ID_TAG = "dagster/backfill"
 MAX_DAYS_PER_RUN = 30
-
-AD_SPEND_DAILY = dg.AssetKey(shards.ad_spend_name(0))
-SITE_SPEND_DAILY = dg.AssetKey(shards.site_spend_name(0))
 
 
 @dataclass(frozen=True)

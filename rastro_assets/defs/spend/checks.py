@@ -7,9 +7,10 @@ from datetime import UTC, date
 import dagster as dg
 
 from rastro_assets.defs.dagster_private import AssetCheckExecutionRecordStatus, PartitionKeyFilter
+from rastro_assets.defs.keys import SITE_SPEND_DAILY
 from rastro_assets.defs.partitions import SHARD_COUNT, spend_partition_key
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend_assets import SITE_SPEND_DAILY, spend_shard
+from rastro_assets.defs.spend.assets import spend_shard
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.warehouse.audit import site_spend_mismatches

@@ -23,9 +23,9 @@ from datetime import datetime, timedelta
 
 import dagster as dg
 
-from rastro_assets.defs.checks import MAX_HEALTH_ROWS, freshness
 from rastro_assets.defs.partitions import SHARD_COUNT
 from rastro_assets.defs.resources import RastroResource
+from rastro_assets.defs.spend.checks import MAX_HEALTH_ROWS, freshness
 from rastro_assets.planner.cadence import AccountStatus
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
 

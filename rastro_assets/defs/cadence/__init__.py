@@ -1,0 +1,1 @@
+"""When accounts sync: the sensors, the backfills and waves they start, the accounts' health."""
