@@ -325,6 +325,32 @@ def test_freshness_is_reported_when_the_stale_set_changes(instance, rastro, ware
     assert check_evaluations(meta_cadence_sensor(context)) == []
 
 
+def test_freshness_is_reported_again_once_its_asset_is_materialized_since(
+    instance, rastro, warehouse
+):
+    """The UI shows a check as "Not evaluated" once its asset has a newer
+    materialization than the check's latest evaluation, so after a wave records
+    days the next tick evaluates it again, though the stale set is the same."""
+    from rastro_assets.definitions import defs
+
+    backfilled(warehouse, "act_101", at=NOW - timedelta(minutes=10))
+    backfilled(warehouse, "act_202", at=NOW - timedelta(minutes=10))
+    context = dg.build_sensor_context(
+        instance=instance, definitions=defs, resources={"rastro": rastro}
+    )
+    first = meta_cadence_sensor(context)
+    assert len(check_evaluations(first)) == 1
+    context.update_cursor(first.cursor)
+    instance.report_runless_asset_event(
+        dg.AssetMaterialization(asset_key=AD_SPEND_DAILY, partition=f"act_101|{TODAY}")
+    )
+    second = meta_cadence_sensor(context)
+    [again] = check_evaluations(second)
+    assert again.passed
+    context.update_cursor(second.cursor)
+    assert check_evaluations(meta_cadence_sensor(context)) == []
+
+
 def test_accounts_in_their_first_backfill_are_backfilling_not_stale(instance, rastro, warehouse):
     from rastro_assets.definitions import defs
 

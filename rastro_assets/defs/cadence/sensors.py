@@ -290,7 +290,12 @@ def _meta_cadence_tick(
         else:
             skipped["not due"] = skipped.get("not due", 0) + 1
     freshness_events, cursor = _freshness_change(
-        context.cursor, accounts, now, shard_count, statuses
+        context.cursor,
+        accounts,
+        now,
+        shard_count,
+        statuses,
+        _latest_materializations(context.instance, shard_count),
     )
     health_events, cursor = _health_change(
         context.cursor, cursor, accounts, now, shard_count, statuses
@@ -309,6 +314,17 @@ def _meta_cadence_tick(
 
 
 CURSOR_KEY = "accounts_fresh as last reported, per shard"
+MATERIALIZED_CURSOR_KEY = "ad_spend_daily's latest materialization when reported, per shard"
+
+
+def _latest_materializations(instance: dg.DagsterInstance, shard_count: int) -> list[int]:
+    """The storage id of each shard's `ad_spend_daily` latest materialization (0: none)."""
+    keys = [spend_shard(shard).ad_key for shard in range(shard_count)]
+    latest = {
+        record.asset_entry.asset_key: record.asset_entry.last_materialization_storage_id
+        for record in instance.get_asset_records(keys)
+    }
+    return [latest.get(key) or 0 for key in keys]
 
 
 def _freshness_change(
@@ -317,15 +333,23 @@ def _freshness_change(
     now,
     shard_count: int = 1,
     statuses: Mapping[str, cadence.AccountStatus] | None = None,
+    materialized: list[int] | None = None,
 ):
     """A freshness check evaluation for each shard whose stale, paused or backfilling
-    accounts changed since the cursor.
+    accounts changed since the cursor, or whose asset was materialized since.
+
+    The UI counts a check's latest evaluation only while no materialization of its
+    asset is newer; otherwise it reads "Not evaluated". So a shard recorded since its
+    last evaluation (`materialized`: each shard's latest materialization's storage
+    id) is evaluated again.
 
     The cursor is the JSON the UI shows on the sensor's page: for each shard, the
     accounts its last reported `accounts_fresh` evaluation named stale and paused,
-    and how many were backfilling. A cursor of an older format reads as nothing
-    reported, so the first tick after an upgrade reports once.
+    and how many were backfilling, and the latest materialization then. A cursor of
+    an older format reads as nothing reported, so the first tick after an upgrade
+    reports once.
     """
+    materialized = materialized or [0] * shard_count
     if shard_count == 1:
         by_shard = [accounts]
     else:
@@ -333,12 +357,14 @@ def _freshness_change(
     found = [freshness(members, now, statuses) for members in by_shard]
     entries = [each.cursor_entry() for each in found]
     before = _reported(cursor)
+    seen = _reported(cursor, MATERIALIZED_CURSOR_KEY)
+    changed = len(before) != len(entries) or len(seen) != len(materialized)
     events = [
         freshness_evaluation(members, now, shard, found[shard])
         for shard, members in enumerate(by_shard)
-        if len(before) != len(entries) or before[shard] != entries[shard]
+        if changed or before[shard] != entries[shard] or seen[shard] != materialized[shard]
     ]
-    return events, json.dumps({CURSOR_KEY: entries})
+    return events, json.dumps({CURSOR_KEY: entries, MATERIALIZED_CURSOR_KEY: materialized})
 
 
 def _reported(cursor: str | None, key: str = CURSOR_KEY, default=None):
