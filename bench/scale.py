@@ -760,6 +760,36 @@ def storage_mb(instance, backend: str, home: Path) -> float:
     return size / 1024 / 1024
 
 
+def ensure_asset_records(instance, shard_count: int) -> None:
+    """Each spend asset's row in `asset_keys`, which `store_event` keeps and the builder does
+    not write: without it Dagster finds no status cache to read or update, and the UI's
+    figures would be of an asset that looks never materialized. Made from the asset's
+    latest materialization, as `store_event` would have left it."""
+    import dagster as dg
+    from dagster._core.storage.event_log.schema import SqlEventLogStorageTable
+    from dagster_shared.serdes import deserialize_value
+
+    from rastro_assets.defs.spend.assets import spend_shard
+
+    storage = instance.event_log_storage
+    keys = [key for shard in range(shard_count) for key in spend_shard(shard).keys]
+    present = {record.asset_entry.asset_key for record in instance.get_asset_records(keys)}
+    for key in keys:
+        if key in present:
+            continue
+        with storage.index_connection() as conn:
+            row = conn.execute(
+                SqlEventLogStorageTable.select()
+                .with_only_columns(SqlEventLogStorageTable.c.id, SqlEventLogStorageTable.c.event)
+                .where(SqlEventLogStorageTable.c.asset_key == key.to_string())
+                .where(SqlEventLogStorageTable.c.dagster_event_type == "ASSET_MATERIALIZATION")
+                .order_by(SqlEventLogStorageTable.c.id.desc())
+                .limit(1)
+            ).fetchone()
+        if row is not None:
+            storage.store_asset_event(deserialize_value(row[1], dg.EventLogEntry), row[0])
+
+
 def after_build(instance, backend: str) -> None:
     """The builder sets event ids itself: move Postgres's sequence past them."""
     if backend != "postgres":
@@ -824,6 +854,7 @@ def measure(instance, args, accounts: int, now: datetime, home: Path) -> None:
         (home / "built").write_text(now.isoformat())
         print(f"built {built['events']:,} events and {built['runs']:,} runs "
               f"in {built['seconds']:.0f} s", flush=True)
+    ensure_asset_records(instance, args.shards)
     if args.build_only:
         return
     size_mb = storage_mb(instance, args.backend, home)
