@@ -400,20 +400,18 @@ def new_accounts(accounts: int) -> list[str]:
 
 def submit_new_accounts(instance, accounts: int, now: datetime, per_account: bool,
                         shard_count: int = 1) -> list[str]:
-    """20 accounts linked in the same minute, as `meta_accounts` and the sensor daemon do:
-    each shard's new accounts grouped into its own shared backfills."""
+    """20 accounts linked in the same minute, as `meta_accounts` and the sensor daemon do."""
     from rastro_assets.defs.cadence.backfills import Fill, backfill_request, shared_backfills
     from rastro_assets.defs.dagster_private import PartitionBackfill
 
     today = now.date()
     new = new_accounts(accounts)
     add_accounts(instance, new, shard_count)
-    requests = []
-    for shard in range(shard_count):
-        fills = [Fill(account, "backfill", today - timedelta(days=HISTORY_DAYS - 1), today)
-                 for account in new if shard_of(account, shard_count) == shard]
-        groups = [[fill] for fill in fills] if per_account else shared_backfills(fills)
-        requests += [backfill_request(group, shard) for group in groups]
+    fills = [Fill(account, "backfill", today - timedelta(days=HISTORY_DAYS - 1), today)
+             for account in new]
+    groups = [[fill] for fill in fills] if per_account else shared_backfills(fills)
+    shards = {account: shard_of(account, shard_count) for account in new}
+    requests = [backfill_request(group, shards) for group in groups]
     backfill_ids = []
     for number, request in enumerate(requests):
         backfill_id = f"bench{int(time.time())}{number}"

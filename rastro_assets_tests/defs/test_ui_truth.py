@@ -204,12 +204,21 @@ def run_backfill(instance, rastro, request, on_each_run) -> None:
                 resources={"rastro": rastro},
                 tags={
                     **request.tags,
+                    # What Dagster gives a backfill's runs: its daemon fails the backfill on
+                    # a materialization of a target asset of no partition from one of them.
+                    "dagster/backfill": "first-backfills",
                     "dagster/asset_partition_range_start": str(block[0]),
                     "dagster/asset_partition_range_end": str(block[-1]),
                     SYNC_KIND_TAG: "backfill",
                 },
             )
             assert result.success
+            unpartitioned = [
+                event.asset_key
+                for event in result.get_asset_materialization_events()
+                if event.partition is None
+            ]
+            assert AD_SPEND_DAILY not in unpartitioned, unpartitioned
             on_each_run()
 
 
@@ -248,7 +257,21 @@ def test_after_first_backfills_every_asset_holding_rows_is_materialized_and_no_c
                 stats = node["partitionStats"]
                 assert stats["numMaterialized"] > 0, f"{name} reads as never materialized"
                 assert stats["numFailed"] == 0, name
-            if name in held:
+            if name in ("ad_spend_daily", "site_spend_daily"):
+                # A backfill's runs may not materialize a target asset with no partition
+                # (Dagster fails the backfill), so after backfills alone the table's figures
+                # are the latest observation; the next wave that records a day makes them a
+                # materialization, which the overview shows (test_wave).
+                [observed] = node["assetObservations"]
+                [rows] = [
+                    entry["intValue"]
+                    for entry in observed["metadataEntries"]
+                    if entry["label"] == "dagster/row_count"
+                ]
+                assert rows == held[name], name
+                [latest] = node["assetMaterializations"]
+                assert latest["partition"] is not None, name
+            elif name in held:
                 # The overview shows its latest materialization's row count and metadata as the
                 # asset's: the whole table's, on an event of no partition, never one partition's.
                 assert overview_row_count(node) == held[name], name
@@ -258,7 +281,6 @@ def test_after_first_backfills_every_asset_holding_rows_is_materialized_and_no_c
                 assert "accounts" in labels, (name, labels)
                 assert not [label for label in labels if label.startswith("day_")], (name, labels)
             if name in ("ad_spend_daily", "site_spend_daily"):
-                assert {"days", "spend_BRL"} <= labels, (name, labels)
                 # Each partition keeps its own figures on its own event.
                 partition = sorted(instance.get_materialized_partitions(key))[-1]
                 answer = execute_dagster_graphql(

@@ -1,7 +1,7 @@
 """What `meta_accounts` asks of Dagster: each shard's account partitions, and the owed
 backfills and gap fills as partition backfills of the account's own spend pair."""
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 
@@ -81,8 +81,15 @@ def shared_backfills(fills: Sequence[Fill]) -> list[list[Fill]]:
     return groups
 
 
-def backfill_request(fills: Sequence[Fill], shard: int = 0) -> dg.RunRequest:
-    """One partition backfill of `shard`'s spend pair over the fills' days.
+def backfill_request(
+    fills: Sequence[Fill], shard_of: Mapping[str, int] | None = None
+) -> dg.RunRequest:
+    """One partition backfill over the fills' days, each account's in its own shard's pair
+    (`shard_of`; shard 0 for an account it does not name).
+
+    One backfill, whichever shards its accounts are in: the backfill daemon's iteration
+    costs per backfill in flight, and Dagster still cuts the runs per spend pair, since
+    each shard's pair has partitions of its own.
 
     Every run of a backfill carries the backfill's tags; the run queue
     (`run_queue.AccountRunCoordinator`) then sets each range run's `meta_account`
@@ -91,19 +98,22 @@ def backfill_request(fills: Sequence[Fill], shard: int = 0) -> dg.RunRequest:
     the spend writer would refuse the older run's writes (`RUN_TIMEOUT: ... holds
     the account`), while the group's other accounts run beside it.
     """
-    spend = spend_shard(shard)
-    keys = [
-        spend_partition_key(fill.ad_account_id, day)
-        for fill in fills
-        for day in days_between(fill.since, fill.until)
-    ]
-    subset = spend.partitions.empty_subset().with_partition_keys(keys)
+    shard_of = shard_of or {}
+    keys_by_shard: dict[int, list[dg.MultiPartitionKey]] = {}
+    for fill in fills:
+        keys_by_shard.setdefault(shard_of.get(fill.ad_account_id, 0), []).extend(
+            spend_partition_key(fill.ad_account_id, day)
+            for day in days_between(fill.since, fill.until)
+        )
+    subsets = {}
+    for shard, keys in sorted(keys_by_shard.items()):
+        spend = spend_shard(shard)
+        subset = spend.partitions.empty_subset().with_partition_keys(keys)
+        subsets[spend.ad_key] = subsets[spend.site_key] = subset
     accounts = sorted(fill.ad_account_id for fill in fills)
     group = accounts[0] if len(accounts) == 1 else f"{accounts[0]} and {len(accounts) - 1} more"
     return dg.RunRequest.for_asset_graph_subset(
-        AssetGraphSubset(
-            partitions_subsets_by_asset_key={spend.ad_key: subset, spend.site_key: subset}
-        ),
+        AssetGraphSubset(partitions_subsets_by_asset_key=subsets),
         tags={
             ACCOUNT_TAG: group,
             SYNC_KIND_TAG: fills[0].kind,

@@ -180,7 +180,9 @@ def build_meta_spend(index: int, shard_count: int) -> dg.AssetsDefinition:
             publish_after_writes(context, rastro)
             raise
         yield from _record(context, outcomes, shard)
-        for event in table_materializations(rastro, shard.index, shard_count, outcomes):
+        for event in table_materializations(
+            rastro, shard.index, shard_count, outcomes, in_backfill=_in_backfill(context)
+        ):
             context.log_event(event)
         publish_after_writes(context, rastro)
 
@@ -195,26 +197,41 @@ def table_materializations(
     shard: int,
     shard_count: int = SHARD_COUNT,
     outcomes: Iterable[SyncOutcome] = (),
-) -> list[dg.AssetMaterialization]:
+    *,
+    in_backfill: bool = False,
+) -> list[dg.AssetMaterialization | dg.AssetObservation]:
     """The whole-table events a run ends with: the spend pair's, and the catalog's and
     thumbnails' when `outcomes` recorded account events of them. Once per run.
 
     With several shards each pair holds its own accounts, so its figures are theirs.
+    `in_backfill`: the run is one of a partition backfill, whose daemon fails the whole
+    backfill on a materialization of a target asset with no partition, so the spend
+    pair's figures are observations there (the overview shows them from the next wave).
     """
     only = None if shard_count == 1 and shard == 0 else shard
     catalog = {
         event.asset_key for outcome in outcomes for event in catalog_materializations(outcome)
     }
     with rastro.warehouse().connect(read_only=True) as con:
-        return [
-            *(
-                table_materialization(asset_key, spend_table_figures(con, table, only))
-                for asset_key, table in zip(
-                    spend_shard(shard).keys, ("ad_spend_daily", "site_spend_daily"), strict=True
-                )
-            ),
-            *catalog_table_materializations(con, catalog),
+        spend = [
+            table_materialization(asset_key, spend_table_figures(con, table, only))
+            for asset_key, table in zip(
+                spend_shard(shard).keys, ("ad_spend_daily", "site_spend_daily"), strict=True
+            )
         ]
+        if in_backfill:
+            spend = [
+                dg.AssetObservation(
+                    asset_key=event.asset_key, description=event.description,
+                    metadata=event.metadata,
+                )
+                for event in spend
+            ]
+        return [*spend, *catalog_table_materializations(con, catalog)]
+
+
+def _in_backfill(context: dg.AssetExecutionContext) -> bool:
+    return BACKFILL_ID_TAG in context.run.tags
 
 
 def _record_tables_after_failure(
@@ -225,7 +242,9 @@ def _record_tables_after_failure(
     outcomes: list[SyncOutcome],
 ) -> None:
     try:
-        events = table_materializations(rastro, shard, shard_count, outcomes)
+        events = table_materializations(
+            rastro, shard, shard_count, outcomes, in_backfill=_in_backfill(context)
+        )
     except Exception as exc:  # the run's own failure is what it reports
         context.log.warning(f"the tables' figures could not be read after the failure: {exc}")
         return
