@@ -58,6 +58,12 @@ QUIETED_WARNINGS = (
     "Specifying a partitions_def on an AssetCheckSpec is currently in preview",
     "Parameter `owners` of initializer `SensorDefinition.__init__` is currently in beta",
 )
+# Dagster's planned events as one per asset and run instead of one per account-day: the
+# backfill daemon submits a backfill's runs several times faster, and the partitions grid
+# no longer marks a running or failed backfill run's days (docs/operations.md, "Planned
+# events"). Dagster reads it in the process that creates a run (daemon, webserver); an
+# operator's own value wins.
+PLANNED_SUBSET_VARIABLE = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
 TICK_SECONDS = 2.0
 PROGRESS_SECONDS = 20.0
 # A look at the warehouse gives way to the pipeline's writers at once: the next tick retries.
@@ -145,6 +151,7 @@ def prepare(
         "DAGSTER_HOME": str(paths.dagster_home),
         # Someone trying the demo waits for their first query: publish within a minute.
         "RASTRO_ANALYTICS_LAG_SECONDS": environ.get("RASTRO_ANALYTICS_LAG_SECONDS") or "60",
+        PLANNED_SUBSET_VARIABLE: environ.get(PLANNED_SUBSET_VARIABLE) or "true",
     }
 
 
