@@ -42,8 +42,10 @@ Last line: `ONBOARDING: ...` with each figure beside its goal (<= 2 h, no accoun
 more than 30 min for its first run, the submitting iteration <= 30 s and <= 500 MB).
 
 Run: .venv/bin/python bench/onboarding.py [--accounts 1000] [--delay-ms 300] [--ads 20]
-     [--planned-subset] [--sensor-seconds S] [--timeout-minutes 240] [--keep DIR]
+     [--planned-subset] [--pool-limit N] [--sensor-seconds S] [--timeout-minutes 240]
+     [--keep DIR]
   --planned-subset  DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS=true in the daemon
+  --pool-limit N    the `meta_api` pool's limit instead of dagster.yaml's 2
 """
 
 from __future__ import annotations
@@ -145,11 +147,14 @@ def reap(keep: set[int]) -> None:
 # -- the instance and the links -------------------------------------------------------------
 
 
-def instance_config(home: Path) -> dict:
-    """The repo's dagster.yaml with its storage moved into `home`, nothing else changed."""
+def instance_config(home: Path, pool_limit: int | None = None) -> dict:
+    """The repo's dagster.yaml with its storage moved into `home`, nothing else changed but
+    the `meta_api` pool's limit when `pool_limit` is given."""
     import yaml
 
     config = yaml.safe_load((REPO / "dagster.yaml").read_text())
+    if pool_limit:
+        config["concurrency"]["pools"]["default_limit"] = pool_limit
     config["storage"] = {"sqlite": {"base_dir": str(home / "storage")}}
     config["local_artifact_storage"]["config"]["base_dir"] = str(home)
     config["compute_logs"]["config"]["base_dir"] = str(home / "logs")
@@ -392,6 +397,8 @@ def main() -> None:
                         help=f"{PLANNED_SUBSET_VARIABLE}=true in the daemon's environment")
     parser.add_argument("--sensor-seconds", type=int, default=0,
                         help="RASTRO_SENSOR_INTERVAL_SECONDS (default: the product's 30/60 s)")
+    parser.add_argument("--pool-limit", type=int, default=0,
+                        help="the meta_api pool's limit (default: dagster.yaml's, 2)")
     parser.add_argument("--timeout-minutes", type=float, default=240.0)
     parser.add_argument("--poll-seconds", type=float, default=10.0)
     parser.add_argument("--keep", type=Path, help="leave the warehouse, home and log in DIR")
@@ -403,14 +410,16 @@ def main() -> None:
     cores = os.cpu_count() or 1
     accounts = [_world.wave_account(index) for index in range(args.accounts)]
     print(f"onboarding {args.accounts} accounts x {BACKFILL_DAYS} days, {args.ads} ads each, "
-          f"Meta at {args.delay_ms:.0f} ms a request, {cores} cores, load {load()}", flush=True)
+          f"Meta at {args.delay_ms:.0f} ms a request, planned events "
+          f"{'as subsets' if args.planned_subset else 'per partition'}, meta_api pool "
+          f"{args.pool_limit or 'as dagster.yaml'}, {cores} cores, load {load()}", flush=True)
     root = args.keep or Path(tempfile.mkdtemp(prefix="rastro-onboarding-"))
     root.mkdir(parents=True, exist_ok=True)
     home = root / "dagster_home"
     home.mkdir(exist_ok=True)
     import yaml
 
-    (home / "dagster.yaml").write_text(yaml.safe_dump(instance_config(home)))
+    (home / "dagster.yaml").write_text(yaml.safe_dump(instance_config(home, args.pool_limit)))
     try:
         with _world.serve_world(1, 5000, delay_ms=args.delay_ms, wave_accounts=args.accounts,
                                 wave_ads=args.ads, system_clock=True) as server:
