@@ -9,18 +9,28 @@ sets `meta_account` on each run it queues from the one account its partition or
 range covers, before the queue ever sees it: an account's 30-day runs still
 follow one another, and different accounts' runs go side by side. A range over
 several accounts (a rectangle picked in the UI) keeps the tag it came with.
+
+It also ranks each such run by how far back its range ends (`dagster/priority`, higher
+first; ties in the order queued): the 30 days up to today come first (priority 0, as
+every other run), the 30 before them -1, and so on. A first install of many accounts
+queues every account's three runs at once, one account after another; ranked, each
+account's newest days start before any account's older ones, so no account waits
+behind the others' whole backfills for its first run (bench/onboarding.py).
 """
 
 from __future__ import annotations
 
+from datetime import UTC, date, datetime
+
 import dagster as dg
 
 from rastro_assets.defs.daemon_logs import summarise_backfill_logs
-from rastro_assets.defs.spend_assets import ACCOUNT_TAG
+from rastro_assets.defs.spend_assets import ACCOUNT_TAG, MAX_DAYS_PER_RUN
 
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
 ACCOUNT_DIMENSION_TAG = "dagster/partition/account"
+PRIORITY_TAG = "dagster/priority"
 
 
 def run_account(tags) -> str | None:
@@ -30,6 +40,19 @@ def run_account(tags) -> str | None:
         first, last = start.split("|", 1)[0], end.split("|", 1)[0]
         return first if first == last and "|" in start else None
     return tags.get(ACCOUNT_DIMENSION_TAG)
+
+
+def range_priority(tags, today: date) -> int | None:
+    """Minus the number of whole 30-day blocks between the end of a one-account range run
+    and `today`: 0 for the newest days, -1 for the 30 before, ...; None for other runs."""
+    end = tags.get(RANGE_END_TAG)
+    if not run_account(tags) or not end:
+        return None
+    try:
+        last = date.fromisoformat(end.split("|", 1)[1])
+    except (IndexError, ValueError):
+        return None
+    return -(max((today - last).days, 0) // MAX_DAYS_PER_RUN)
 
 
 class AccountRunCoordinator(dg.QueuedRunCoordinator):
@@ -43,8 +66,14 @@ class AccountRunCoordinator(dg.QueuedRunCoordinator):
     def submit_run(self, context: dg.SubmitRunContext) -> dg.DagsterRun:
         run = context.dagster_run
         account = run_account(run.tags)
+        tags = {}
         if account and run.tags.get(ACCOUNT_TAG) != account:
-            self._instance.add_run_tags(run.run_id, {ACCOUNT_TAG: account})
+            tags[ACCOUNT_TAG] = account
+        priority = range_priority(run.tags, datetime.now(UTC).date())
+        if priority is not None and PRIORITY_TAG not in run.tags:
+            tags[PRIORITY_TAG] = str(priority)
+        if tags:
+            self._instance.add_run_tags(run.run_id, tags)
             run = self._instance.get_run_by_id(run.run_id) or run
             context = dg.SubmitRunContext(run, context.workspace)
         return super().submit_run(context)
