@@ -485,12 +485,11 @@ def main() -> None:
             cpu = children_cpu() - cpu_before
             graph_cpu = cpu_of(server.process.pid) - graph_before
             end_load = load()
+        report(args, root, home, started, wall, onboarded, cpu, graph_cpu, daemon_peak,
+               sampler, run_cpu, run_wall, cores, end_load, runs_ended)
     finally:
-        pass
-    report(args, root, home, started, wall, onboarded, cpu, graph_cpu, daemon_peak, sampler,
-           run_cpu, run_wall, cores, end_load, runs_ended)
-    if not args.keep:
-        shutil.rmtree(root, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _descendants_of_session(session: int) -> list[int]:
