@@ -62,14 +62,19 @@ def backfill_blocks(days: int = 90, block: int = 30) -> list[tuple[date, date]]:
 # -- the server process --------------------------------------------------------------------
 
 
-def build_world(n_ads: int, row_cap: int):
-    """A FakeWorld with one account whose `n_ads` ads all deliver every day."""
+def build_world(n_ads: int, row_cap: int, system_clock: bool = False):
+    """A FakeWorld with one account whose `n_ads` ads all deliver every day.
+
+    Its clock is pinned at NOW, or with `system_clock` the wall clock, as the end-to-end
+    tests' worlds are when a real daemon (which has no pinned clock) reads them."""
+    from rastro_assets.timekeeping import system_clock as wall_clock
     from rastro_fake_graph import world as world_module
     from rastro_fake_graph.world import FakeWorld, MutableClock
 
     world_module.DELIVERY_SHARE = 1.0
     world_module.VANISH_SHARE = 0.0
-    world = FakeWorld(clock=MutableClock(NOW), seed=SEED, row_cap=row_cap)
+    clock = wall_clock if system_clock else MutableClock(NOW)
+    world = FakeWorld(clock=clock, seed=SEED, row_cap=row_cap)
     account = world.add_account(
         ACCOUNT, timezone=TIMEZONE, currency=CURRENCY, n_ads=n_ads, token=TOKEN
     )
@@ -158,7 +163,7 @@ def add_wave_accounts(world, n_accounts: int, n_ads: int) -> None:
 def _serve_main(args: argparse.Namespace) -> None:
     from rastro_fake_graph.server import serve
 
-    world = build_world(args.ads, args.row_cap)
+    world = build_world(args.ads, args.row_cap, system_clock=args.system_clock)
     add_wave_accounts(world, args.wave_accounts, args.wave_ads)
     # Meta's latency (bench/latency.py); zero unless asked, so other benches are unchanged.
     world.request_delay_seconds = args.delay_ms / 1000
@@ -184,17 +189,19 @@ def serve_world(
     async_seconds: float = 0.0,
     wave_accounts: int = 0,
     wave_ads: int = 20,
+    system_clock: bool = False,
 ) -> Iterator[Server]:
     """The fake Graph for `n_ads` ads in a child process on loopback.
 
     `delay_ms` holds every answer back (Meta's latency), `async_seconds` is how long an
-    async report runs, and `wave_accounts` adds accounts of `wave_ads` ads each.
+    async report runs, `wave_accounts` adds accounts of `wave_ads` ads each, and
+    `system_clock` puts the world on the wall clock instead of NOW.
     """
     process = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve()), "serve", "--ads", str(n_ads),
          "--row-cap", str(row_cap), "--delay-ms", str(delay_ms),
          "--async-seconds", str(async_seconds), "--wave-accounts", str(wave_accounts),
-         "--wave-ads", str(wave_ads)],
+         "--wave-ads", str(wave_ads), *(["--system-clock"] if system_clock else [])],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -290,6 +297,7 @@ if __name__ == "__main__":
     serve_parser.add_argument("--async-seconds", type=float, default=0.0)
     serve_parser.add_argument("--wave-accounts", type=int, default=0)
     serve_parser.add_argument("--wave-ads", type=int, default=20)
+    serve_parser.add_argument("--system-clock", action="store_true")
     _serve_main(parser.parse_args())
 
 

@@ -27,12 +27,21 @@ yesterday and no ACTIVE ad, so read live every 3 hours), and prints Meta calls p
 account-day for the active and the idle accounts beside their goals (active: the
 reference; idle: at most half of it). `--simulate-only` runs part 1 alone (seconds).
 
+`--backend postgres` runs part 2 on `docs/dagster.scaled.yaml`'s storage (Postgres) on a real
+PostgreSQL server started here (rastro_assets_tests/postgres_server.py, TLS as the config asks,
+no fsync: a floor for a real server), and counts the server's CPU (its backends, reaped by the
+postmaster) beside the run process's: both are the cadence's cost. `--event-batch-size N` sets
+DAGSTER_EVENT_BATCH_SIZE in the runs' environment: Dagster then hands events that carry batch
+metadata to `store_event_batch`, which dagster-postgres writes in one insert.
+
 Run: .venv/bin/python bench/cadence.py [--quick] [--idle-share 0.5] [--simulate-only]
+     [--backend postgres] [--event-batch-size N]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -256,7 +265,51 @@ def reference_calls() -> float:
 # -- Part 2: measured cost of real wave runs -------------------------------------------
 
 
-def measure_waves(sizes: list[int], kinds: list[str]) -> dict:
+@contextlib.contextmanager
+def instance_storage(backend: str, home: Path):
+    """`home`'s dagster.yaml for `backend`; yields the environment the runs need and a
+    `Storage` that reads its size and its server's CPU."""
+    import yaml
+
+    config: dict = {"telemetry": {"enabled": False}}
+    if backend == "sqlite":
+        (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+        yield {}, Storage(home)
+        return
+    from rastro_assets_tests.postgres_server import postgres_server
+
+    scaled = yaml.safe_load((REPO / "docs" / "dagster.scaled.yaml").read_text())
+    config["storage"] = scaled["storage"]
+    (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+    with postgres_server() as server:
+        yield server.env(), Storage(home, server)
+
+
+class Storage:
+    """The instance's size on disk (SQLite) or in its database (Postgres), and the CPU of the
+    Postgres server: the postmaster's own and its reaped backends' (one a connection)."""
+
+    def __init__(self, home: Path, server=None) -> None:
+        self.home, self.server = home, server
+
+    def size(self) -> int:
+        if self.server is None:
+            return directory_bytes(self.home)
+        with contextlib.closing(self.server.connect()) as con, con.cursor() as cursor:
+            cursor.execute("SELECT pg_database_size(current_database())")
+            return int(cursor.fetchone()[0])
+
+    def server_cpu(self) -> float:
+        if self.server is None:
+            return 0.0
+        pid_file = self.server.log.parent / "data" / "postmaster.pid"
+        pid = int(pid_file.read_text().splitlines()[0])
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_waves(sizes: list[int], kinds: list[str], backend: str = "sqlite",
+                  event_batch_size: int = 0) -> dict:
     from rastro_assets.vault import Vault, generate_key
     from rastro_assets.warehouse import registry
     from rastro_assets.warehouse.connection import Warehouse
@@ -298,10 +351,10 @@ def measure_waves(sizes: list[int], kinds: list[str]) -> dict:
                 )
         home = tmp_path / "home"
         home.mkdir()
-        (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-        with serve(world) as server:
+        with instance_storage(backend, home) as (storage_env, storage), serve(world) as server:
             env = {
                 **os.environ,
+                **storage_env,
                 "DAGSTER_HOME": str(home),
                 "RASTRO_DUCKDB_PATH": str(warehouse.path),
                 "RASTRO_META_GRAPH_URL": server.base_url,
@@ -310,6 +363,9 @@ def measure_waves(sizes: list[int], kinds: list[str]) -> dict:
                 # apart (`publish_cpu`) and counted at the cadence's pace in the model.
                 "RASTRO_ANALYTICS_LAG_SECONDS": "1000000000",
             }
+            env.pop("DAGSTER_EVENT_BATCH_SIZE", None)
+            if event_batch_size:
+                env["DAGSTER_EVENT_BATCH_SIZE"] = str(event_batch_size)
             # Live waves record changed days only in the first 45 minutes of each
             # three-hour local block: measured once at an instant where no account
             # is in one, once where half are; the model weighs them as the day does.
@@ -328,19 +384,21 @@ def measure_waves(sizes: list[int], kinds: list[str]) -> dict:
                         if kind == "daily" and label != kind:
                             continue
                         clock.set(instant - cadence.LIVE_INTERVAL)
-                        run_wave(world, env, home, size, kind)
+                        run_wave(world, env, home, size, kind, storage)
                         clock.set(instant)
-                        results[(label, size)] = run_wave(world, env, home, size, kind)
+                        results[(label, size)] = run_wave(world, env, home, size, kind, storage)
                         results[(label, size)]["recording"] = sum(
                             in_recording_block(instant, TIMEZONES[index % len(TIMEZONES)])
                             for index in range(size)
                         )
                         results[(label, size)]["publish_cpu"] = publish_cpu(warehouse)
-            results["bytes_per_materialization"] = bytes_per_materialization(home)
+            results["bytes_per_materialization"] = bytes_per_materialization(
+                home, storage, env
+            )
     return results
 
 
-def run_wave(world, env: dict, home: Path, size: int, kind: str) -> dict:
+def run_wave(world, env: dict, home: Path, size: int, kind: str, storage: Storage) -> dict:
     days = {"live": 2, "daily": 7}[kind]
     syncs = []
     for index in range(size):
@@ -360,7 +418,8 @@ def run_wave(world, env: dict, home: Path, size: int, kind: str) -> dict:
         "ops": {"sync_wave": {"config": {"syncs": syncs}}},
         "resources": {"rastro": {"config": {"fixed_now": world.now().isoformat()}}},
     }))
-    before_bytes = directory_bytes(home)
+    before_bytes = storage.size()
+    before_server = storage.server_cpu()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     completed = subprocess.run(
@@ -384,11 +443,14 @@ def run_wave(world, env: dict, home: Path, size: int, kind: str) -> dict:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if completed.returncode != 0:
         raise SystemExit(completed.stderr[-3000:])
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    run_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    server_cpu = storage.server_cpu() - before_server
     return {
-        "cpu_seconds": cpu,
+        "cpu_seconds": run_cpu + server_cpu,
+        "run_cpu_seconds": run_cpu,
+        "server_cpu_seconds": server_cpu,
         "wall_seconds": wall,
-        "storage_bytes": directory_bytes(home) - before_bytes,
+        "storage_bytes": storage.size() - before_bytes,
     }
 
 
@@ -403,10 +465,13 @@ def publish_cpu(warehouse) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def bytes_per_materialization(home: Path) -> float:
-    """Instance bytes on disk per materialization event, run overhead included."""
+def bytes_per_materialization(home: Path, storage: Storage, env: dict) -> float:
+    """Instance bytes (on disk, or the Postgres database's size) per materialization event,
+    run overhead included."""
     import dagster as dg
 
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update({key: value for key, value in env.items() if key.startswith("DAGSTER_PG")})
     with dg.DagsterInstance.from_config(str(home)) as instance:
         events = 0
         for asset_key in instance.get_asset_keys():
@@ -417,7 +482,12 @@ def bytes_per_materialization(home: Path) -> float:
                 if not page.has_more:
                     break
                 cursor = page.cursor
-    return directory_bytes(home) / max(events, 1)
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    return storage.size() / max(events, 1)
 
 
 def directory_bytes(path: Path) -> int:
@@ -440,6 +510,10 @@ def main() -> None:
         "--simulate-only", action="store_true",
         help="part 1 alone: the simulated day's Meta calls, no Dagster runs",
     )
+    parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite",
+                        help="the runs' instance storage (postgres: docs/dagster.scaled.yaml's)")
+    parser.add_argument("--event-batch-size", type=int, default=0,
+                        help="DAGSTER_EVENT_BATCH_SIZE in the runs' environment (0: unset)")
     args = parser.parse_args()
     if not 0 < args.idle_share < 1:
         parser.error("--idle-share must be between 0 and 1")
@@ -447,7 +521,10 @@ def main() -> None:
         print_populations(1000, args.idle_share)
         return
     sizes = [5, 40] if args.quick else [10, 100]
-    measured = measure_waves(sizes, ["live", "daily"])
+    load = " ".join(f"{value:.1f}" for value in os.getloadavg())
+    print(f"storage {args.backend}, DAGSTER_EVENT_BATCH_SIZE "
+          f"{args.event_batch_size or 'unset'}, load {load}", flush=True)
+    measured = measure_waves(sizes, ["live", "daily"], args.backend, args.event_batch_size)
     bytes_per_event = measured.pop("bytes_per_materialization")
     small, large = sizes
     fixed_cpu, live_cpu = fit(
@@ -475,9 +552,16 @@ def main() -> None:
     for (kind, size), figures in sorted(measured.items()):
         print(
             f"  {kind:14} wave of {size:4} accounts ({figures['recording']} recording): "
-            f"{figures['cpu_seconds']:.2f} CPU s, {figures['wall_seconds']:.1f} s wall, "
+            f"{figures['cpu_seconds']:.2f} CPU s (run {figures['run_cpu_seconds']:.2f}, "
+            f"storage server {figures['server_cpu_seconds']:.2f}), "
+            f"{figures['wall_seconds']:.1f} s wall, "
             f"{figures['storage_bytes'] / 1024:.0f} KB"
         )
+    server_share = sum(f["server_cpu_seconds"] for f in measured.values()) / max(
+        sum(f["cpu_seconds"] for f in measured.values()), 1e-9
+    )
+    if args.backend == "postgres":
+        print(f"of the measured waves' CPU, {server_share:.0%} was the Postgres server's")
     # At steady state retention keeps the latest materialization of each account-day
     # partition per asset (plus the runs younger than the retention age, which turn over).
     steady_kb = 2 * bytes_per_event / 1024
@@ -524,6 +608,7 @@ def main() -> None:
         f"<= 50 min)"
     )
     print_populations(1000, args.idle_share)
+    print(f"load at the end {' '.join(f'{value:.1f}' for value in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -61,6 +61,12 @@ QUIETED_WARNINGS = (
     "Specifying a partitions_def on an AssetCheckSpec is currently in preview",
     "Parameter `owners` of initializer `SensorDefinition.__init__` is currently in beta",
 )
+# Dagster's planned events as one per asset and run instead of one per account-day: the
+# backfill daemon submits a backfill's runs several times faster, and the partitions grid
+# no longer marks a running or failed backfill run's days (docs/operations.md, "Planned
+# events"). Dagster reads it in the process that creates a run (daemon, webserver); an
+# operator's own value wins.
+PLANNED_SUBSET_VARIABLE = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
 TICK_SECONDS = 2.0
 PROGRESS_SECONDS = 20.0
 # A look at the warehouse gives way to the pipeline's writers at once: the next tick retries.
@@ -152,6 +158,7 @@ def prepare(
         # The grid starts where the demo's accounts are first owed: the default axis start
         # would show the days before as "missing" partitions no account is ever owed.
         AXIS_SETTING: environ.get(AXIS_SETTING) or axis_start.isoformat(),
+        PLANNED_SUBSET_VARIABLE: environ.get(PLANNED_SUBSET_VARIABLE) or "true",
     }
 
 

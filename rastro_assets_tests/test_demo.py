@@ -78,6 +78,7 @@ def test_prepare_twice_reuses_everything(paths: demo.DemoPaths, now):
         "RASTRO_ANALYTICS_LAG_SECONDS": "60",
         # The first day the demo's accounts are owed, kept on the second start (days later).
         "RASTRO_PARTITIONS_START": "2026-09-02",
+        "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "true",
     }
     assert (paths.dagster_home / "dagster.yaml").read_text() == (
         paths.root / "dagster.yaml"
@@ -112,6 +113,17 @@ def test_prepare_links_the_fake_worlds_accounts(paths: demo.DemoPaths, now):
     vault = Vault.from_env({ENV_VAR: env[ENV_VAR]})
     assert vault.open(demo.DEMO_CONNECTION, connection.sealed_token) == DEMO_TOKEN
     assert DEMO_TOKEN.encode() not in paths.duckdb.read_bytes()
+
+
+def test_planned_events_as_subsets_unless_the_operator_says_otherwise(
+    paths: demo.DemoPaths, now
+):
+    # One planned event per asset and run: the demo's backfill runs are submitted faster
+    # (docs/operations.md, "Planned events"); an operator's own value is kept.
+    variable = demo.PLANNED_SUBSET_VARIABLE
+    assert variable == "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
+    assert demo.prepare(paths, now=now, environ={})[variable] == "true"
+    assert demo.prepare(paths, now=now, environ={variable: "false"})[variable] == "false"
 
 
 def test_a_key_in_the_environment_wins_and_the_demo_token_follows(paths: demo.DemoPaths, now):

@@ -30,11 +30,15 @@ BACKFILL_ID_TAG = "dagster/backfill"
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
 ACCOUNT_DIMENSION_TAG = "dagster/partition/account"
+PRIORITY_TAG = "dagster/priority"
+"""The queue starts higher values first (`run_queue.range_priority`)."""
 
 # How long runs may live.
 WAVE_MAX_RUNTIME_SECONDS = int(cadence.LEASE.total_seconds())
 """A sync's lease: by then the planner takes the wave's accounts again, and the spend
 writer refuses what the old wave still writes."""
+MAX_DAYS_PER_RUN = 30
+"""Days of one account a backfill's run reads (the spend assets' backfill policy)."""
 PARTITION_RUN_MAX_RUNTIME_SECONDS = 60 * 60  # 30 days of one account
 DEFAULT_MAX_RUNTIME_SECONDS = 2 * 60 * 60  # dagster.yaml's max_runtime_seconds: any other run
 

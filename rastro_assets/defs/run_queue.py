@@ -15,9 +15,18 @@ A range run that also carries per-dimension partition tags (`dagster/partition/a
 `meta_spend*_sync` job's page) give every range run the tags of one partition, and a run
 reads its partitions from those tags first, so it would sync that one account-day, often
 of another account, and record only it. The asset's own page launches a correct backfill.
+
+It also ranks each such run by how far back its range ends (`dagster/priority`, higher
+first; ties in the order queued): the 30 days up to today come first (priority 0, as
+every other run), the 30 before them -1, and so on. A first install of many accounts
+queues every account's three runs at once, one account after another; ranked, each
+account's newest days start before any account's older ones, so no account waits
+behind the others' whole backfills for its first run (bench/onboarding.py).
 """
 
 from __future__ import annotations
+
+from datetime import UTC, date, datetime
 
 import dagster as dg
 
@@ -25,6 +34,8 @@ from rastro_assets.defs.daemon_logs import summarise_backfill_logs
 from rastro_assets.defs.keys import (
     ACCOUNT_DIMENSION_TAG,
     ACCOUNT_TAG,
+    MAX_DAYS_PER_RUN,
+    PRIORITY_TAG,
     RANGE_END_TAG,
     RANGE_START_TAG,
 )
@@ -59,6 +70,19 @@ def stray_partition(tags) -> str | None:
     return None if start == end == key else key
 
 
+def range_priority(tags, today: date) -> int | None:
+    """Minus the number of whole 30-day blocks between the end of a one-account range run
+    and `today`: 0 for the newest days, -1 for the 30 before, ...; None for other runs."""
+    end = tags.get(RANGE_END_TAG)
+    if not run_account(tags) or not end:
+        return None
+    try:
+        last = date.fromisoformat(end.split("|", 1)[1])
+    except (IndexError, ValueError):
+        return None
+    return -(max((today - last).days, 0) // MAX_DAYS_PER_RUN)
+
+
 class AccountRunCoordinator(dg.QueuedRunCoordinator):
     """`QueuedRunCoordinator` that tags each partition run with its one account."""
 
@@ -80,8 +104,14 @@ class AccountRunCoordinator(dg.QueuedRunCoordinator):
             )
             return self._instance.get_run_by_id(run.run_id) or run
         account = run_account(run.tags)
+        tags = {}
         if account and run.tags.get(ACCOUNT_TAG) != account:
-            self._instance.add_run_tags(run.run_id, {ACCOUNT_TAG: account})
+            tags[ACCOUNT_TAG] = account
+        priority = range_priority(run.tags, datetime.now(UTC).date())
+        if priority is not None and PRIORITY_TAG not in run.tags:
+            tags[PRIORITY_TAG] = str(priority)
+        if tags:
+            self._instance.add_run_tags(run.run_id, tags)
             run = self._instance.get_run_by_id(run.run_id) or run
             context = dg.SubmitRunContext(run, context.workspace)
         return super().submit_run(context)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import dagster as dg
 import pytest
@@ -12,7 +12,7 @@ from rastro_assets import shards
 from rastro_assets.defs.instance import move_account
 from rastro_assets.defs.keys import ACCOUNT_TAG
 from rastro_assets.defs.partitions import spend_partition_key
-from rastro_assets.defs.run_queue import AccountRunCoordinator, run_account
+from rastro_assets.defs.run_queue import AccountRunCoordinator, range_priority, run_account
 from rastro_assets.defs.spend.assets import build_meta_spend, spend_shard
 from rastro_assets.defs.spend.checks import build_sum_check
 from rastro_assets.warehouse import registry
@@ -240,6 +240,20 @@ def test_the_account_a_run_writes(tags, account):
     assert run_account(tags) == account
 
 
+@pytest.mark.parametrize(
+    ("end", "priority"),
+    [("2026-12-02", 0), ("2026-12-03", 0), ("2026-11-03", 0), ("2026-11-02", -1),
+     ("2026-10-04", -1), ("2026-09-04", -2)],
+)
+def test_a_range_runs_priority_falls_with_each_30_days_back(end, priority):
+    tags = {"dagster/asset_partition_range_start": "act_1|2026-08-01",
+            "dagster/asset_partition_range_end": f"act_1|{end}"}
+    assert range_priority(tags, date(2026, 12, 2)) == priority
+    rectangle = {**tags, "dagster/asset_partition_range_start": "act_0|2026-08-01"}
+    assert range_priority(rectangle, date(2026, 12, 2)) is None
+    assert range_priority({}, date(2026, 12, 2)) is None
+
+
 def _origin():
     # The queue refuses a run that names no code to load it from; none is ever loaded here.
     from dagster._core.remote_origin import (
@@ -288,5 +302,10 @@ def test_the_queue_tags_each_range_run_of_a_shared_backfill_with_its_account(tmp
         assert {account: run.tags[ACCOUNT_TAG] for account, run in queued.items()} == {
             "act_1": "act_1",
             "act_2": "act_2",
+        }
+        # Each ranked by how far back its range ends.
+        today = datetime.now(UTC).date()
+        assert {run.tags["dagster/priority"] for run in queued.values()} == {
+            str(range_priority(queued["act_1"].tags, today))
         }
         assert {run.status for run in queued.values()} == {dg.DagsterRunStatus.QUEUED}

@@ -19,6 +19,7 @@ from rastro_assets.defs.analytics import publish_after_writes
 from rastro_assets.defs.keys import (
     AD_SPEND_DAILY,
     BACKFILL_ID_TAG,
+    MAX_DAYS_PER_RUN,
     OWNERS,
     SITE_SPEND_DAILY,
     SYNC_KIND_TAG,
@@ -47,7 +48,6 @@ from rastro_assets.timekeeping import days_between
 from rastro_assets.warehouse.figures import spend_table_figures
 
 GROUP = "meta_spend"
-MAX_DAYS_PER_RUN = 30
 
 
 @dataclass(frozen=True)
