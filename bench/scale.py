@@ -407,11 +407,13 @@ def submit_new_accounts(instance, accounts: int, now: datetime, per_account: boo
     today = now.date()
     new = new_accounts(accounts)
     add_accounts(instance, new, shard_count)
-    fills = [Fill(account, "backfill", today - timedelta(days=HISTORY_DAYS - 1), today)
-             for account in new]
-    groups = [[fill] for fill in fills] if per_account else shared_backfills(fills)
     shards = {account: shard_of(account, shard_count) for account in new}
-    requests = [backfill_request(group, shards) for group in groups]
+    requests = []
+    for shard in sorted(set(shards.values())):
+        fills = [Fill(account, "backfill", today - timedelta(days=HISTORY_DAYS - 1), today)
+                 for account in new if shards[account] == shard]
+        groups = [[fill] for fill in fills] if per_account else shared_backfills(fills)
+        requests += [backfill_request(group, shards) for group in groups]
     backfill_ids = []
     for number, request in enumerate(requests):
         backfill_id = f"bench{int(time.time())}{number}"

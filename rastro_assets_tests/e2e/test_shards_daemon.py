@@ -87,8 +87,7 @@ def backfills_done(home: Path) -> bool:
         backfills = instance.get_backfills()
     states = {backfill.status.value for backfill in backfills}
     assert "FAILED" not in states
-    # One backfill takes the new accounts of every shard, each run within one shard.
-    return len(backfills) >= 1 and states == {"COMPLETED_SUCCESS"}
+    return len(backfills) >= 2 and states == {"COMPLETED_SUCCESS"}
 
 
 def partitions(home: Path) -> dict[int, list[str]]:

@@ -87,9 +87,9 @@ def backfill_request(
     """One partition backfill over the fills' days, each account's in its own shard's pair
     (`shard_of`; shard 0 for an account it does not name).
 
-    One backfill, whichever shards its accounts are in: the backfill daemon's iteration
-    costs per backfill in flight, and Dagster still cuts the runs per spend pair, since
-    each shard's pair has partitions of its own.
+    Dagster cuts the runs per spend pair (each shard's pair has partitions of its own),
+    so one backfill may span shards; `meta_accounts` asks one per shard all the same, which
+    its daemon iterates faster (bench/README.md).
 
     Every run of a backfill carries the backfill's tags; the run queue
     (`run_queue.AccountRunCoordinator`) then sets each range run's `meta_account`
