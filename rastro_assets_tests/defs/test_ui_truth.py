@@ -269,6 +269,9 @@ def test_after_first_backfills_every_asset_holding_rows_is_materialized_and_no_c
                     if entry["label"] == "dagster/row_count"
                 ]
                 assert rows == held[name], name
+                # The overview's Row count falls back to it: a partition's event carries its
+                # day's figures under day_ names, never `dagster/row_count`.
+                assert overview_row_count(node) == held[name], name
                 [latest] = node["assetMaterializations"]
                 assert latest["partition"] is not None, name
             elif name in held:
