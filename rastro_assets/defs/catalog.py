@@ -10,6 +10,9 @@ ends with that table's own figures, an event of no partition
 (`catalog_table_materialization`), so the overview's row count is the table's.
 """
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import dagster as dg
 
 from rastro_assets.accounts import normalize_account_id
@@ -49,6 +52,21 @@ def _account(context: dg.AssetExecutionContext) -> str:
         raise dg.Failure(description=str(exc)) from None
 
 
+Outcome = TypeVar("Outcome")
+
+
+def _succeeded(sync: Callable[[], Outcome]) -> Outcome:
+    """The sync's outcome, or the run's failure naming why the account was refused or
+    the read failed."""
+    try:
+        outcome = sync()
+    except CatalogRefused as exc:
+        raise dg.Failure(description=str(exc)) from None
+    if not outcome.ok:
+        raise dg.Failure(description=outcome.error)
+    return outcome
+
+
 def _catalog_asset(key: dg.AssetKey, *, deps: list[dg.AssetKey], description: str):
     """`dg.asset` with what both catalog assets share (partitions, kinds, group, owners, pool)."""
     return dg.asset(
@@ -82,14 +100,11 @@ def _catalog_asset(key: dg.AssetKey, *, deps: list[dg.AssetKey], description: st
 def ad_catalog(context: dg.AssetExecutionContext, rastro: RastroResource):
     """Reads the account's whole catalog from Meta and merges it into `ad_catalog`."""
     account = _account(context)
-    try:
-        outcome = rastro.syncer().catalog.sync_catalog(
+    outcome = _succeeded(
+        lambda: rastro.syncer().catalog.sync_catalog(
             account, full=True, run_id=context.run_id, own_run=True
         )
-    except CatalogRefused as exc:
-        raise dg.Failure(description=str(exc)) from None
-    if not outcome.ok:
-        raise dg.Failure(description=outcome.error)
+    )
     context.log.info(
         f"{account}: {outcome.ads_read} ads read, {outcome.added} added, {outcome.renamed} "
         f"renamed, {outcome.status_changed} status changes; {outcome.total_ads} in the catalog"
@@ -112,12 +127,9 @@ def ad_catalog(context: dg.AssetExecutionContext, rastro: RastroResource):
 def ad_thumbnails(context: dg.AssetExecutionContext, rastro: RastroResource):
     """Copies every missing or stale thumbnail of the account (at most 300 a run)."""
     account = _account(context)
-    try:
-        outcome = rastro.syncer().catalog.sync_thumbnails(account, run_id=context.run_id)
-    except CatalogRefused as exc:
-        raise dg.Failure(description=str(exc)) from None
-    if not outcome.ok:
-        raise dg.Failure(description=outcome.error)
+    outcome = _succeeded(
+        lambda: rastro.syncer().catalog.sync_thumbnails(account, run_id=context.run_id)
+    )
     if outcome.failed:
         # Single pictures failing is routine (URLs expire): the next run retries.
         context.log.warning(
