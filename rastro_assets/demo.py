@@ -340,7 +340,11 @@ def rastro_command(root: Path) -> str:
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the demo dies, even by SIGKILL (Linux)."""
+    """In the child before exec: SIGTERM when the demo dies, even by SIGKILL (Linux); and
+    SIGINT and SIGTERM at their defaults, since a demo started in the background of a
+    script inherits SIGINT ignored, and Dagster would then never get the Ctrl-C handed on."""
+    for handed_on in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(handed_on, signal.SIG_DFL)
     with suppress(OSError, AttributeError):
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)

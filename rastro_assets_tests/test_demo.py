@@ -288,6 +288,9 @@ class Quiet:
     def tick(self):
         pass
 
+# Started as in a script's background (`rastro demo &`): SIGINT ignored, which a child
+# inherits unless the demo restores it.
+signal.signal(signal.SIGINT, signal.SIG_IGN)
 # A child that outlives the demo's group: only a signal handed on reaches it.
 child = [sys.executable, "-c", "import time; print('child up', flush=True); time.sleep(600)"]
 sys.exit(demo.supervise(child, {}, Quiet()))
