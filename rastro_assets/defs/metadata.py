@@ -129,14 +129,17 @@ def spend_key(currency: str | None) -> str:
 
 
 def table_materialization(
-    asset_key: dg.AssetKey, figures: TableFigures
-) -> dg.AssetMaterialization:
+    asset_key: dg.AssetKey, figures: TableFigures, *, observed: bool = False
+) -> dg.AssetMaterialization | dg.AssetObservation:
     """The spend table's own figures, as the run's last event of the asset, of no partition.
 
     Of no partition, so no partition's status or figures change; last, so the
     overview's Row count and Metadata are the table's (the module's docstring).
+    `observed`: an observation instead, for a backfill's runs (see
+    `spend.assets.table_materializations`).
     """
-    return dg.AssetMaterialization(
+    event = dg.AssetObservation if observed else dg.AssetMaterialization
+    return event(
         asset_key=asset_key,
         description=TABLE_DESCRIPTION,
         metadata={

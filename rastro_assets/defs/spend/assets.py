@@ -213,21 +213,17 @@ def table_materializations(
         event.asset_key for outcome in outcomes for event in catalog_materializations(outcome)
     }
     with rastro.warehouse().connect(read_only=True) as con:
-        spend = [
-            table_materialization(asset_key, spend_table_figures(con, table, only))
-            for asset_key, table in zip(
-                spend_shard(shard).keys, ("ad_spend_daily", "site_spend_daily"), strict=True
-            )
-        ]
-        if in_backfill:
-            spend = [
-                dg.AssetObservation(
-                    asset_key=event.asset_key, description=event.description,
-                    metadata=event.metadata,
+        return [
+            *(
+                table_materialization(
+                    asset_key, spend_table_figures(con, table, only), observed=in_backfill
                 )
-                for event in spend
-            ]
-        return [*spend, *catalog_table_materializations(con, catalog)]
+                for asset_key, table in zip(
+                    spend_shard(shard).keys, ("ad_spend_daily", "site_spend_daily"), strict=True
+                )
+            ),
+            *catalog_table_materializations(con, catalog),
+        ]
 
 
 def _in_backfill(context: dg.AssetExecutionContext) -> bool:

@@ -303,13 +303,10 @@ def freshness_evaluation(
     )
 
 
-def health_table(rows: list[dict], *, with_shard: bool = False) -> dg.TableMetadataValue:
-    schema = HEALTH_SCHEMA
-    if with_shard:
-        schema = dg.TableSchema(
-            columns=[*HEALTH_SCHEMA.columns, dg.TableColumn("shard", "int")]
-        )
-    return dg.MetadataValue.table(records=[dg.TableRecord(row) for row in rows], schema=schema)
+def health_table(rows: list[dict]) -> dg.TableMetadataValue:
+    return dg.MetadataValue.table(
+        records=[dg.TableRecord(row) for row in rows], schema=HEALTH_SCHEMA
+    )
 
 
 def _health(account: PlannedAccount, now, status: cadence.AccountStatus | None = None) -> dict:
