@@ -63,6 +63,7 @@ Run: .venv/bin/python bench/scale.py [--accounts 1000] [--year] [--backend postg
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import logging
 import os
@@ -134,33 +135,35 @@ def account_id(number: int) -> str:
 
 
 def shard_of(account: str, shard_count: int) -> int:
-    """The shard `rastro link` gives the account when accounts are linked in id order:
-    the least-filled, the lowest on a tie, so shards fill in turn."""
+    """The built accounts' shards: an even share each, as `rastro shard move` leaves an
+    install that grew (accounts linked later go where `rastro link` puts them:
+    `new_accounts`)."""
     return (int(account.removeprefix("act_")) - 100000) % shard_count
 
 
-def add_accounts(instance, ids: list[str], shard_count: int) -> None:
+def built_homes(ids: list[str], shard_count: int) -> dict[str, int]:
+    return {account: shard_of(account, shard_count) for account in ids}
+
+
+def add_accounts(instance, homes: dict[str, int], shard_count: int) -> None:
     """The accounts' partitions as `meta_accounts` keeps them: each in its shard's set and,
     with several shards, in the catalog's set of every account."""
     from rastro_assets import shards
     from rastro_assets.defs.partitions import all_accounts_partitions_name
 
-    for shard in range(shard_count):
-        members = [account for account in ids if shard_of(account, shard_count) == shard]
-        if members:
-            instance.add_dynamic_partitions(shards.accounts_name(shard), members)
+    for shard in sorted(set(homes.values())):
+        members = [account for account, home in homes.items() if home == shard]
+        instance.add_dynamic_partitions(shards.accounts_name(shard), members)
     if shard_count > 1:
-        instance.add_dynamic_partitions(all_accounts_partitions_name(shard_count), ids)
+        instance.add_dynamic_partitions(all_accounts_partitions_name(shard_count), list(homes))
 
 
-def remove_accounts(instance, ids: list[str], shard_count: int) -> None:
+def remove_accounts(instance, homes: dict[str, int], shard_count: int) -> None:
     from rastro_assets import shards
     from rastro_assets.defs.partitions import all_accounts_partitions_name
 
-    for account in ids:
-        instance.delete_dynamic_partition(
-            shards.accounts_name(shard_of(account, shard_count)), account
-        )
+    for account, shard in homes.items():
+        instance.delete_dynamic_partition(shards.accounts_name(shard), account)
         if shard_count > 1:
             instance.delete_dynamic_partition(all_accounts_partitions_name(shard_count), account)
 
@@ -320,7 +323,7 @@ def build(instance, accounts: int, now: datetime, history: bool = True,
     started = time.perf_counter()
     today = now.date()
     ids = [account_id(n) for n in range(accounts)]
-    add_accounts(instance, ids, shard_count)
+    add_accounts(instance, built_homes(ids, shard_count), shard_count)
     if not history:
         return {"seconds": time.perf_counter() - started, "events": 0, "runs": 0}
     builder = Builder(instance, today, shard_count)
@@ -394,8 +397,21 @@ def build_year(builder: Builder, ids: list[str], now: datetime, started: float) 
     return finish(builder, started)
 
 
-def new_accounts(accounts: int) -> list[str]:
-    return [account_id(accounts + n) for n in range(NEW_ACCOUNTS)]
+def new_accounts(accounts: int, shard_count: int) -> dict[str, int]:
+    """The accounts linked in the same minute, each in the shard `rastro link` gives it
+    (`RASTRO_SHARD_ACCOUNTS` as the environment sets it) after the built ones."""
+    from rastro_assets import shards
+    from rastro_assets.settings import Settings
+
+    size = Settings.from_env(os.environ).shard_accounts
+    counts = collections.Counter(shard_of(account_id(n), shard_count) for n in range(accounts))
+    homes = {}
+    for n in range(NEW_ACCOUNTS):
+        homes[account_id(accounts + n)] = home = shards.shard_for_new_account(
+            counts, shard_count, size
+        )
+        counts[home] += 1
+    return homes
 
 
 def submit_new_accounts(instance, accounts: int, now: datetime, per_account: bool,
@@ -405,9 +421,11 @@ def submit_new_accounts(instance, accounts: int, now: datetime, per_account: boo
     from rastro_assets.defs.dagster_private import PartitionBackfill
 
     today = now.date()
-    new = new_accounts(accounts)
-    add_accounts(instance, new, shard_count)
-    shards = {account: shard_of(account, shard_count) for account in new}
+    shards = new_accounts(accounts, shard_count)
+    new = list(shards)
+    add_accounts(instance, shards, shard_count)
+    print(f"  {len(new)} accounts linked together, in "
+          f"{len(set(shards.values()))} shard(s): {sorted(set(shards.values()))}", flush=True)
     requests = []
     for shard in sorted(set(shards.values())):
         fills = [Fill(account, "backfill", today - timedelta(days=HISTORY_DAYS - 1), today)
@@ -484,7 +502,7 @@ def measure_daemon(instance, accounts: int, now: datetime, iterations: int,
             instance.update_backfill(backfill.with_status(BulkActionStatus.CANCELED))
         for record in queued:
             instance.delete_run(record.dagster_run.run_id)
-        remove_accounts(instance, new_accounts(accounts), shard_count)
+        remove_accounts(instance, new_accounts(accounts, shard_count), shard_count)
     os.environ.pop(PLANNED_SUBSET_VARIABLE, None)
     if previous is not None:
         os.environ[PLANNED_SUBSET_VARIABLE] = previous

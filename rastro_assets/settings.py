@@ -143,6 +143,10 @@ IDLE_LIVE_INTERVAL_MINUTES = idle_live_interval_minutes(
 
 DEFAULT_ACCOUNT_SHARDS = 1
 MAX_ACCOUNT_SHARDS = 500
+# Accounts whose spend one asset serves within about a second on the partitions page and
+# after a link, with a year of history (bench/README.md, "Dagster at scale").
+DEFAULT_SHARD_ACCOUNTS = 100
+MAX_SHARD_ACCOUNTS = 10_000
 
 
 def account_shards(raw: str | None) -> int:
@@ -153,6 +157,18 @@ def account_shards(raw: str | None) -> int:
         least=1,
         most=MAX_ACCOUNT_SHARDS,
         refusal=f"RASTRO_ACCOUNT_SHARDS must be a whole number from 1 to {MAX_ACCOUNT_SHARDS}",
+    )
+
+
+def shard_accounts(raw: str | None) -> int:
+    """`RASTRO_SHARD_ACCOUNTS`: how many accounts `rastro link` puts in a shard before the
+    next, and above which it warns (1 to 10,000; 100 by default)."""
+    return _whole_number(
+        raw,
+        DEFAULT_SHARD_ACCOUNTS,
+        least=1,
+        most=MAX_SHARD_ACCOUNTS,
+        refusal=f"RASTRO_SHARD_ACCOUNTS must be a whole number from 1 to {MAX_SHARD_ACCOUNTS:,}",
     )
 
 
@@ -223,6 +239,8 @@ class Settings:
     """How far the snapshot may lag a write to the pipeline's file."""
     account_shards: int = DEFAULT_ACCOUNT_SHARDS
     """How many spend asset pairs (shards) the code location defines."""
+    shard_accounts: int = DEFAULT_SHARD_ACCOUNTS
+    """How many accounts a shard takes before new ones go to the next."""
     analytics_storage_version: str = DEFAULT_ANALYTICS_STORAGE_VERSION
     """The DuckDB storage version the snapshot is written in (`STORAGE_VERSION`)."""
     not_found: str | None = field(default=None, compare=False)
@@ -284,6 +302,7 @@ class Settings:
             analytics_lag_seconds=_lag_seconds(env.get("RASTRO_ANALYTICS_LAG_SECONDS")),
             analytics_storage_version=storage_version(env.get("RASTRO_ANALYTICS_STORAGE_VERSION")),
             account_shards=account_shards(env.get("RASTRO_ACCOUNT_SHARDS")),
+            shard_accounts=shard_accounts(env.get("RASTRO_SHARD_ACCOUNTS")),
         )
 
 

@@ -3,9 +3,10 @@
 Dagster's cost of a partitioned asset follows the materialized keys of that one
 asset (its status cache is read, rebuilt after every link and rewritten after every
 materialization), so the spend pair exists once per shard and each shard holds about
-`FAST_SHARD_ACCOUNTS` accounts. Shard 0 keeps the names an install with one shard
-has always had; shard k >= 1 appends `_shard_k` to every name, so a glob such as
-`ad_spend_daily*` selects every shard and no key needs a path prefix.
+`RASTRO_SHARD_ACCOUNTS` accounts (100 unless set). Shard 0 keeps
+the names an install with one shard has always had; shard k >= 1 appends `_shard_k`
+to every name, so a glob such as `ad_spend_daily*` selects every shard and no key
+needs a path prefix.
 """
 
 from __future__ import annotations
@@ -13,11 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 SHARDS_SETTING = "RASTRO_ACCOUNT_SHARDS"
+SHARD_SIZE_SETTING = "RASTRO_SHARD_ACCOUNTS"
 MOVE_COMMAND = "rastro shard move"
-# Accounts whose spend one asset serves within about a second on the partitions page and
-# after a link, with a year of history (bench/README.md, "Dagster at scale").
-FAST_SHARD_ACCOUNTS = 100
-
 AD_SPEND = "ad_spend_daily"
 SITE_SPEND = "site_spend_daily"
 ACCOUNTS = "meta_ad_account"
@@ -41,23 +39,38 @@ def accounts_name(shard: int) -> str:
 
 
 def least_filled(counts: Mapping[int, int], shards: int) -> int:
-    """The shard a new account goes to: the one holding fewest accounts, the lowest on a tie."""
+    """The shard holding fewest accounts, the lowest on a tie."""
     return min(range(shards), key=lambda shard: (counts.get(shard, 0), shard))
 
 
-def crowded(counts: Mapping[int, int]) -> dict[int, int]:
-    """The shards holding more accounts than their pages serve fast."""
-    return {shard: n for shard, n in sorted(counts.items()) if n > FAST_SHARD_ACCOUNTS}
+def shard_for_new_account(counts: Mapping[int, int], shards: int, size: int) -> int:
+    """The shard a newly linked account goes to: the lowest holding fewer than `size`.
+
+    Shards fill in turn, so accounts linked together share a shard: Dagster pays per shard
+    touched (a link rebuilds that shard's status cache; each shard's backfill costs the
+    backfill daemon about half a second an iteration at a hundred accounts). Once every
+    shard holds `size`, they grow by a tenth of `size` in turn, which keeps them even until
+    the operator adds shards.
+    """
+    step = max(size // 10, 1)
+    fewest = min(counts.get(shard, 0) for shard in range(shards))
+    level = size if fewest < size else (fewest // step + 1) * step
+    return next(shard for shard in range(shards) if counts.get(shard, 0) < level)
 
 
-def crowded_warning(counts: Mapping[int, int], shards: int) -> str | None:
+def crowded(counts: Mapping[int, int], size: int) -> dict[int, int]:
+    """The shards holding more accounts than `size`, what their pages serve fast."""
+    return {shard: n for shard, n in sorted(counts.items()) if n > size}
+
+
+def crowded_warning(counts: Mapping[int, int], shards: int, size: int) -> str | None:
     """What to tell the operator when a shard is crowded, naming the setting and the command."""
-    full = crowded(counts)
+    full = crowded(counts, size)
     if not full:
         return None
     which = ", ".join(f"{ad_spend_name(shard)} holds {n}" for shard, n in full.items())
     total = sum(counts.values())
-    wanted = -(-total // FAST_SHARD_ACCOUNTS)
+    wanted = -(-total // size)
     if wanted > shards:
         advice = (
             f"set {SHARDS_SETTING}={wanted} (now {shards}), restart the code location,"
@@ -66,8 +79,8 @@ def crowded_warning(counts: Mapping[int, int], shards: int) -> str | None:
     else:
         advice = f"{SHARDS_SETTING} is {shards}: run `{MOVE_COMMAND}` to spread them"
     return (
-        f"{which} accounts, more than the {FAST_SHARD_ACCOUNTS} its Dagster pages serve fast;"
-        f" {advice}"
+        f"{which} accounts, more than the {size} ({SHARD_SIZE_SETTING}) its Dagster pages"
+        f" serve fast; {advice}"
     )
 
 

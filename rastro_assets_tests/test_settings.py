@@ -71,3 +71,11 @@ def test_the_partitions_start_in_august_2026_unless_a_deployment_wants_older_day
     for bad in ("2025-13-01", "last year", "20250101x"):
         with pytest.raises(SettingsError, match="RASTRO_PARTITIONS_START"):
             partitions_start(bad)
+
+
+def test_a_shard_takes_100_accounts_unless_the_operator_chooses_another_size():
+    assert Settings.from_env({}).shard_accounts == 100
+    assert Settings.from_env({"RASTRO_SHARD_ACCOUNTS": "50"}).shard_accounts == 50
+    for bad in ("0", "fifty", "10001"):
+        with pytest.raises(SettingsError, match="RASTRO_SHARD_ACCOUNTS"):
+            Settings.from_env({"RASTRO_SHARD_ACCOUNTS": bad})

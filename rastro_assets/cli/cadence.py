@@ -100,8 +100,10 @@ def _status(args: argparse.Namespace, ctx: Context) -> int:
     if accounts is None:
         return _no_warehouse(ctx, args.json)
     entries = [(account, cadence.status(account.state, now)) for account in accounts]
-    shard_count = ctx.settings().account_shards
-    if warning := shards.crowded_warning(_shard_counts(accounts), shard_count):
+    settings = ctx.settings()
+    shard_count = settings.account_shards
+    counts = _shard_counts(accounts)
+    if warning := shards.crowded_warning(counts, shard_count, settings.shard_accounts):
         ctx.warn(warning)
     if args.json:
         sharded = _sharded(accounts, shard_count)

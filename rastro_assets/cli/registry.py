@@ -193,16 +193,17 @@ def _link(args: argparse.Namespace, ctx: Context) -> int:
         timezone = timezone or registry.validate_timezone(found.timezone)
         currency = currency or registry.normalize_currency(found.currency)
         name = found.name
-    shard_count = ctx.settings().account_shards
+    settings = ctx.settings()
+    shard_count = settings.account_shards
     with warehouse.connect() as con:
         result = registry.link_account(
             con, site_id, ad_account_id, connection_id, timezone, currency, ctx.now(), name=name,
-            shards=shard_count,
+            shards=shard_count, shard_size=settings.shard_accounts,
         )
         shard = registry.account_shards(con, [ad_account_id]).get(ad_account_id, 0)
         counts = registry.shard_counts(con)
     _register_partition(ctx, ad_account_id, shard, shard_count)
-    if warning := crowded_warning(counts, shard_count):
+    if warning := crowded_warning(counts, shard_count, settings.shard_accounts):
         ctx.warn(warning)
     if result is LinkResult.ALREADY_LINKED:
         ctx.say(f"{site_id} is already linked to {ad_account_id}; nothing to do")

@@ -16,6 +16,8 @@ import duckdb
 
 from rastro_assets.accounts import normalize_account_id
 from rastro_assets.outcomes import ConnectionStatus
+from rastro_assets.settings import DEFAULT_SHARD_ACCOUNTS
+from rastro_assets.shards import shard_for_new_account
 from rastro_assets.warehouse.connection import in_transaction, transaction
 
 # Named here too (`registry.validate_identifier`, ...): callers check input through the registry.
@@ -204,11 +206,13 @@ def link_account(
     now: datetime,
     name: str | None = None,
     shards: int = 1,
+    shard_size: int = DEFAULT_SHARD_ACCOUNTS,
 ) -> LinkResult:
     """Link a site to an ad account synced through `connection_id`.
 
-    The account is created on its first link, in the least-filled of `shards`
-    shards; a linked account keeps its shard. An account synced through
+    The account is created on its first link, in the first of `shards` shards
+    holding fewer than `shard_size` accounts (`shard_for_new_account`); a linked
+    account keeps its shard. An account synced through
     another connection is refused until every site has unlinked it. A new
     link to an account that already has spend gets its `site_spend_daily`
     rows in the same transaction.
@@ -225,7 +229,7 @@ def link_account(
         ).fetchone()
         linked_sites = _sites_linking(con, ad_account_id)
         if stored is None or not linked_sites:
-            shard = least_filled_shard(con, shards)
+            shard = shard_for_new_account(shard_counts(con), max(shards, 1), shard_size)
             con.execute(
                 """
                 INSERT INTO meta_ad_accounts
@@ -298,12 +302,6 @@ def shard_counts(con: duckdb.DuckDBPyConnection) -> dict[int, int]:
         " WHERE a.ad_account_id IN (SELECT ad_account_id FROM site_ad_accounts) GROUP BY ALL"
     ).fetchall()
     return {int(shard): int(count) for shard, count in rows}
-
-
-def least_filled_shard(con: duckdb.DuckDBPyConnection, shards: int) -> int:
-    """The shard among the first `shards` holding fewest linked accounts, the lowest on a tie."""
-    counts = shard_counts(con)
-    return min(range(max(shards, 1)), key=lambda shard: (counts.get(shard, 0), shard))
 
 
 def account_shards(

@@ -390,6 +390,20 @@ def test_link_with_explicit_timezone_and_currency(rastro, env: Path, world, meta
     assert meta.calls == []
 
 
+def test_link_fills_each_shard_to_its_size_then_warns(rastro, env: Path, world, meta: FakeMeta):
+    sized = {"RASTRO_ACCOUNT_SHARDS": "2", "RASTRO_SHARD_ACCOUNTS": "1"}
+    for account in ("act_5", "act_6"):
+        code, _, err = rastro(*explicit_link("s1", account, "c1", "UTC", "usd"), environ=sized)
+        assert (code, err) == (0, "")
+    code, _, err = rastro(*explicit_link("s1", "act_7", "c1", "UTC", "usd"), environ=sized)
+    assert code == 0
+    assert "ad_spend_daily holds 2 accounts, more than the 1 (RASTRO_SHARD_ACCOUNTS)" in err
+    assert "set RASTRO_ACCOUNT_SHARDS=3 (now 2)" in err
+    assert stored(env, "SELECT ad_account_id, shard FROM ad_account_shards ORDER BY 1") == [
+        ("act_5", 0), ("act_6", 1), ("act_7", 0)
+    ]
+
+
 def test_relink_is_a_no_op_that_succeeds(rastro, env: Path, world, meta: FakeMeta):
     rastro(*LINK)
     before = snapshot(env)

@@ -210,19 +210,49 @@ def test_planned_moves_spread_accounts_evenly_and_are_idempotent():
     assert shards.planned_moves({"act_1": 5}, 2) == {"act_1": 0}
 
 
-def test_links_go_to_the_least_filled_shard_and_keep_it(con, now):
+def test_links_fill_shards_in_turn_and_each_account_keeps_its_own(con, now):
     registry.add_site(con, "s1", None, now)
     registry.save_connection(con, "c1", b"\0" * 40, now)
-    for n in range(5):
-        registry.link_account(con, "s1", f"act_{n}", "c1", "UTC", "USD", now, shards=3)
+    for n in range(7):
+        registry.link_account(con, "s1", f"act_{n}", "c1", "UTC", "USD", now, shards=3,
+                              shard_size=2)
     assert registry.account_shards(con) == {
-        "act_0": 0, "act_1": 1, "act_2": 2, "act_3": 0, "act_4": 1
+        "act_0": 0, "act_1": 0, "act_2": 1, "act_3": 1, "act_4": 2, "act_5": 2, "act_6": 0
     }
     registry.add_site(con, "s2", None, now)
-    registry.link_account(con, "s2", "act_4", "c1", "UTC", "USD", now, shards=3)
-    assert registry.account_shards(con, ["act_4"]) == {"act_4": 1}
-    assert "RASTRO_ACCOUNT_SHARDS" in shards.crowded_warning({0: 101}, 1)
-    assert shards.crowded_warning({0: 100}, 1) is None
+    registry.link_account(con, "s2", "act_4", "c1", "UTC", "USD", now, shards=3, shard_size=2)
+    assert registry.account_shards(con, ["act_4"]) == {"act_4": 2}
+
+
+def test_accounts_linked_together_share_a_shard_until_it_is_full():
+    """Dagster pays per shard a batch of links touches: each rebuilds that shard's status
+    cache and carries a backfill the daemon reads every iteration."""
+    counts = {0: 100, 1: 97, 2: 40}
+    placed = []
+    for _ in range(5):
+        shard = shards.shard_for_new_account(counts, 4, 100)
+        counts[shard] = counts.get(shard, 0) + 1
+        placed.append(shard)
+    assert placed == [1, 1, 1, 2, 2]
+
+
+def test_full_shards_grow_a_tenth_at_a_time_in_turn():
+    counts = {shard: 100 for shard in range(3)}
+    placed = []
+    for _ in range(25):
+        shard = shards.shard_for_new_account(counts, 3, 100)
+        counts[shard] += 1
+        placed.append(shard)
+    assert placed == [0] * 10 + [1] * 10 + [2] * 5
+    assert shards.shard_for_new_account({0: 100}, 2, 100) == 1
+
+
+def test_the_crowding_warning_names_the_size_the_setting_and_the_command():
+    warning = shards.crowded_warning({0: 101}, 1, 100)
+    assert "RASTRO_ACCOUNT_SHARDS=2" in warning and "rastro shard move" in warning
+    assert shards.crowded_warning({0: 100}, 1, 100) is None
+    assert "more than the 50 (RASTRO_SHARD_ACCOUNTS)" in shards.crowded_warning({0: 51}, 2, 50)
+    assert shards.crowded_warning({0: 50, 1: 50}, 2, 50) is None
 
 
 @pytest.mark.parametrize(

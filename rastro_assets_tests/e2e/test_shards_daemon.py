@@ -1,7 +1,8 @@
 """End to end: three account shards through a real dagster-daemon.
 
-An install configured for three shards (`RASTRO_ACCOUNT_SHARDS=3`) holds one account in
-shard 0 when the daemon starts; two more are linked while it runs and go to shards 1 and 2.
+An install configured for three shards of one account (`RASTRO_ACCOUNT_SHARDS=3`,
+`RASTRO_SHARD_ACCOUNTS=1`) holds one account in shard 0 when the daemon starts; two more are
+linked while it runs and go to shards 1 and 2.
 Each account's 90-day backfill lands in its own shard's spend pair and nowhere else; a wave
 syncs them all; an account-day synced by hand with the documented command lands in its
 shard and is checked there; an unlinked account leaves its shard's partitions only.
@@ -35,6 +36,7 @@ from rastro_assets_tests.truth import assert_equals_truth
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SHARDS = 3
+SHARD_SIZE = 1
 LINKED_LATER = {"act_702": ("America/Sao_Paulo", "BRL"), "act_703": ("Asia/Tokyo", "JPY")}
 HOME_SHARD = {ACCOUNT: 0, "act_702": 1, "act_703": 2}
 
@@ -45,7 +47,7 @@ def sharded_world(tmp_path, secrets_key):
     for account, (timezone, currency) in LINKED_LATER.items():
         world.add_account(account, timezone=timezone, currency=currency, n_ads=2, token=TOKEN)
     config = instance_yaml(tmp_path / "dagster_home")
-    env = {"RASTRO_ACCOUNT_SHARDS": str(SHARDS)}
+    env = {"RASTRO_ACCOUNT_SHARDS": str(SHARDS), "RASTRO_SHARD_ACCOUNTS": str(SHARD_SIZE)}
     with linked_world(tmp_path, secrets_key, world, config, extra_env=env) as linked:
         yield linked
 
@@ -138,7 +140,8 @@ def test_three_shards_backfill_sync_by_hand_and_unlink_each_in_its_own_pair(shar
         with warehouse.connect() as con:
             for account, (timezone, currency) in LINKED_LATER.items():
                 registry.link_account(
-                    con, "s1", account, "c1", timezone, currency, now, shards=SHARDS
+                    con, "s1", account, "c1", timezone, currency, now, shards=SHARDS,
+                    shard_size=SHARD_SIZE,
                 )
             assert registry.account_shards(con) == HOME_SHARD
 
