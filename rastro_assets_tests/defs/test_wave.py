@@ -59,6 +59,20 @@ def test_a_wave_syncs_every_account_and_records_what_changed(
     assert spend_materializations(unchanged) == []
 
 
+def test_with_event_batches_on_every_materialization_reaches_the_instance(
+    instance, rastro, linked_world, monkeypatch
+):
+    """Each asset's materializations go to the storage as one batch
+    (`DAGSTER_EVENT_BATCH_SIZE`); a batch never left open loses none."""
+    monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", "3")
+    result = run_wave(instance, rastro, [live("act_101"), live("act_202")])
+    assert result.success
+    expected = {f"{account}|{day}" for account in ("act_101", "act_202") for day in DAYS}
+    assert set(spend_materializations(result)) == expected
+    stored = instance.get_materialized_partitions(AD_SPEND_DAILY)
+    assert stored == expected
+
+
 def test_one_failing_account_does_not_stop_the_wave(instance, rastro, warehouse, linked_world):
     linked_world.fail("insights", "permission", account="act_101")
     result = run_wave(instance, rastro, [live("act_101"), live("act_202")])

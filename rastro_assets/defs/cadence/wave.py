@@ -16,6 +16,7 @@ import dagster as dg
 
 from rastro_assets.defs.analytics import publish_after_writes
 from rastro_assets.defs.catalog import catalog_materializations
+from rastro_assets.defs.dagster_private import log_materialization_batches
 from rastro_assets.defs.keys import MAX_RUNTIME_TAG, WAVE_MAX_RUNTIME_SECONDS, WAVE_TAG
 from rastro_assets.defs.partitions import spend_partition_key
 from rastro_assets.defs.resources import RastroResource
@@ -197,16 +198,13 @@ def _record_outcomes(
         ],
         shard_of,
     )
+    recorded: list[dg.AssetMaterialization] = []
     for outcome in outcomes:
         account = outcome.request.ad_account_id
         days = days_worth_recording(outcome, already_recorded)
         tally.checked += [(account, day) for day in days]
-        for event in [
-            *materializations(outcome, days, shard_of.get(account, 0)),
-            *catalog_materializations(outcome),
-        ]:
-            context.log_event(event)
-            tally.recorded += 1
+        recorded += materializations(outcome, days, shard_of.get(account, 0))
+        recorded += catalog_materializations(outcome)
         if outcome.catalog_error:
             context.log.warning(f"{account}: {outcome.catalog_error}")
         if outcome.ok:
@@ -216,6 +214,8 @@ def _record_outcomes(
         else:
             tally.failed += 1
             context.log.warning(f"{account}: {outcome.error}")
+    log_materialization_batches(context, recorded)
+    tally.recorded = len(recorded)
     return tally
 
 
