@@ -48,9 +48,9 @@ def shard_for_new_account(counts: Mapping[int, int], shards: int, size: int) -> 
 
     Shards fill in turn, so accounts linked together share a shard: Dagster pays per shard
     touched (a link rebuilds that shard's status cache; each shard's backfill costs the
-    backfill daemon about half a second an iteration at a hundred accounts). Once every
-    shard holds `size`, they grow by a tenth of `size` in turn, which keeps them even until
-    the operator adds shards.
+    backfill daemon about a second an iteration at a hundred accounts, bench/README.md).
+    Once every shard holds `size`, they grow by a tenth of `size` in turn, which keeps
+    them even until the operator adds shards.
     """
     step = max(size // 10, 1)
     fewest = min(counts.get(shard, 0) for shard in range(shards))

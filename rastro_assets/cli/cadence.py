@@ -101,9 +101,8 @@ def _status(args: argparse.Namespace, ctx: Context) -> int:
         return _no_warehouse(ctx, args.json)
     entries = [(account, cadence.status(account.state, now)) for account in accounts]
     settings = ctx.settings()
-    shard_count = settings.account_shards
-    counts = _shard_counts(accounts)
-    if warning := shards.crowded_warning(counts, shard_count, settings.shard_accounts):
+    shard_count, size = settings.account_shards, settings.shard_accounts
+    if warning := shards.crowded_warning(_shard_counts(accounts), shard_count, size):
         ctx.warn(warning)
     if args.json:
         sharded = _sharded(accounts, shard_count)
