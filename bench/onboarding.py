@@ -561,9 +561,14 @@ def report(args, root: Path, home: Path, started: float, wall: float, onboarded:
           f"with no Meta work) / {cores} cores = {floor / 60:.1f} min "
           f"({floor / n:.2f} s an account; {run_wall:.1f} s wall a run)")
     status = "" if onboarded else " (TIMED OUT: figures so far)"
+    total = (
+        f"{all_done / 60:.1f} min (goal <= 120 min: {goal(all_done, GOAL_TOTAL_SECONDS)}"
+        if onboarded else
+        f"more than {wall / 60:.0f} min: {len(full)} of {n} done (goal <= 120 min: not known"
+    )
     print(
-        f"ONBOARDING: {n} accounts x 90 days in {all_done / 60:.1f} min (goal <= 120 min: "
-        f"{goal(all_done, GOAL_TOTAL_SECONDS)}; floor {floor / 60:.1f} min); first run after "
+        f"ONBOARDING: {n} accounts x 90 days in {total}; floor {floor / 60:.1f} min); "
+        f"{len(waits)} of {n} accounts had a first run, after "
         f"<= {max(waits, default=0) / 60:.1f} min, p50 {percentile(waits, 0.5) / 60:.1f} min "
         f"(goal <= 30: {goal(max(waits, default=0), GOAL_FIRST_RUN_SECONDS)}); submitting "
         f"iteration {longest:.0f} s (goal <= 30 s: {goal(longest, GOAL_ITERATION_SECONDS)}), "
