@@ -42,9 +42,11 @@ Last line: `ONBOARDING: ...` with each figure beside its goal (<= 2 h, no accoun
 more than 30 min for its first run, the submitting iteration <= 30 s and <= 500 MB).
 
 Run: .venv/bin/python bench/onboarding.py [--accounts 1000] [--delay-ms 300] [--ads 20]
-     [--planned-subset] [--pool-limit N] [--sensor-seconds S] [--timeout-minutes 240]
-     [--keep DIR]
+     [--planned-subset] [--shards K] [--pool-limit N] [--sensor-seconds S]
+     [--timeout-minutes 240] [--keep DIR]
   --planned-subset  DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS=true in the daemon
+  --shards K        RASTRO_ACCOUNT_SHARDS=K for the links and the daemon (docs/operations.md:
+                    a shard for each hundred accounts)
   --pool-limit N    the `meta_api` pool's limit instead of dagster.yaml's 2
 """
 
@@ -399,6 +401,9 @@ def main() -> None:
                         help="RASTRO_SENSOR_INTERVAL_SECONDS (default: the product's 30/60 s)")
     parser.add_argument("--pool-limit", type=int, default=0,
                         help="the meta_api pool's limit (default: dagster.yaml's, 2)")
+    parser.add_argument("--shards", type=int, default=1,
+                        help="RASTRO_ACCOUNT_SHARDS (default 1); `rastro link` fills each shard "
+                        "to RASTRO_SHARD_ACCOUNTS (100) in turn")
     parser.add_argument("--timeout-minutes", type=float, default=240.0)
     parser.add_argument("--poll-seconds", type=float, default=10.0)
     parser.add_argument("--keep", type=Path, help="leave the warehouse, home and log in DIR")
@@ -411,7 +416,8 @@ def main() -> None:
     accounts = [_world.wave_account(index) for index in range(args.accounts)]
     print(f"onboarding {args.accounts} accounts x {BACKFILL_DAYS} days, {args.ads} ads each, "
           f"Meta at {args.delay_ms:.0f} ms a request, planned events "
-          f"{'as subsets' if args.planned_subset else 'per partition'}, meta_api pool "
+          f"{'as subsets' if args.planned_subset else 'per partition'}, {args.shards} "
+          f"shard{'s' if args.shards > 1 else ''}, meta_api pool "
           f"{args.pool_limit or 'as dagster.yaml'}, {cores} cores, load {load()}", flush=True)
     root = args.keep or Path(tempfile.mkdtemp(prefix="rastro-onboarding-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -433,6 +439,7 @@ def main() -> None:
                 TOKEN_VARIABLE: _world.TOKEN,
             }
             env.pop(PLANNED_SUBSET_VARIABLE, None)
+            env["RASTRO_ACCOUNT_SHARDS"] = str(args.shards)
             if args.sensor_seconds:
                 env["RASTRO_SENSOR_INTERVAL_SECONDS"] = str(args.sensor_seconds)
             # `rastro link` adds the partition to the instance at DAGSTER_HOME (this process).
@@ -567,7 +574,8 @@ def report(args, root: Path, home: Path, started: float, wall: float, onboarded:
         f"more than {wall / 60:.0f} min: {len(full)} of {n} done (goal <= 120 min: not known"
     )
     print(
-        f"ONBOARDING: {n} accounts x 90 days in {total}; floor {floor / 60:.1f} min); "
+        f"ONBOARDING: {n} accounts in {args.shards} shard{'s' if args.shards > 1 else ''}"
+        f" x 90 days in {total}; floor {floor / 60:.1f} min); "
         f"{len(waits)} of {n} accounts had a first run, after "
         f"<= {max(waits, default=0) / 60:.1f} min, p50 {percentile(waits, 0.5) / 60:.1f} min "
         f"(goal <= 30: {goal(max(waits, default=0), GOAL_FIRST_RUN_SECONDS)}); submitting "
