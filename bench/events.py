@@ -19,9 +19,10 @@ docs/dagster.scaled.yaml; its disk writes are not fsynced (a test server), so it
 floor for a real one, where a network round trip is added to every write.
 
 `--connections`: only what one new connection to that server costs, with TLS
-(`sslmode: require`, as docs/dagster.scaled.yaml has it) and without. `dagster-postgres`
-opens one for every storage call (its engines use SQLAlchemy's `NullPool`), so that cost
-is part of every event it stores.
+(`sslmode: require`, as docs/dagster.scaled.yaml has it) and without. `storage: postgres`
+as `dagster-postgres` ships it opens one for every storage call (its engines use
+SQLAlchemy's `NullPool`), so that cost is part of every event it stores; the scaled config's
+`PooledPostgresStorage` (`rastro_assets/defs/postgres_storage.py`) keeps one a process.
 
 Run: .venv/bin/python bench/events.py [--events 300] [--rounds 3] [--fill 200000]
      [--connections]

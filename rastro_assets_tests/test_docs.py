@@ -72,7 +72,8 @@ def load_yaml(path: Path) -> dict:
 def test_scaled_instance_config_matches_dagsters_schema(scaled_env):
     config, custom_class = dagster_instance_config(str(DOCS), config_filename=SCALED)
     assert custom_class is None
-    assert set(config["storage"]) == {"postgres"}
+    assert set(config["storage"]) == {"custom"}
+    assert config["storage"]["custom"]["class"] == "PooledPostgresStorage"
     assert config["run_coordinator"]["class"] == "AccountRunCoordinator"
 
 
@@ -91,7 +92,7 @@ def test_every_configured_class_accepts_its_config(scaled_env, tmp_path: Path):
         "run_launcher": ref.run_launcher_data,
         "compute_logs": ref.compute_logs_data,
     }
-    assert parts["storage"].module_name == "dagster_postgres"
+    assert parts["storage"].module_name == "rastro_assets.defs.postgres_storage"
     assert parts["run_launcher"].class_name == "K8sRunLauncher"
     checked = set()
     for name, data in parts.items():
@@ -141,7 +142,7 @@ def test_both_instances_monitor_runs_with_the_sensors_default_limit():
 
 def test_the_scaled_instance_holds_no_secret():
     text = (DOCS / SCALED).read_text()
-    postgres = load_yaml(DOCS / SCALED)["storage"]["postgres"]["postgres_db"]
+    postgres = load_yaml(DOCS / SCALED)["storage"]["custom"]["config"]["postgres_db"]
     for field in ("hostname", "port", "db_name", "username", "password"):
         assert set(postgres[field]) == {"env"}, field
     assert "RASTRO_SECRETS_KEY:" not in text
