@@ -74,7 +74,9 @@ def test_a_connection_the_server_dropped_is_replaced_and_no_write_is_lost(server
     (dropped,) = sessions_of_the_instance(server)
     with contextlib.closing(server.connect()) as con, con.cursor() as cursor:
         con.autocommit = True
-        cursor.execute("SELECT pg_terminate_backend(%s)", [dropped])
+        # The timeout makes the call wait until the backend has exited, not only signal it.
+        cursor.execute("SELECT pg_terminate_backend(%s, 10000)", [dropped])
+        assert cursor.fetchone() == (True,)
 
     record(instance, ["act_1|2026-11-02"])
 
