@@ -26,7 +26,7 @@ from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.conftest import TOKEN
 from rastro_assets_tests.truth import assert_equals_truth
 from rastro_fake_graph.server import serve
-from rastro_fake_graph.world import FakeWorld
+from rastro_fake_graph.world import FakeWorld, MutableClock
 
 REPO = Path(__file__).resolve().parents[2]
 ACCOUNT = "act_777"
@@ -52,6 +52,13 @@ def one_account_world() -> FakeWorld:
     world = FakeWorld(seed=11)
     world.add_account(ACCOUNT, timezone=TIMEZONE, currency="NZD", n_ads=3, token=TOKEN)
     return world
+
+
+def freeze_today(world: FakeWorld) -> None:
+    """Stop the world's clock at the wall clock's now, for a test that compares today with
+    the truth: today's figures grow through the day, so a wave's read and the truth asked a
+    few seconds later may differ by a cent. The product keeps its own (wall) clock."""
+    world.clock = MutableClock(datetime.now(UTC))
 
 
 def wait_for(what: str, predicate, timeout_seconds: float):

@@ -27,6 +27,7 @@ from rastro_assets_tests.e2e.daemon_harness import (
     MONITOR_SECONDS,
     POLL_SECONDS,
     account_status,
+    freeze_today,
     instance_yaml,
     linked_world,
     one_account_world,
@@ -159,6 +160,7 @@ def test_the_daemon_backfills_syncs_pauses_and_resumes_while_analysts_read(daemo
         daemon.kill()
         killed_at = datetime.now(UTC)
         world.clear_failures()
+        freeze_today(world)
         daemon.start()
         outcome = wait_for(
             "a wave after the kill", lambda: wave_outcome_after(warehouse, killed_at), 180

@@ -20,6 +20,7 @@ from rastro_assets_tests.e2e.daemon_harness import (
     REPO,
     TIMEZONE,
     account_status,
+    freeze_today,
     linked_world,
     one_account_world,
     sync_now,
@@ -123,6 +124,7 @@ def test_the_scaled_config_backfills_and_runs_live_waves_on_postgres(postgres_wo
         assert len(backfilled_days) >= 90
         assert backfilled_days <= materialized_keys(home, "ad_spend_daily")
 
+        freeze_today(world)
         for _ in range(LIVE_WAVES):
             requested_at = sync_now(warehouse)
             outcome = wait_for(
