@@ -30,6 +30,8 @@ Measured (the clock starts when the daemon starts; the links are timed before it
 - the backfill daemon's iterations, from the daemon's log: how long each that submitted runs
   took and how many runs it submitted; the daemon process's RSS sampled every 0.5 s
   (`/proc/PID/status`) during them, and its VmHWM (all daemons are threads of that process);
+  and, once every run is submitted, how long each iteration over the backfills in flight
+  takes (goal <= 5 s, as `bench/scale.py` measures it for 20 new accounts);
 - CPU seconds of every process the daemon started (code server, run workers): this script
   is their subreaper and reaps them all, so `RUSAGE_CHILDREN` holds them; the fake Graph's
   CPU is printed apart (it is Meta's);
@@ -42,11 +44,13 @@ Last line: `ONBOARDING: ...` with each figure beside its goal (<= 2 h, no accoun
 more than 30 min for its first run, the submitting iteration <= 30 s and <= 500 MB).
 
 Run: .venv/bin/python bench/onboarding.py [--accounts 1000] [--delay-ms 300] [--ads 20]
-     [--planned-subset] [--shards K] [--pool-limit N] [--sensor-seconds S]
+     [--planned-subset] [--shards K] [--shard-accounts N] [--pool-limit N] [--sensor-seconds S]
      [--timeout-minutes 240] [--keep DIR]
   --planned-subset  DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS=true in the daemon
   --shards K        RASTRO_ACCOUNT_SHARDS=K for the links and the daemon (docs/operations.md:
                     a shard for each hundred accounts)
+  --shard-accounts N  RASTRO_SHARD_ACCOUNTS=N: how many accounts `rastro link` puts in a
+                    shard before the next (the README's 50 from about 1,000 accounts)
   --pool-limit N    the `meta_api` pool's limit instead of dagster.yaml's 2
 """
 
@@ -81,6 +85,7 @@ GOAL_TOTAL_SECONDS = 2 * 3600
 GOAL_FIRST_RUN_SECONDS = 30 * 60
 GOAL_ITERATION_SECONDS = 30.0
 GOAL_ITERATION_MB = 500
+GOAL_IN_FLIGHT_SECONDS = 5.0
 PLANNED_SUBSET_VARIABLE = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
 SITE = "s1"
 CONNECTION = "c1"
@@ -381,6 +386,24 @@ def submitting_windows(iterations: list[dict]) -> list[tuple[float, float, int]]
     return [tuple(window) for window in windows]
 
 
+def in_flight_iterations(iterations: list[dict]) -> list[float]:
+    """How long each daemon iteration took after the last run was submitted: the backfills'
+    evaluations that follow one another (within a second), merged, in seconds."""
+    last_submission = max((item["end"] for item in iterations if item["submitted"]),
+                          default=None)
+    if last_submission is None:
+        return []
+    spans: list[list[float]] = []
+    for item in iterations:
+        if item["start"] <= last_submission:
+            continue
+        if spans and item["start"] - spans[-1][1] <= 1:
+            spans[-1][1] = item["end"]
+        else:
+            spans.append([item["start"], item["end"]])
+    return [end - start for start, end in spans]
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else 0.0
@@ -404,6 +427,8 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=1,
                         help="RASTRO_ACCOUNT_SHARDS (default 1); `rastro link` fills each shard "
                         "to RASTRO_SHARD_ACCOUNTS (100) in turn")
+    parser.add_argument("--shard-accounts", type=int, default=0,
+                        help="RASTRO_SHARD_ACCOUNTS (default: the product's 100)")
     parser.add_argument("--timeout-minutes", type=float, default=240.0)
     parser.add_argument("--poll-seconds", type=float, default=10.0)
     parser.add_argument("--keep", type=Path, help="leave the warehouse, home and log in DIR")
@@ -416,8 +441,8 @@ def main() -> None:
     accounts = [_world.wave_account(index) for index in range(args.accounts)]
     print(f"onboarding {args.accounts} accounts x {BACKFILL_DAYS} days, {args.ads} ads each, "
           f"Meta at {args.delay_ms:.0f} ms a request, planned events "
-          f"{'as subsets' if args.planned_subset else 'per partition'}, {args.shards} "
-          f"shard{'s' if args.shards > 1 else ''}, meta_api pool "
+          f"{'as subsets' if args.planned_subset else 'per partition'}, {shard_layout(args)}"
+          f", meta_api pool "
           f"{args.pool_limit or 'as dagster.yaml'}, {cores} cores, load {load()}", flush=True)
     root = args.keep or Path(tempfile.mkdtemp(prefix="rastro-onboarding-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -440,6 +465,8 @@ def main() -> None:
             }
             env.pop(PLANNED_SUBSET_VARIABLE, None)
             env["RASTRO_ACCOUNT_SHARDS"] = str(args.shards)
+            if args.shard_accounts:
+                env["RASTRO_SHARD_ACCOUNTS"] = str(args.shard_accounts)
             if args.sensor_seconds:
                 env["RASTRO_SENSOR_INTERVAL_SECONDS"] = str(args.sensor_seconds)
             # `rastro link` adds the partition to the instance at DAGSTER_HOME (this process).
@@ -497,6 +524,12 @@ def main() -> None:
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def shard_layout(args) -> str:
+    """The shard count, and the shard size when the run sets one."""
+    layout = f"{args.shards} shard{'s' if args.shards > 1 else ''}"
+    return f"{layout} of {args.shard_accounts}" if args.shard_accounts else layout
 
 
 def _descendants_of_session(session: int) -> list[int]:
@@ -559,6 +592,12 @@ def report(args, root: Path, home: Path, started: float, wall: float, onboarded:
         print(f"  backfills that submitted runs: {len(per_backfill)}, "
               f"{sum(item['submitted'] for item in per_backfill)} runs, longest "
               f"{max(item['end'] - item['start'] for item in per_backfill):.0f} s")
+    in_flight = in_flight_iterations(iterations)
+    if in_flight:
+        print(f"  backfill daemon iterations with the runs in flight (after the last submission): "
+              f"{len(in_flight)}, median {statistics.median(in_flight):.0f} s, p90 "
+              f"{percentile(in_flight, 0.9):.0f} s, longest {max(in_flight):.0f} s (goal <= 5 s: "
+              f"{goal(statistics.median(in_flight), GOAL_IN_FLIGHT_SECONDS)} at the median)")
     longest = max((end - start for start, end, _ in windows), default=0.0)
     window_peak = max((sampler.peak_between(s, e) for s, e, _ in windows), default=0.0)
     before = sampler.peak_between(started, windows[0][0]) if windows else 0.0
@@ -582,7 +621,7 @@ def report(args, root: Path, home: Path, started: float, wall: float, onboarded:
         f"more than {wall / 60:.0f} min: {len(full)} of {n} done (goal <= 120 min: not known"
     )
     print(
-        f"ONBOARDING: {n} accounts in {args.shards} shard{'s' if args.shards > 1 else ''}"
+        f"ONBOARDING: {n} accounts in {shard_layout(args)}"
         f" x 90 days in {total}; floor {floor / 60:.1f} min); "
         f"{len(waits)} of {n} accounts had a first run, after "
         f"<= {max(waits, default=0) / 60:.1f} min, p50 {percentile(waits, 0.5) / 60:.1f} min "
