@@ -371,37 +371,32 @@ def backfill_iterations(log: Path) -> list[dict]:
     return iterations
 
 
-def submitting_windows(iterations: list[dict]) -> list[tuple[float, float, int]]:
-    """Daemon iterations that submitted runs, merged when they follow one another (the daemon
-    takes the backfills one after another in one iteration): (start, end, runs)."""
-    windows: list[list] = []
-    for item in iterations:
-        if not item["submitted"]:
-            continue
-        if windows and item["start"] - windows[-1][1] <= 1:
-            windows[-1][1] = item["end"]
-            windows[-1][2] += item["submitted"]
+def daemon_iterations(evaluations: list[dict]) -> list[tuple[float, float, int]]:
+    """Backfill evaluations merged when they follow one another within a second (the daemon
+    takes the backfills one after another in one iteration): (start, end, runs submitted)."""
+    merged: list[list] = []
+    for item in evaluations:
+        if merged and item["start"] - merged[-1][1] <= 1:
+            merged[-1][1] = item["end"]
+            merged[-1][2] += item["submitted"]
         else:
-            windows.append([item["start"], item["end"], item["submitted"]])
-    return [tuple(window) for window in windows]
+            merged.append([item["start"], item["end"], item["submitted"]])
+    return [tuple(window) for window in merged]
+
+
+def submitting_windows(iterations: list[dict]) -> list[tuple[float, float, int]]:
+    """Daemon iterations that submitted runs: (start, end, runs)."""
+    return daemon_iterations([item for item in iterations if item["submitted"]])
 
 
 def in_flight_iterations(iterations: list[dict]) -> list[float]:
-    """How long each daemon iteration took after the last run was submitted: the backfills'
-    evaluations that follow one another (within a second), merged, in seconds."""
+    """How long each daemon iteration took after the last run was submitted, in seconds."""
     last_submission = max((item["end"] for item in iterations if item["submitted"]),
                           default=None)
     if last_submission is None:
         return []
-    spans: list[list[float]] = []
-    for item in iterations:
-        if item["start"] <= last_submission:
-            continue
-        if spans and item["start"] - spans[-1][1] <= 1:
-            spans[-1][1] = item["end"]
-        else:
-            spans.append([item["start"], item["end"]])
-    return [end - start for start, end in spans]
+    after = [item for item in iterations if item["start"] > last_submission]
+    return [end - start for start, end, _ in daemon_iterations(after)]
 
 
 def percentile(values: list[float], share: float) -> float:

@@ -34,6 +34,19 @@ from dagster_postgres.utils import (
 # Connections a process keeps idle: one serves a run worker, whose calls come one at a time.
 KEPT_CONNECTIONS = 1
 
+# Every live engine of this process; a process that builds instances again and again (a code
+# server's sensor ticks) adds no fork hook each time, and a dropped instance's engine leaves.
+_ENGINES: weakref.WeakSet[sqlalchemy.engine.Engine] = weakref.WeakSet()
+
+
+def _forget_parents_connections() -> None:
+    # A forked child must not write through its parent's sockets: it opens its own.
+    for engine in list(_ENGINES):
+        engine.dispose(close=False)
+
+
+os.register_at_fork(after_in_child=_forget_parents_connections)
+
 
 def kept_connection_engine(postgres_url: str, token_provider=None) -> sqlalchemy.engine.Engine:
     """An engine that keeps `KEPT_CONNECTIONS` open, opens more on demand without waiting
@@ -46,14 +59,7 @@ def kept_connection_engine(postgres_url: str, token_provider=None) -> sqlalchemy
         max_overflow=-1,
         pool_pre_ping=True,
     )
-    kept = weakref.ref(engine)
-
-    def forget_parents_connections() -> None:
-        # A forked child must not write through its parent's sockets: it opens its own.
-        if (alive := kept()) is not None:
-            alive.dispose(close=False)
-
-    os.register_at_fork(after_in_child=forget_parents_connections)
+    _ENGINES.add(engine)
     return engine
 
 
