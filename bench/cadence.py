@@ -427,8 +427,12 @@ def run_wave(world, env: dict, home: Path, size: int, kind: str, storage: Storag
             str(Path(sys.executable).parent / "dagster"),
             "job",
             "execute",
+            # The product's location takes no clock from run config; this one binds the
+            # resource whose clock the config pins at the simulated world's instant.
             "-m",
-            "rastro_assets.definitions",
+            "rastro_assets_tests.pinned",
+            "-a",
+            "pinned_location",
             "-j",
             "meta_sync_wave",
             "-c",

@@ -713,8 +713,8 @@ def measure_sensor_ticks(instance, accounts: int, directory: Path,
     import sensor as sensor_bench
 
     from rastro_assets.defs.cadence.sensors import meta_accounts_sensor, meta_cadence_sensor
-    from rastro_assets.defs.resources import RastroResource
     from rastro_assets.warehouse.connection import Warehouse
+    from rastro_assets_tests.pinned import pinned
 
     path = directory / f"sensor-{accounts}.duckdb"
     if not path.exists():
@@ -726,7 +726,10 @@ def measure_sensor_ticks(instance, accounts: int, directory: Path,
             " (ad_account_id[5:]::INTEGER - 100000) % $shards FROM meta_ad_accounts",
             {"shards": shard_count},
         )
-    rastro = RastroResource(duckdb_path=str(path), fixed_now=sensor_bench.NOW.isoformat())
+    # The resource reads its warehouse from the environment only, as a code location does;
+    # this runs in a process of its own (`sensor_ticks_in_own_process`).
+    os.environ["RASTRO_DUCKDB_PATH"] = str(path)
+    rastro = pinned(sensor_bench.NOW)
     figures: dict[str, float] = {}
     cursor = None
     for tick in range(3):

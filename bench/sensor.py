@@ -10,10 +10,11 @@ by one set-based `INSERT ... SELECT` over `range()` in start order, as syncs app
 
 Measured: `planned_accounts` (the loader), `cadence.plan` for every account, and the sensor
 function `meta_cadence_sensor` itself, evaluated through `dg.build_sensor_context` on an
-ephemeral instance with `RastroResource(duckdb_path=..., fixed_now=...)`: a first tick without
-a cursor (it also evaluates the freshness check), then ticks with the cursor the previous one
-returned. The figure is the slowest of those ticks (wall clock); the CPU seconds the process
-used (all threads) are printed too, as they depend less on what else runs on the machine.
+ephemeral instance with the resource on that warehouse (`RASTRO_DUCKDB_PATH`) and its clock
+pinned (`rastro_assets_tests.pinned`): a first tick without a cursor (it also evaluates the
+freshness check), then ticks with the cursor the previous one returned. The figure is the
+slowest of those ticks (wall clock); the CPU seconds the process used (all threads) are
+printed too, as they depend less on what else runs on the machine.
 `meta_accounts_sensor` (the backfill sensor, every 30 s, same loader) is timed too.
 
 Run: .venv/bin/python bench/sensor.py [--accounts 5000] [--keep PATH] [--full-loader N]
@@ -168,10 +169,10 @@ def main() -> None:
     import dagster as dg
 
     from rastro_assets.defs.cadence.sensors import meta_accounts_sensor, meta_cadence_sensor
-    from rastro_assets.defs.resources import RastroResource
     from rastro_assets.planner import cadence
     from rastro_assets.planner.history import planned_accounts
     from rastro_assets.warehouse.connection import Warehouse
+    from rastro_assets_tests.pinned import pinned
 
     with _world.tempdir() as directory:
         path = args.keep or Path(directory) / "rastro.duckdb"
@@ -203,7 +204,9 @@ def main() -> None:
                   f"runs (x{accounts / len(ids):.0f}: ~{full_s * accounts / len(ids):.0f} s); "
                   f"same plans: {same}")
 
-        rastro = RastroResource(duckdb_path=str(path), fixed_now=NOW.isoformat())
+        # The resource reads its warehouse from the environment only, as a code location does.
+        os.environ["RASTRO_DUCKDB_PATH"] = str(path)
+        rastro = pinned(NOW)
         ticks, cpus, cursor = [], [], None
         with dg.DagsterInstance.ephemeral() as instance:
             for tick in range(args.ticks):

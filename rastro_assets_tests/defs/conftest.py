@@ -9,8 +9,8 @@ import dagster as dg
 import pytest
 
 from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
-from rastro_assets.defs.resources import RastroResource
 from rastro_assets_tests.conftest import NOW
+from rastro_assets_tests.pinned import PinnedRastroResource, pinned
 
 TODAY = date(2026, 11, 30)  # local today of both fake accounts at NOW
 
@@ -33,23 +33,24 @@ def instance(tmp_path, account_partitions: list[str]) -> Iterator[dg.DagsterInst
 
 
 @pytest.fixture
-def rastro_at(
-    duckdb_path, fake_graph, linked_world, secrets_key
-) -> Callable[[datetime], RastroResource]:
-    """The resource on the linked warehouse and the loopback fake Graph, its clock pinned."""
-
-    def at(instant: datetime) -> RastroResource:
-        return RastroResource(
-            duckdb_path=str(duckdb_path),
-            graph_url=fake_graph.base_url,
-            use_fake_graph=False,
-            fixed_now=instant.isoformat(),
-        )
-
-    return at
+def rastro_env(monkeypatch, duckdb_path, fake_graph) -> None:
+    """The code location's environment: the linked warehouse and the loopback fake Graph,
+    which the resource reads as the daemon's runs do."""
+    monkeypatch.setenv("RASTRO_DUCKDB_PATH", str(duckdb_path))
+    monkeypatch.setenv("RASTRO_META_GRAPH_URL", fake_graph.base_url)
+    monkeypatch.delenv("RASTRO_META_FAKE", raising=False)
+    monkeypatch.delenv("RASTRO_ANALYTICS_PATH", raising=False)
 
 
 @pytest.fixture
-def rastro(rastro_at) -> RastroResource:
+def rastro_at(
+    rastro_env, linked_world, secrets_key
+) -> Callable[[datetime], PinnedRastroResource]:
+    """The resource in `rastro_env`, its clock pinned at an instant."""
+    return pinned
+
+
+@pytest.fixture
+def rastro(rastro_at) -> PinnedRastroResource:
     """`rastro_at(NOW)`."""
     return rastro_at(NOW)

@@ -13,10 +13,10 @@ import pytest
 from rastro_assets.definitions import defs
 from rastro_assets.defs.analytics import analytics_publisher_sensor, analytics_snapshot
 from rastro_assets.defs.keys import ANALYTICS_SNAPSHOT
-from rastro_assets.defs.resources import RastroResource
 from rastro_assets_tests.analytics.analyst import Analyst
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.defs.waves import live, run_wave
+from rastro_assets_tests.pinned import PinnedRastroResource
 
 
 @pytest.fixture
@@ -25,14 +25,10 @@ def snapshot_path(tmp_path):
 
 
 @pytest.fixture
-def rastro(rastro, snapshot_path) -> RastroResource:
-    return RastroResource(
-        duckdb_path=rastro.duckdb_path,
-        analytics_path=str(snapshot_path),
-        graph_url=rastro.graph_url,
-        use_fake_graph=False,
-        fixed_now=rastro.fixed_now,
-    )
+def rastro(rastro, snapshot_path, monkeypatch) -> PinnedRastroResource:
+    """The resource publishing to `snapshot_path`, which the environment names."""
+    monkeypatch.setenv("RASTRO_ANALYTICS_PATH", str(snapshot_path))
+    return rastro
 
 
 def snapshot_events(result) -> list[dg.AssetMaterialization]:

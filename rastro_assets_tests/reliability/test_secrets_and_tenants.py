@@ -25,7 +25,6 @@ import pytest
 from rastro_assets import cli
 from rastro_assets.defs.catalog import ad_catalog, ad_thumbnails
 from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, spend_partition_key
-from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend.assets import meta_spend
 from rastro_assets.sync.catalog import CatalogSyncer
 from rastro_assets.sync.types import SyncRequest
@@ -33,6 +32,7 @@ from rastro_assets.vault import ENV_VAR, Vault
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.conftest import NOW, TOKEN
+from rastro_assets_tests.pinned import pinned
 from rastro_assets_tests.reliability.helpers import (
     check_integrity,
     client_factory,
@@ -78,17 +78,16 @@ def scan_warehouse_files(warehouse: Warehouse, secret: str) -> list[str]:
 
 
 def test_no_token_anywhere_after_dagster_runs_with_failures(
-    tmp_path, warehouse, linked_world, fake_graph, secrets_key, caplog, capfd
+    tmp_path, warehouse, linked_world, fake_graph, secrets_key, caplog, capfd, monkeypatch
 ):
     caplog.set_level(logging.DEBUG)
     home = tmp_path / "dagster_home"
     home.mkdir()
-    rastro = RastroResource(
-        duckdb_path=warehouse.path,
-        graph_url=fake_graph.base_url,
-        use_fake_graph=False,
-        fixed_now=NOW.isoformat(),
-    )
+    monkeypatch.setenv("RASTRO_DUCKDB_PATH", str(warehouse.path))
+    monkeypatch.setenv("RASTRO_META_GRAPH_URL", fake_graph.base_url)
+    monkeypatch.delenv("RASTRO_META_FAKE", raising=False)
+    monkeypatch.delenv("RASTRO_ANALYTICS_PATH", raising=False)
+    rastro = pinned(NOW)
     results = {}
     with dg.instance_for_test(temp_dir=str(home)) as instance:
         instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202"])
