@@ -117,6 +117,29 @@ def test_new_accounts_become_partitions_of_their_shard_and_backfill_there(
     ]
 
 
+def test_an_account_the_warehouse_moves_leaves_its_old_shard_before_joining_the_new(
+    defs, instance, rastro, sharded
+):
+    apply(instance, evaluate(defs, "meta_accounts", instance, rastro))
+    with rastro.warehouse().connect() as con:
+        registry.set_account_shard(con, "act_202", 1)  # from shard 2 to a lower one
+    result = evaluate(defs, "meta_accounts", instance, rastro)
+    holding = {
+        name: set(instance.get_dynamic_partitions(name))
+        for name in (spend_shard(shard).accounts_name for shard in range(SHARDS))
+    }
+    for change in result.dynamic_partitions_requests:
+        keys = set(change.partition_keys)
+        if isinstance(change, dg.AddDynamicPartitionsRequest):
+            holding[change.partitions_def_name] |= keys
+        else:
+            holding[change.partitions_def_name] -= keys
+        shards_of_202 = [name for name, accounts in holding.items() if "act_202" in accounts]
+        assert len(shards_of_202) <= 1, shards_of_202
+    assert holding[spend_shard(1).accounts_name] == {"act_101", "act_202"}
+    assert holding[spend_shard(2).accounts_name] == set()
+
+
 def test_a_wave_records_each_account_in_its_own_shard(instance, rastro, sharded):
     result = run_wave(instance, rastro, [live("act_101"), live("act_202")])
     assert result.success

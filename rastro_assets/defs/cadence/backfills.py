@@ -138,7 +138,11 @@ def shard_partition_changes(
     instance: dg.DagsterInstance, accounts: Sequence[PlannedAccount], shard_count: int
 ) -> list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest]:
     """Each shard's account partitions equal to its linked accounts, and, with several
-    shards, the catalog's set equal to every linked account of a configured shard."""
+    shards, the catalog's set equal to every linked account of a configured shard.
+
+    Every removal comes before any addition (Dagster applies them in order): an account
+    that changed shards leaves the old one before it joins the new, so it is never in two
+    shards' partitions, whichever shard's number is lower."""
     placed = [account for account in accounts if account.shard < shard_count]
     changes: list = []
     for shard in range(shard_count):
@@ -155,4 +159,4 @@ def shard_partition_changes(
             [account.state.ad_account_id for account in placed],
             name,
         )
-    return changes
+    return sorted(changes, key=lambda change: isinstance(change, dg.AddDynamicPartitionsRequest))
