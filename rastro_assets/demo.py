@@ -67,6 +67,8 @@ QUIETED_WARNINGS = (
 # events"). Dagster reads it in the process that creates a run (daemon, webserver); an
 # operator's own value wins.
 PLANNED_SUBSET_VARIABLE = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
+# Added to the caller's umask for Dagster: no group or other bits on anything it creates.
+PRIVATE_UMASK = 0o077
 TICK_SECONDS = 2.0
 PROGRESS_SECONDS = 20.0
 # A look at the warehouse gives way to the pipeline's writers at once: the next tick retries.
@@ -145,9 +147,14 @@ def prepare(
                 )
         axis_start = first_owed_day(registry.linked_accounts(con), now)
     paths.dagster_home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # A clone's data/ (it is tracked) or an earlier demo's home may be open to others:
+    # they hold the warehouse, and every account's run logs and spend events.
+    for directory in (paths.data, paths.dagster_home):
+        os.chmod(directory, 0o700)
     # The repo's instance config, refreshed on every start; its relative paths
     # (data/dagster/...) resolve from the repo root, where Dagster runs.
     shutil.copyfile(paths.root / "dagster.yaml", paths.dagster_home / "dagster.yaml")
+    os.chmod(paths.dagster_home / "dagster.yaml", 0o600)
     return {
         ENV_VAR: key,
         "RASTRO_META_FAKE": "true",
@@ -339,6 +346,17 @@ def rastro_command(root: Path) -> str:
         return str(rastro)
 
 
+def _start_child() -> None:
+    """In the child before exec: die with the demo, and create every file private.
+
+    Dagster creates its storage, run logs and directories with the process umask
+    (under umask 000: logs 0666, directories 0777); `dagster dev` and every process it
+    starts (daemon, webserver, code server, run workers) inherit this one.
+    """
+    _die_with_parent()
+    os.umask(os.umask(PRIVATE_UMASK) | PRIVATE_UMASK)
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when the demo dies, even by SIGKILL (Linux); and
     SIGINT and SIGTERM at their defaults, since a demo started in the background of a
@@ -381,12 +399,13 @@ def run(root: Path, extra_args: list[str], environ: Mapping[str, str] | None = N
 
 
 def supervise(argv: list[str], env: Mapping[str, str], watcher: Watcher) -> int:
-    """Run `argv` in a process group of its own, hand it each SIGINT/SIGTERM, watch meanwhile.
+    """Run `argv` in a process group of its own, under a umask denying group and others; hand
+    it each SIGINT/SIGTERM, watch meanwhile.
 
     Its own group, so that a signal to the demo's group (Ctrl-C in a terminal) reaches
     Dagster once, from here: twice, `dagster dev` aborts its own shutdown halfway.
     """
-    child = subprocess.Popen(argv, env=env, process_group=0, preexec_fn=_die_with_parent)
+    child = subprocess.Popen(argv, env=env, process_group=0, preexec_fn=_start_child)
     stopping: list[int] = []
 
     def hand_on(signum: int, _frame) -> None:

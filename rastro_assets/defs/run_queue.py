@@ -22,11 +22,27 @@ every other run), the 30 before them -1, and so on. A first install of many acco
 queues every account's three runs at once, one account after another; ranked, each
 account's newest days start before any account's older ones, so no account waits
 behind the others' whole backfills for its first run (bench/onboarding.py).
+
+Loaded, it also takes group and other permissions off the directories that hold the
+instance's local files (its root, SQLite storage and compute logs). Dagster creates them
+and everything in them with the process umask, and an operator may start `dagster dev` or
+`dagster-daemon` under a loose one: with the directories closed, no other local user
+reaches a run log or a spend event beneath them, whatever mode that file got and whichever
+process made it. Not a umask set here: Dagster builds an instance's coordinator on first
+use (the daemon's queue, a run submitted from the UI), which a run worker never makes, and
+the run workers of `dagster dev` are children of its code server: a umask set here would
+miss the run logs, yet change the mode of every later file of any process that embeds an
+instance.
 """
 
 from __future__ import annotations
 
+import os
+import stat
+from collections.abc import Iterable, Iterator
+from contextlib import suppress
 from datetime import UTC, date, datetime
+from pathlib import Path
 
 import dagster as dg
 
@@ -83,6 +99,39 @@ def range_priority(tags, today: date) -> int | None:
     return -(max((today - last).days, 0) // MAX_DAYS_PER_RUN)
 
 
+def local_directories(instance: dg.DagsterInstance) -> Iterator[Path]:
+    """The directories the instance keeps local files in: its root, and each configured
+    `base_dir` (SQLite storage, compute logs), relative ones from the working directory
+    as Dagster resolves them."""
+    yield Path(instance.root_directory)
+    if not instance.is_persistent:
+        return
+    ref = instance.get_ref()
+    for data in (
+        ref.storage_data,
+        ref.run_storage_data,
+        ref.event_storage_data,
+        ref.schedule_storage_data,
+        ref.compute_logs_data,
+    ):
+        base_dir = (data.config_dict or {}).get("base_dir") if data else None
+        if isinstance(base_dir, str):
+            yield Path(base_dir)
+
+
+def close_to_others(directories: Iterable[Path]) -> None:
+    """Take group and other permissions off each directory this user owns; skip the rest.
+
+    A directory not made yet, read-only (a mounted ConfigMap) or another user's is left as
+    it is: this is a second line behind the service's own umask, never a reason to fail."""
+    for directory in directories:
+        with suppress(OSError):
+            status = directory.stat()
+            mode = stat.S_IMODE(status.st_mode)
+            if stat.S_ISDIR(status.st_mode) and status.st_uid == os.geteuid() and mode & 0o077:
+                os.chmod(directory, mode & ~0o077)
+
+
 class AccountRunCoordinator(dg.QueuedRunCoordinator):
     """`QueuedRunCoordinator` that tags each partition run with its one account."""
 
@@ -90,6 +139,10 @@ class AccountRunCoordinator(dg.QueuedRunCoordinator):
         super().__init__(*args, **kwargs)
         # The daemon builds its instance's coordinator: the one hook there for its log.
         summarise_backfill_logs()
+
+    def register_instance(self, instance: dg.DagsterInstance) -> None:
+        super().register_instance(instance)
+        close_to_others(local_directories(instance))
 
     def submit_run(self, context: dg.SubmitRunContext) -> dg.DagsterRun:
         run = context.dagster_run

@@ -7,7 +7,8 @@ accounts are backfilled and a wave sync lands for each, and the README's
 "spend by campaign yesterday" answers. SIGTERM to the session stops every
 process. A second start on the same copy reuses the key, the registry and
 the data, syncs the accounts live (no new backfill), and stops on SIGINT,
-as Ctrl-C in a terminal would.
+as Ctrl-C in a terminal would. Started under umask 000, the demo's first runs leave
+nothing under its Dagster home that another local user may open.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -488,3 +490,67 @@ def test_the_readme_demo_starts_syncs_stops_and_restarts(tmp_path):
     assert read(copy.db, "SELECT count(*) FROM ad_spend_daily")[0][0] >= spend_rows
     timings["total"] = time.monotonic() - began
     print("\n" + ", ".join(f"{what}: {seconds:.0f} s" for what, seconds in timings.items()))
+
+
+# Dagster's files under umask 000 --------------------------------------------
+
+
+def open_to_others(top: Path) -> list[str]:
+    """Every file and directory under `top`, itself included, that group or others may use."""
+    found = []
+    for path in [top, *sorted(top.rglob("*"))]:
+        with suppress(FileNotFoundError):  # a journal or lock file gone meanwhile
+            mode = stat.S_IMODE(path.lstat().st_mode)
+            if mode & 0o077 and not path.is_symlink():
+                found.append(f"{mode:04o} {path.relative_to(top.parent)}")
+    return found
+
+
+def finished_step_logs(home: Path) -> list[Path]:
+    """The compute logs of steps whose run worker closed them: a run got that far."""
+    return sorted((home / "logs").rglob("*.complete")) if (home / "logs").is_dir() else []
+
+
+@pytest.mark.timeout(240)
+def test_the_demos_dagster_files_are_private_under_umask_000(tmp_path):
+    """`rastro demo` started under umask 000: after its first runs, nothing under its Dagster
+    home (storage, run history, schedules, compute logs) has a group or other permission."""
+    root = tmp_path / "repo"
+    copy_tracked_files(root)
+    copy = Copy(root)
+    home = root / "data" / "dagster_home"
+    log = tmp_path / "demo.log"
+    began = time.monotonic()
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [str(RASTRO), "demo", "--port", str(free_port())],
+            cwd=root,
+            env=copy.demo_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lambda: os.umask(0),
+        )
+    try:
+        wait_for("`rastro demo` to prepare data/", lambda: started(process, log), 60)
+        wait_for("a finished run step", lambda: finished_step_logs(home), 150)
+        print(f"\nfirst step done after {time.monotonic() - began:.0f} s")
+        stop(process, signal.SIGTERM)
+    except BaseException:
+        print(log.read_text(errors="replace")[-8000:])
+        raise
+    finally:
+        if process.poll() is None or session_processes(process.pid):
+            for group in session_groups(process.pid) | {process.pid}:
+                with suppress(ProcessLookupError):
+                    os.killpg(group, signal.SIGKILL)
+            process.wait()
+    made = {str(path.relative_to(home)) for path in home.rglob("*")}
+    expected = {"storage/schedules/schedules.db", "storage/history/runs.db", "logs"}
+    assert expected <= made, sorted(made)
+    [step_log, *_] = finished_step_logs(home)
+    run_id = step_log.relative_to(home / "logs").parts[0]
+    assert f"storage/history/runs/{run_id}.db" in made, sorted(made)
+    assert open_to_others(home) == []
+    # The demo's data/ holds the home, the key and the warehouse: closed as a whole.
+    assert stat.S_IMODE((root / "data").stat().st_mode) == 0o700
