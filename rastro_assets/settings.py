@@ -6,9 +6,10 @@ a test can build a `Settings` without touching `os.environ`.
 
 from __future__ import annotations
 
+import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from pathlib import Path
@@ -23,11 +24,11 @@ DEFAULT_ANALYTICS_LAG_SECONDS = 300
 # open it; the newest storage would shut out every DuckDB older than the pipeline's.
 DEFAULT_ANALYTICS_STORAGE_VERSION = "v1.0.0"
 
-# Operators may make the sensors tick faster (tests, demos); read once, when the code loads.
-SENSOR_INTERVAL_OVERRIDE_SECONDS = int(os.environ.get("RASTRO_SENSOR_INTERVAL_SECONDS") or 0)
+# Operators may make the sensors tick faster (tests, demos): `SENSOR_INTERVAL_OVERRIDE_SECONDS`.
 # How long a started sync holds its account (15 minutes, a wave's run timeout too); a test or
-# demo that kills runs may shorten it. Read once, when the code loads.
-SYNC_LEASE_SECONDS = int(os.environ.get("RASTRO_SYNC_LEASE_SECONDS") or 15 * 60)
+# demo that kills runs may shorten it: `SYNC_LEASE_SECONDS`. Both read when the code loads
+# (`LOAD_TIME_SETTINGS` below).
+DEFAULT_SYNC_LEASE_SECONDS = 15 * 60
 # Every account's today and yesterday are read this often; an idle one (no spend today or
 # yesterday, no ACTIVE ad) every RASTRO_IDLE_LIVE_INTERVAL_MINUTES, where setting the live
 # interval itself turns idling off.
@@ -45,16 +46,30 @@ class Retention:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Retention:
+        """From the environment; a SettingsError names the first variable with a bad value."""
         env = os.environ if environ is None else environ
         return cls(
-            sensor_seconds=int(env.get("RASTRO_RETENTION_INTERVAL_SECONDS") or 3600),
-            runs=timedelta(hours=float(env.get("RASTRO_RUN_RETENTION_HOURS") or 24)),
-            sync_runs=timedelta(days=float(env.get("RASTRO_SYNC_RUN_RETENTION_DAYS") or 35)),
+            sensor_seconds=_whole_number(
+                env.get("RASTRO_RETENTION_INTERVAL_SECONDS"),
+                3600,
+                least=1,
+                refusal="RASTRO_RETENTION_INTERVAL_SECONDS must be a whole number of seconds,"
+                " 1 or more",
+            ),
+            runs=timedelta(
+                hours=_positive_number(
+                    env.get("RASTRO_RUN_RETENTION_HOURS"), 24, "hours", "RASTRO_RUN_RETENTION_HOURS"
+                )
+            ),
+            sync_runs=timedelta(
+                days=_positive_number(
+                    env.get("RASTRO_SYNC_RUN_RETENTION_DAYS"),
+                    35,
+                    "days",
+                    "RASTRO_SYNC_RUN_RETENTION_DAYS",
+                )
+            ),
         )
-
-
-# Read once, when the code loads: sensor intervals are fixed at definition time.
-RETENTION = Retention.from_env()
 
 
 class SettingsError(ValueError):
@@ -62,7 +77,8 @@ class SettingsError(ValueError):
 
 
 class NotTheSnapshot(SettingsError):
-    """The analytics snapshot's path names the pipeline's own file."""
+    """The analytics snapshot's path names the pipeline's own file, or a file that holds
+    the pipeline's own tables."""
 
 
 def check_not_the_pipeline_file(
@@ -76,8 +92,10 @@ def check_not_the_pipeline_file(
     pipeline's file, even read-only, would hold up its writers.
     """
     if _same_file(Path(snapshot_path), Path(pipeline_path)):
+        named, real = os.path.abspath(snapshot_path), os.path.realpath(pipeline_path)
         raise NotTheSnapshot(
-            f"{snapshot_path} is the pipeline's own file (RASTRO_DUCKDB_PATH), not the analytics"
+            f"{named} is the pipeline's own file"
+            f" ({'' if real == named else real + ', '}RASTRO_DUCKDB_PATH), not the analytics"
             " snapshot: point RASTRO_ANALYTICS_PATH at another file (default: analytics.duckdb"
             " beside the pipeline's file)"
         )
@@ -86,8 +104,8 @@ def check_not_the_pipeline_file(
 def _same_file(a: Path, b: Path) -> bool:
     try:
         return a.samefile(b)
-    except OSError:  # one of them does not exist yet
-        return os.path.abspath(a) == os.path.abspath(b)
+    except OSError:  # one of them does not exist yet: where each would be, links followed
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def idle_live_interval_minutes(raw: str | None) -> int:
@@ -99,6 +117,40 @@ def idle_live_interval_minutes(raw: str | None) -> int:
         refusal=f"RASTRO_IDLE_LIVE_INTERVAL_MINUTES must be a whole number of minutes,"
         f" {LIVE_INTERVAL_MINUTES} (idle accounts read like the others) or more",
     )
+
+
+def sensor_interval_override_seconds(raw: str | None) -> int:
+    """`RASTRO_SENSOR_INTERVAL_SECONDS`: whole seconds; 0 or unset keeps each sensor's own."""
+    return _whole_number(
+        raw,
+        0,
+        least=0,
+        refusal="RASTRO_SENSOR_INTERVAL_SECONDS must be a whole number of seconds (0 or unset:"
+        " each sensor's own interval)",
+    )
+
+
+def sync_lease_seconds(raw: str | None) -> int:
+    """`RASTRO_SYNC_LEASE_SECONDS`: how long a started sync holds its account, whole seconds."""
+    return _whole_number(
+        raw,
+        DEFAULT_SYNC_LEASE_SECONDS,
+        least=1,
+        refusal="RASTRO_SYNC_LEASE_SECONDS must be a whole number of seconds, 1 or more",
+    )
+
+
+def _positive_number(raw: str | None, default: float, unit: str, name: str) -> float:
+    """`raw` as a number above 0 (fractions allowed), `default` when empty."""
+    if not raw:
+        return default
+    try:
+        number = float(raw)
+    except ValueError:
+        number = math.nan
+    if not (0 < number < math.inf):
+        raise SettingsError(f"{name} must be a number of {unit} above 0, not {raw!r}")
+    return number
 
 
 def _whole_number(
@@ -132,15 +184,6 @@ def partitions_start(raw: str | None) -> date:
         ) from None
 
 
-# Read once, when the code loads: the partitions are fixed at definition time.
-PARTITIONS_START = partitions_start(os.environ.get("RASTRO_PARTITIONS_START"))
-
-# Read once, when the code loads, like the lease.
-IDLE_LIVE_INTERVAL_MINUTES = idle_live_interval_minutes(
-    os.environ.get("RASTRO_IDLE_LIVE_INTERVAL_MINUTES")
-)
-
-
 DEFAULT_ACCOUNT_SHARDS = 1
 MAX_ACCOUNT_SHARDS = 500
 # Accounts whose spend one asset serves within about a second on the partitions page and
@@ -172,9 +215,42 @@ def shard_accounts(raw: str | None) -> int:
     )
 
 
-# Read once, when the code loads: each shard is a pair of assets, fixed at definition time,
-# so a new count applies at the code location's next restart.
-ACCOUNT_SHARDS = account_shards(os.environ.get("RASTRO_ACCOUNT_SHARDS"))
+# Read from the environment when the code loads, and fixed from then on: the sensors'
+# intervals, the lease, the retention, the partitions' first date and the shards (each a
+# pair of assets) are fixed at definition time, so a new value applies at the code location's
+# next restart. Each is read at its first use, not when this module is imported: a bad value
+# raises its SettingsError where the caller reports it (`rastro` as one line, the code
+# location as its load error) instead of breaking every import of this module.
+LOAD_TIME_SETTINGS: dict[str, Callable[[], object]] = {
+    "SENSOR_INTERVAL_OVERRIDE_SECONDS": lambda: sensor_interval_override_seconds(
+        os.environ.get("RASTRO_SENSOR_INTERVAL_SECONDS")
+    ),
+    "SYNC_LEASE_SECONDS": lambda: sync_lease_seconds(os.environ.get("RASTRO_SYNC_LEASE_SECONDS")),
+    "RETENTION": lambda: Retention.from_env(),
+    "PARTITIONS_START": lambda: partitions_start(os.environ.get("RASTRO_PARTITIONS_START")),
+    "IDLE_LIVE_INTERVAL_MINUTES": lambda: idle_live_interval_minutes(
+        os.environ.get("RASTRO_IDLE_LIVE_INTERVAL_MINUTES")
+    ),
+    "ACCOUNT_SHARDS": lambda: account_shards(os.environ.get("RASTRO_ACCOUNT_SHARDS")),
+}
+
+
+def __getattr__(name: str) -> object:
+    # `from rastro_assets.settings import ACCOUNT_SHARDS` lands here the first time.
+    read = LOAD_TIME_SETTINGS.get(name)
+    if read is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = read()
+    globals()[name] = value
+    return value
+
+
+def check_load_time_settings() -> None:
+    """Read every value read when the code loads: the first bad one raises its
+    SettingsError, naming the variable and the value."""
+    for name in LOAD_TIME_SETTINGS:
+        if name not in globals():
+            __getattr__(name)
 
 
 CODE_LOCATION_MODULE = "rastro_assets.definitions"
@@ -220,6 +296,16 @@ def _not_found(variable: str, tried: Path, here: Path) -> str:
         f" holds {PIPELINE_FILE_NAME} or {ANALYTICS_FILE_NAME}); tried {tried}: set {variable}"
         " to the file's path, or run from inside the project"
     )
+
+
+def check_not_beside_a_guess(snapshot_path: str | os.PathLike[str]) -> None:
+    """When no variable names the pipeline's file, its path is a guess that may name
+    nothing, and a snapshot path that is a link to the pipeline's file would match nothing.
+    So the snapshot is also compared with the pipeline's file beside the file it really is,
+    links followed: `NotTheSnapshot` when it is that file. A file of the pipeline's under
+    another name is caught by its tables when it is opened (`open_snapshot`)."""
+    real = Path(os.path.realpath(snapshot_path))
+    check_not_the_pipeline_file(snapshot_path, real.parent / PIPELINE_FILE_NAME)
 
 
 def default_analytics_path(duckdb_path: str) -> str:
@@ -290,7 +376,7 @@ class Settings:
                 duckdb_path = str(guess)
             else:
                 duckdb_path = str(data / PIPELINE_FILE_NAME)
-        return cls(
+        settings = cls(
             duckdb_path=duckdb_path,
             not_found=not_found,
             graph_url=(env.get("RASTRO_META_GRAPH_URL") or DEFAULT_GRAPH_URL).rstrip("/"),
@@ -304,6 +390,9 @@ class Settings:
             account_shards=account_shards(env.get("RASTRO_ACCOUNT_SHARDS")),
             shard_accounts=shard_accounts(env.get("RASTRO_SHARD_ACCOUNTS")),
         )
+        if not env.get("RASTRO_DUCKDB_PATH"):
+            check_not_beside_a_guess(settings.snapshot_path)
+        return settings
 
 
 def storage_version(raw: str | None) -> str:

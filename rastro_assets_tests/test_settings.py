@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import date
+import os
+import subprocess
+import sys
+from datetime import date, timedelta
 from pathlib import Path
 
 import pytest
 
+from rastro_assets import settings
 from rastro_assets.settings import (
     NotTheSnapshot,
     Settings,
@@ -79,3 +83,71 @@ def test_a_shard_takes_100_accounts_unless_the_operator_chooses_another_size():
     for bad in ("0", "fifty", "10001"):
         with pytest.raises(SettingsError, match="RASTRO_SHARD_ACCOUNTS"):
             Settings.from_env({"RASTRO_SHARD_ACCOUNTS": bad})
+
+
+@pytest.mark.parametrize(
+    ("read", "name", "raw"),
+    [
+        (settings.sensor_interval_override_seconds, "RASTRO_SENSOR_INTERVAL_SECONDS", "abc"),
+        (settings.sensor_interval_override_seconds, "RASTRO_SENSOR_INTERVAL_SECONDS", "-5"),
+        (settings.sync_lease_seconds, "RASTRO_SYNC_LEASE_SECONDS", "x"),
+        (settings.sync_lease_seconds, "RASTRO_SYNC_LEASE_SECONDS", "0"),
+        (settings.account_shards, "RASTRO_ACCOUNT_SHARDS", "abc"),
+        (settings.account_shards, "RASTRO_ACCOUNT_SHARDS", "0"),
+        (settings.partitions_start, "RASTRO_PARTITIONS_START", "yesterday"),
+        (settings.idle_live_interval_minutes, "RASTRO_IDLE_LIVE_INTERVAL_MINUTES", "1"),
+    ],
+)
+def test_each_setting_read_when_the_code_loads_names_itself_and_the_bad_value(read, name, raw):
+    with pytest.raises(settings.SettingsError) as refused:
+        read(raw)
+    assert name in str(refused.value) and repr(raw) in str(refused.value)
+
+
+def test_the_sensor_override_and_the_lease_keep_their_defaults_and_read_whole_seconds():
+    assert settings.sensor_interval_override_seconds(None) == 0
+    assert settings.sensor_interval_override_seconds("5") == 5
+    assert settings.sync_lease_seconds("") == 15 * 60
+    assert settings.sync_lease_seconds("20") == 20
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [
+        ("RASTRO_RETENTION_INTERVAL_SECONDS", "soon"),
+        ("RASTRO_RETENTION_INTERVAL_SECONDS", "0"),
+        ("RASTRO_RUN_RETENTION_HOURS", "x"),
+        ("RASTRO_RUN_RETENTION_HOURS", "-1"),
+        ("RASTRO_SYNC_RUN_RETENTION_DAYS", "nan"),
+        ("RASTRO_SYNC_RUN_RETENTION_DAYS", "inf"),
+    ],
+)
+def test_a_bad_retention_names_its_variable_and_value(name, raw):
+    with pytest.raises(settings.SettingsError) as refused:
+        settings.Retention.from_env({name: raw})
+    assert name in str(refused.value) and repr(raw) in str(refused.value)
+
+
+def test_retention_reads_fractions_and_keeps_its_defaults():
+    assert settings.Retention.from_env({}) == settings.Retention()
+    kept = settings.Retention.from_env({"RASTRO_RUN_RETENTION_HOURS": "0.5",
+                                        "RASTRO_SYNC_RUN_RETENTION_DAYS": "7"})
+    assert (kept.runs, kept.sync_runs) == (timedelta(minutes=30), timedelta(days=7))
+
+
+LOADER = """
+import sys
+import rastro_assets.settings  # a bad value must not break the import itself
+import rastro_assets.definitions
+"""
+
+
+def test_the_code_location_fails_to_load_with_the_setting_named_in_one_line():
+    env = {**os.environ, "RASTRO_ACCOUNT_SHARDS": "abc"}
+    result = subprocess.run([sys.executable, "-c", LOADER], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        "rastro_assets.settings.SettingsError: RASTRO_ACCOUNT_SHARDS must be a whole number"
+        " from 1 to 500, not 'abc'"
+    )

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 
 import duckdb
 
-from rastro_assets.cli import cadence, registry, shards, sql, tools
 from rastro_assets.cli.context import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -33,8 +32,9 @@ from rastro_assets.cli.context import (
     UsageError,
 )
 from rastro_assets.meta.errors import MetaError
+from rastro_assets.settings import SettingsError, check_load_time_settings
 from rastro_assets.vault import SecretsKeyError
-from rastro_assets.warehouse.connection import WarehouseLocked
+from rastro_assets.warehouse.connection import WarehouseLocked, WarehouseUnreadable
 from rastro_assets.warehouse.registry import RegistryError
 
 __all__ = ["Context", "build_parser", "main", "registrars", "run"]
@@ -42,6 +42,10 @@ __all__ = ["Context", "build_parser", "main", "registrars", "run"]
 
 def registrars() -> list[Registrar]:
     """Every subcommand, in the order `rastro --help` lists them."""
+    # Imported here, not with this package: the commands' modules read the settings fixed
+    # when the code loads, and `main` reports a bad one as one line before they are loaded.
+    from rastro_assets.cli import cadence, registry, shards, sql, tools
+
     return [
         *registry.REGISTRARS,
         *sql.REGISTRARS,
@@ -70,9 +74,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     A reader that stops early (`rastro status --json | head`) closes the pipe: the
     command stops quietly, as `cat` would, with no traceback.
+
+    Every setting the code reads when it loads is checked first, whatever the command:
+    a bad one is bad input (one line, exit 2), not a traceback from deep in an import.
     """
+    ctx = Context.from_process()
     try:
-        code = run(argv, Context.from_process())
+        check_load_time_settings()
+    except SettingsError as exc:
+        return ctx.fail(str(exc), EXIT_USAGE)
+    try:
+        code = run(argv, ctx)
         sys.stdout.flush()
     except BrokenPipeError:
         # Python flushes stdout again at exit and would report the same broken pipe:
@@ -90,7 +102,14 @@ def run(argv: Sequence[str] | None, ctx: Context) -> int:
         return args.handler(args, ctx)
     except SystemExit as exc:  # --help and friends
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    except (UsageError, SecretsKeyError, WarehouseLocked, RegistryError, ValueError) as exc:
+    except (
+        UsageError,
+        SecretsKeyError,
+        WarehouseLocked,
+        WarehouseUnreadable,
+        RegistryError,
+        ValueError,
+    ) as exc:
         return ctx.fail(str(exc), EXIT_USAGE)
     except MetaError as exc:
         return ctx.fail(f"Meta: {exc}", EXIT_USAGE)

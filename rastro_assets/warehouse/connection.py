@@ -41,6 +41,12 @@ PIPELINE_FILE_MODE = 0o600
 PIPELINE_DIR_MODE = 0o700
 """A directory made for the pipeline's file: only its owner lists or changes it."""
 
+PIPELINE_STORAGE_VERSION = "v1.5.0"
+"""The storage a new pipeline file is written in: the newest the DuckDB shell the README
+installs (`.venv/bin/duckdb`, duckdb-cli 1.5) reads, so the operators' documented queries
+run in it. DuckDB 2 would otherwise write its own, which no 1.x release opens. A file keeps
+the storage it was created with: one an earlier release created in DuckDB 2's stays so."""
+
 _LOCK_HOLDER = re.compile(r"Conflicting lock is held in (?P<exe>.+?) \(PID (?P<pid>\d+)\)")
 
 
@@ -66,6 +72,19 @@ class WarehouseLocked(Exception):
             f" for {waited_seconds:.1f} s. It is the pipeline's own file: query the analytics"
             f" snapshot instead ({snapshot_path}, or `rastro sql`), which stays open"
             " as long as you like; close any session on the pipeline's file, then retry"
+        )
+
+
+class WarehouseUnreadable(duckdb.IOException):
+    """RASTRO_DUCKDB_PATH names something DuckDB cannot open as a database: a directory, a
+    file of another kind, a truncated one. Bad input, so a `duckdb.Error` all the same."""
+
+    def __init__(self, path: str, reason: BaseException) -> None:
+        self.path = os.path.abspath(path)
+        detail = " ".join(str(reason).split())
+        super().__init__(
+            f"the warehouse {self.path} (RASTRO_DUCKDB_PATH) cannot be opened as the pipeline's"
+            f" DuckDB file: {detail}"
         )
 
 
@@ -191,7 +210,7 @@ class Warehouse:
             except duckdb.IOException as exc:
                 match = _LOCK_HOLDER.search(str(exc))
                 if match is None:
-                    raise
+                    raise WarehouseUnreadable(self.path, exc) from exc
                 holder, pid = match["exe"], int(match["pid"])
             else:
                 try:
@@ -221,13 +240,30 @@ class Warehouse:
             return duckdb.connect(self.path, read_only=True)
         _private_umask.acquire()
         try:
-            Path(self.path).parent.mkdir(mode=PIPELINE_DIR_MODE, parents=True, exist_ok=True)
+            try:
+                Path(self.path).parent.mkdir(mode=PIPELINE_DIR_MODE, parents=True, exist_ok=True)
+            except OSError as exc:
+                raise WarehouseUnreadable(self.path, exc) from exc
+            if not os.path.lexists(self.path):
+                _create(self.path)
             con = duckdb.connect(self.path, read_only=False)
         except BaseException:
             _private_umask.release()
             raise
         _PRIVATE.add(con)
         return con
+
+
+def _create(path: str) -> None:
+    """Create the file in `PIPELINE_STORAGE_VERSION`, with a connection of its own.
+
+    The storage a file is created in is kept by every later connection, whatever its
+    settings; and within one process DuckDB refuses a second connection to a file whose
+    settings differ from the open one's, so the others open it with none.
+    """
+    duckdb.connect(
+        path, config={"storage_compatibility_version": PIPELINE_STORAGE_VERSION}
+    ).close()
 
 
 class _PrivateUmask:

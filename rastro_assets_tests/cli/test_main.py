@@ -42,3 +42,66 @@ def test_a_closed_pipe_ends_quietly(args, warehouse, now):
     result = run_into_closed_pipe(args, env)
     assert result.stderr == ""
     assert result.returncode == EXIT_BROKEN_PIPE == 141
+
+
+BAD_SETTINGS = [
+    ("RASTRO_ACCOUNT_SHARDS", "abc"),
+    ("RASTRO_ACCOUNT_SHARDS", "0"),
+    ("RASTRO_PARTITIONS_START", "yesterday"),
+    ("RASTRO_IDLE_LIVE_INTERVAL_MINUTES", "1"),
+    ("RASTRO_SENSOR_INTERVAL_SECONDS", "abc"),
+    ("RASTRO_SYNC_LEASE_SECONDS", "x"),
+    ("RASTRO_RETENTION_INTERVAL_SECONDS", "soon"),
+    ("RASTRO_RUN_RETENTION_HOURS", "-1"),
+    ("RASTRO_SYNC_RUN_RETENTION_DAYS", "nan"),
+]
+
+
+def run_script(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+@pytest.mark.parametrize(("name", "value"), BAD_SETTINGS)
+@pytest.mark.parametrize("args", [["status"], ["keygen"]])
+def test_a_bad_setting_is_one_line_and_exit_2_whatever_the_command(
+    name, value, args, warehouse
+):
+    env = {**os.environ, "RASTRO_DUCKDB_PATH": str(warehouse.path), name: value}
+    result = run_script(args, env)
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith("rastro: error: ") and name in line and repr(value) in line, line
+
+
+def _directory(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def _not_duckdb(path: Path) -> Path:
+    path.write_text("site_id,name\ns1,one\n")
+    return path
+
+
+def _truncated(path: Path) -> Path:
+    from rastro_assets.warehouse.connection import Warehouse
+
+    whole = path.with_name("whole.duckdb")
+    Warehouse(whole).migrate()
+    path.write_bytes(whole.read_bytes()[:10_000])
+    return path
+
+
+@pytest.mark.parametrize("make", [_directory, _not_duckdb, _truncated])
+@pytest.mark.parametrize("args", [["status"], ["site", "add", "s1"]])
+def test_a_warehouse_path_that_is_no_duckdb_file_is_one_line_and_exit_2(make, args, tmp_path):
+    path = make(tmp_path / "rastro.duckdb")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    env = {**os.environ, "RASTRO_DUCKDB_PATH": os.path.relpath(path)}
+    result = run_script(args, env)
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith("rastro: error: the warehouse ") and f" {path} " in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -235,3 +235,57 @@ def test_transaction_after_a_failed_statement_rolls_back(con: duckdb.DuckDBPyCon
     with transaction(con):
         con.execute("INSERT INTO sites VALUES ('s3', 'three', now())")
     assert con.execute("SELECT count(*) FROM sites").fetchone() == (2,)
+
+
+def test_a_path_duckdb_cannot_open_is_bad_input_naming_the_absolute_path(tmp_path, monkeypatch):
+    from rastro_assets.warehouse.connection import WarehouseUnreadable
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-directory").mkdir()
+    (tmp_path / "text.duckdb").write_text("not a database\n")
+    Warehouse(tmp_path / "whole.duckdb").migrate()
+    (tmp_path / "cut.duckdb").write_bytes((tmp_path / "whole.duckdb").read_bytes()[:10_000])
+    (tmp_path / "a-file").write_text("")
+    for name in ("a-directory", "text.duckdb", "cut.duckdb", "a-file/below.duckdb"):
+        for read_only in (False, True):
+            with pytest.raises(WarehouseUnreadable) as refused, Warehouse(name).connect(
+                read_only=read_only
+            ):
+                pass
+            assert f"the warehouse {tmp_path / name} (RASTRO_DUCKDB_PATH)" in str(refused.value)
+            assert isinstance(refused.value, duckdb.Error)
+
+
+def _opens_in(path: str, storage: str) -> bool:
+    """Whether the file's storage is `storage` or older: DuckDB refuses to attach a file
+    with a storage version lower than the file's own."""
+    with duckdb.connect() as probe:
+        try:
+            probe.execute(f"ATTACH ? AS p (READ_ONLY, STORAGE_VERSION '{storage}')", [path])
+        except duckdb.InvalidInputException as exc:
+            assert "cannot be lowered" in str(exc)
+            return False
+    return True
+
+
+def test_a_new_file_is_written_in_the_storage_of_the_operators_shell(tmp_path):
+    from rastro_assets.warehouse.connection import PIPELINE_STORAGE_VERSION
+
+    warehouse = Warehouse(tmp_path / "rastro.duckdb")
+    with warehouse.connect() as con:
+        con.execute("INSERT INTO sites VALUES ('s1', 'one', now())")
+    assert _opens_in(warehouse.path, PIPELINE_STORAGE_VERSION)
+
+
+def test_a_file_already_in_a_newer_storage_keeps_it_and_opens(tmp_path):
+    from rastro_assets.warehouse.connection import PIPELINE_STORAGE_VERSION
+
+    path = str(tmp_path / "rastro.duckdb")
+    duckdb.connect(path, config={"storage_compatibility_version": "latest"}).close()
+    assert not _opens_in(path, PIPELINE_STORAGE_VERSION)
+    warehouse = Warehouse(path)
+    with warehouse.connect() as con:
+        con.execute("INSERT INTO sites VALUES ('s1', 'one', now())")
+    with warehouse.connect(read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM sites").fetchone() == (1,)
+    assert not _opens_in(path, PIPELINE_STORAGE_VERSION)
