@@ -91,15 +91,17 @@ def open_snapshot(
     and its configuration is locked (`lock_down`).
 
     Never creates a file: a missing snapshot raises `SnapshotMissing`. Refuses
-    (`NotTheSnapshot`) a path that is the pipeline's own file (`pipeline_path`),
-    since even a read-only session there would hold up the pipeline's writers.
+    (`NotTheSnapshot`) a path that is the pipeline's own file (`pipeline_path`), and any
+    file that holds the pipeline's own tables whatever its path (a symlink, a copy, a
+    guessed `data/analytics.duckdb`), since the pipeline's file holds the sealed tokens and
+    even a read-only session there would hold up the pipeline's writers.
     """
     path = Path(path)
     if pipeline_path is not None:
         check_not_the_pipeline_file(path, pipeline_path)
     if not path.is_file():
         raise SnapshotMissing(missing_message(path, pipeline_path))
-    con = duckdb.connect(config=dict(NO_EXTENSIONS))
+    con = sandbox_connection()
     try:
         try:
             con.execute(f"ATTACH ? AS {CATALOG} (READ_ONLY)", [str(path)])
@@ -107,6 +109,9 @@ def open_snapshot(
             if not path.is_file():  # removed between the check and the open
                 raise SnapshotMissing(missing_message(path, pipeline_path)) from exc
             raise
+        # Checked on the file DuckDB opened, so no rename or symlink swap after the path
+        # checks above can slip the pipeline's file in; a refusal closes it at once.
+        refuse_pipeline_tables(con, path)
         con.execute(f"USE {CATALOG}")
         lock_down(con)
         yield con
@@ -123,18 +128,97 @@ NO_EXTENSIONS = {
 """A connection's settings that keep every extension out: nothing installed from the
 network, nothing loaded behind a query's back (an `http://` path would load httpfs)."""
 
+NO_SPILLING = {"temp_directory": ""}
+"""DuckDB's default spill directory is `.tmp` in the working directory, and once external
+access is off DuckDB allows whatever that resolves to, so a `.tmp` symlink to `/` would open
+the whole disk. With none, a query that outgrows memory fails instead of spilling."""
+
+PIPELINE_ONLY_TABLES = (
+    "meta_connections",
+    "meta_sync_runs",
+    "schema_version",
+    "analytics_snapshot_state",
+)
+"""Tables the pipeline's file has and a snapshot never does."""
+
+
+class SandboxUnavailable(RuntimeError):
+    """This DuckDB did not close the connection as `lock_down` requires."""
+
+
+def sandbox_connection() -> duckdb.DuckDBPyConnection:
+    """An in-memory connection that loads no extension, spills nowhere, and allows no
+    directory and no path of its own: only what it attaches before `lock_down`."""
+    con = duckdb.connect(config={**NO_EXTENSIONS, **NO_SPILLING})
+    try:
+        con.execute("SET allowed_directories = []")
+        con.execute("SET allowed_paths = []")
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def refuse_pipeline_tables(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Raise `NotTheSnapshot` when the database attached as `CATALOG` holds a table only the
+    pipeline's file has."""
+    marks = ", ".join("?" * len(PIPELINE_ONLY_TABLES))
+    found = [
+        name
+        for (name,) in con.execute(
+            "SELECT DISTINCT table_name FROM information_schema.tables"
+            f" WHERE table_catalog = ? AND table_name IN ({marks}) ORDER BY 1",
+            [CATALOG, *PIPELINE_ONLY_TABLES],
+        ).fetchall()
+    ]
+    if found:
+        raise NotTheSnapshot(
+            f"{os.path.abspath(path)} holds the pipeline's own tables ({', '.join(found)}), so"
+            " it is not the analytics snapshot: point RASTRO_ANALYTICS_PATH at the snapshot"
+            " the pipeline publishes"
+        )
+
 
 def lock_down(con: duckdb.DuckDBPyConnection) -> None:
     """Close the connection to everything but the databases it has attached.
 
-    With external access off, DuckDB refuses any path or URL it has not attached: its
+    With external access off, DuckDB refuses any URL and any path it does not allow: its
     file functions (`read_text`, `read_blob`, `read_csv`, `glob`...), `COPY`, `ATTACH`,
-    `INSTALL` and `LOAD`. Set after the snapshot is attached (the setting would refuse
-    the snapshot itself, and its write-ahead log), then locked, so no query turns it
-    back on.
+    `INSTALL` and `LOAD`. But it then allows each attached file and its write-ahead log's
+    names, following symlinks, and those names stay in `allowed_paths` for good: a symlink
+    planted at `<snapshot>.wal`, or a snapshot path retargeted after the attach, would name
+    any file. So the local file system is switched off as well; the attached snapshot
+    keeps reading through the handle DuckDB already holds. Set after the snapshot is
+    attached, then locked, so no query turns any of it back on; then checked, since a
+    DuckDB that ignored a setting would leave the disk open.
     """
     con.execute("SET enable_external_access = false")
+    con.execute("SET disabled_filesystems = 'LocalFileSystem'")
     con.execute("SET lock_configuration = true")
+    check_locked_down(con)
+
+
+def check_locked_down(con: duckdb.DuckDBPyConnection) -> None:
+    """Raise `SandboxUnavailable` unless no directory is allowed, nothing spills, and no
+    path, the allowed ones included, can be listed."""
+    directories, temp_directory, paths = con.execute(
+        "SELECT current_setting('allowed_directories'), current_setting('temp_directory'),"
+        " current_setting('allowed_paths')"
+    ).fetchone()
+    if directories or temp_directory:
+        raise SandboxUnavailable(
+            f"DuckDB {duckdb.__version__} kept allowed_directories={directories!r},"
+            f" temp_directory={temp_directory!r} after the sandbox was locked; refusing to run"
+        )
+    for probe in ["/", *paths]:
+        try:
+            con.execute("SELECT count(*) FROM glob(?)", [probe]).fetchall()
+        except duckdb.PermissionException:
+            continue
+        raise SandboxUnavailable(
+            f"DuckDB {duckdb.__version__} still lists {probe} after the sandbox was locked;"
+            " refusing to run"
+        )
 
 
 # spend ----------------------------------------------------------------------

@@ -7,9 +7,10 @@ run (`SELECT` and its kin: `FROM`, `WITH`, `VALUES`, `SHOW`, `DESCRIBE`,
 `SUMMARIZE`, `PIVOT`, `EXPLAIN`, `PRAGMA`), one per call; `INSERT`, `COPY`,
 `ATTACH`, `SET`, `CALL` (`CHECKPOINT` is one) and the like are refused before
 anything runs. The connection is read-only as well, and sandboxed
-(`open_snapshot`): a query that names any other file, a URL or an extension
-(`read_text`, `read_blob`, `glob`, `read_csv` of a path, `http://`...) is
-refused with one line naming what it tried.
+(`open_snapshot`), whatever the working directory holds: a query that names
+any other file, a URL or an extension (`read_text`, `read_blob`, `glob`,
+`read_csv` of a path, `http://`...) is refused with one line naming what it
+tried.
 
 Output, all of it exact:
 
@@ -22,9 +23,10 @@ Output, all of it exact:
   are ISO 8601 (timestamps with their offset); intervals are ISO 8601
   durations; blobs are base64 strings; NaN and infinities are strings.
 - `--output FILE.parquet`: the sandboxed query hands its result over as Arrow
-  batches, and a second DuckDB connection, allowed to write that one file
-  and nothing else, writes them (a decimal stays a decimal); it prints one
-  line with the row count. The file appears whole or not at all.
+  batches, and a second DuckDB connection, allowed to write one file in a
+  private staging directory and nothing else, writes them (a decimal stays a
+  decimal); it prints one line with the row count. The file appears whole or
+  not at all, and never over an existing file unless `--replace` says so.
 
 The result is read whole before anything is printed, so a query that fails
 half way prints nothing but its error; for large results, use `--output`.
@@ -35,10 +37,13 @@ from __future__ import annotations
 import argparse
 import base64
 import csv
+import errno
 import io
 import json
 import math
 import os
+import shutil
+import tempfile
 import unicodedata
 from collections.abc import Sequence
 from datetime import date, datetime, time, timedelta
@@ -52,9 +57,10 @@ import pyarrow
 
 from rastro_assets.analytics.frames import (
     NO_EXTENSIONS,
+    NO_SPILLING,
     NotTheSnapshot,
+    SandboxUnavailable,
     SnapshotMissing,
-    lock_down,
     open_snapshot,
 )
 from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
@@ -92,12 +98,19 @@ def add_sql(subparsers: Subparsers) -> None:
         metavar="FILE.parquet",
         help="write the result to a Parquet file instead of printing it",
     )
+    parser.add_argument(
+        "--replace",
+        action="store_true",
+        help="with --output: replace the file if it exists (refused otherwise)",
+    )
 
 
 def _sql(args: argparse.Namespace, ctx: Context) -> int:
     query = ctx.stdin.read() if args.query == "-" else args.query
     query, kind = _one_reading_statement(query)
-    output = _output_path(args.output) if args.output is not None else None
+    output = _output_path(args.output, args.replace) if args.output is not None else None
+    if args.replace and output is None:
+        raise UsageError("--replace is for --output FILE.parquet")
     if output is not None and args.format is not None:
         raise UsageError("--format is for printed results; --output always writes Parquet")
     if output is not None and kind is not duckdb.StatementType.SELECT:
@@ -107,18 +120,19 @@ def _sql(args: argparse.Namespace, ctx: Context) -> int:
     try:
         with open_snapshot(snapshot_path, pipeline_path=settings.duckdb_path) as con:
             if output is not None:
-                count = _write_parquet(con, query, output)
+                count = _write_parquet(con, query, output, replace=args.replace)
             else:
                 result = con.execute(query)
                 names = [column[0] for column in result.description or []]
                 rows = result.fetchall() if names else []
-    except (SnapshotMissing, NotTheSnapshot) as exc:
+    except (SnapshotMissing, NotTheSnapshot, SandboxUnavailable) as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:  # the snapshot's directory or the output's, unreadable
         raise UsageError(f"{exc.filename or snapshot_path}: {exc.strerror}") from None
     except duckdb.PermissionException as exc:
+        tried = "".join(f" {name}" for name in _places_named(query))
         raise UsageError(
-            f"rastro sql reads the analytics snapshot and nothing else; refused: {exc}"
+            f"rastro sql reads the analytics snapshot and nothing else; refused{tried}: {exc}"
         ) from None
     except duckdb.Error as exc:
         raise UsageError(str(exc)) from None
@@ -158,7 +172,24 @@ def _one_reading_statement(query: str) -> tuple[str, duckdb.StatementType]:
     return query, statement.type
 
 
-def _output_path(raw: str) -> Path:
+def _places_named(query: str) -> list[str]:
+    """The query's string literals that look like a path or a URL, quoted: what a refused
+    query tried to reach. DuckDB's own refusal cannot say it, since the whole local file
+    system is switched off before it compares a path with anything."""
+    tokens = duckdb.tokenize(query)
+    ends = [start for start, _ in tokens[1:]] + [len(query)]
+    places = []
+    for (start, kind), end in zip(tokens, ends, strict=True):
+        text = query[start:end].strip()
+        if kind != duckdb.token_type.string_const or not any(c in text for c in "/\\.~:"):
+            continue
+        if len(text) >= 2 and text[0] == text[-1] == "'":
+            text = "'" + text[1:-1].replace("''", "'") + "'"
+        places.append(text)
+    return places
+
+
+def _output_path(raw: str, replace: bool) -> Path:
     path = Path(raw)
     if path.suffix.lower() != OUTPUT_SUFFIX:
         raise UsageError(
@@ -169,29 +200,75 @@ def _output_path(raw: str) -> Path:
         raise UsageError(f"--output {raw!r} is a directory")
     if not path.parent.is_dir():
         raise UsageError(f"--output {raw!r}: the directory {path.parent} does not exist")
+    if os.path.lexists(path) and not replace:
+        raise UsageError(_exists(path))
     return path
 
 
-def _write_parquet(con: duckdb.DuckDBPyConnection, query: str, output: Path) -> int:
-    """Write beside the target, then rename: a failure leaves no half-written file.
+def _exists(path: Path) -> str:
+    return f"--output {os.path.abspath(path)} already exists; add --replace to replace it"
+
+
+def _write_parquet(
+    con: duckdb.DuckDBPyConnection, query: str, output: Path, *, replace: bool
+) -> int:
+    """Write in a private staging directory beside the target, then move it in: a failure
+    leaves no half-written file, and without `replace` an existing file is never touched.
 
     The query's connection is sandboxed and cannot write a file, so it streams its
     result to a writer connection that runs only this module's own `COPY`, and may
-    touch the temporary file and nothing else.
+    touch the staged file and nothing else. The staging directory is new and only ours
+    (mkdtemp), so no name planted in the output's directory decides what is written.
     """
-    temporary = (output.parent.resolve() / f".{output.name}.{os.getpid()}.tmp").as_posix()
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent.resolve()))
+    staged = (staging / output.name).as_posix()
     try:
         batches = pyarrow.RecordBatchReader.from_stream(con.sql(query))
-        with duckdb.connect(config=dict(NO_EXTENSIONS)) as writer:
-            writer.execute("SET allowed_paths = ?", [[temporary]])
-            lock_down(writer)
+        with duckdb.connect(config={**NO_EXTENSIONS, **NO_SPILLING}) as writer:
+            writer.execute("SET allowed_directories = []")
+            writer.execute("SET allowed_paths = ?", [[staged]])
+            writer.execute("SET enable_external_access = false")
+            writer.execute("SET lock_configuration = true")
             writer.register("result", batches)
-            target = temporary.replace("'", "''")
+            target = staged.replace("'", "''")
             count = writer.execute(f"COPY result TO '{target}' (FORMAT parquet)").fetchone()[0]
-        os.replace(temporary, output)
+        _move_in(Path(staged), output, replace=replace)
     finally:
-        Path(temporary).unlink(missing_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
     return count
+
+
+def _move_in(staged: Path, output: Path, *, replace: bool) -> None:
+    """Give `staged` the name `output`, whole. Without `replace`, a hard link: it fails
+    when the name exists, even if it appeared since the check before the query, and a
+    symlink there is never followed."""
+    if replace:
+        os.replace(staged, output)
+        return
+    try:
+        os.link(staged, output, follow_symlinks=False)
+    except FileExistsError:
+        raise UsageError(_exists(output)) from None
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        _copy_exclusively(staged, output)
+
+
+def _copy_exclusively(staged: Path, output: Path) -> None:
+    """For file systems without hard links: create `output` only if no file has the name,
+    and remove it again if the copy fails."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        descriptor = os.open(output, flags, 0o666)
+    except FileExistsError:
+        raise UsageError(_exists(output)) from None
+    try:
+        with os.fdopen(descriptor, "wb") as target, staged.open("rb") as source:
+            shutil.copyfileobj(source, target)
+    except BaseException:
+        output.unlink(missing_ok=True)
+        raise
 
 
 # printing -------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from datetime import date, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -23,6 +24,12 @@ from rastro_assets.sync.types import SyncRequest
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.analytics.helpers import WEEK, publish_week
+from rastro_assets_tests.analytics.sandbox import (
+    KEY_TEXT,
+    analyst_folder,
+    assert_a_writer_opens_it_now,
+    listing,
+)
 from rastro_fake_graph.world import Figures
 
 METRICS = ["currency", "spend", "impressions", "clicks", "conversations"]
@@ -358,3 +365,92 @@ def test_the_pipelines_file_is_refused(warehouse, duckdb_path: Path):
     relative = Path(os.path.relpath(duckdb_path))
     with pytest.raises(NotTheSnapshot), open_snapshot(relative, pipeline_path=duckdb_path):
         pass
+
+
+# An analyst's folder decides nothing the sandbox may reach ----------------------------------
+
+
+@pytest.fixture
+def key_file(duckdb_path: Path) -> Path:
+    key = duckdb_path.parent / "secrets.key"
+    key.write_text(KEY_TEXT)
+    return key
+
+
+def spill_targets(key_file: Path) -> dict[str, Path]:
+    return {"root": Path("/"), "the key's folder": key_file.parent}
+
+
+@pytest.mark.parametrize("target", ["root", "the key's folder"])
+def test_a_tmp_symlink_in_the_working_directory_opens_nothing(
+    snapshot_path, duckdb_path, key_file, tmp_path, monkeypatch, target
+):
+    folder = analyst_folder(tmp_path, spill_targets(key_file)[target])
+    monkeypatch.chdir(folder)
+    snap = Snapshot(snapshot_path, environ={"RASTRO_DUCKDB_PATH": str(duckdb_path)})
+    before = listing(key_file.parent)
+    reaching = [
+        "SELECT content FROM read_text('/proc/self/environ')",
+        f"SELECT content FROM read_text('{key_file}')",
+        f"SELECT content FROM read_blob('{duckdb_path}')",
+        f"SELECT * FROM glob('{key_file.parent}/*')",
+        f"SELECT * FROM read_csv('{key_file}', header = false)",
+        f"ATTACH '{duckdb_path}' AS pipeline (READ_ONLY)",
+        f"COPY (SELECT 1) TO '{key_file.parent}/dropped.csv'",
+        "SELECT content FROM read_text('.tmp/etc/passwd')",
+    ]
+    for query in reaching:
+        with pytest.raises(duckdb.PermissionException) as refused:
+            snap.sql(query)
+        assert KEY_TEXT not in str(refused.value)
+    assert snap.status().height == 2 and snap.spend(*WEEK).height > 0
+    with snap.connect() as con:
+        assert con.execute(
+            "SELECT current_setting('allowed_directories'), current_setting('temp_directory')"
+        ).fetchone() == ([], "")
+        for setting in ("temp_directory = '/'", "allowed_directories = ['/']"):
+            with pytest.raises(duckdb.InvalidInputException, match="locked"):
+                con.execute(f"SET {setting}")
+    assert listing(key_file.parent) == before
+
+
+def test_attach_of_the_pipelines_file_is_refused_whatever_the_folder(
+    snap, duckdb_path, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(analyst_folder(tmp_path, Path("/")))
+    with snap.connect() as con:
+        with pytest.raises(duckdb.PermissionException):
+            con.execute("ATTACH ? AS pipeline (READ_ONLY)", [str(duckdb_path)])
+        with pytest.raises(duckdb.CatalogException):
+            con.execute("SELECT * FROM pipeline.meta_connections")
+        attached = con.execute("SELECT database_name FROM duckdb_databases()").fetchall()
+        assert "pipeline" not in {name for (name,) in attached}
+
+
+def test_no_function_reads_the_environment(snap, secrets_key):
+    with pytest.raises(duckdb.CatalogException):
+        snap.sql("SELECT getenv('RASTRO_SECRETS_KEY')")
+    settings = snap.sql("SELECT name, value FROM duckdb_settings()")
+    assert not any(secrets_key in str(value) for value in settings["value"])
+
+
+def test_a_file_with_the_pipelines_tables_is_refused_at_any_path(
+    snap, warehouse, duckdb_path, tmp_path, syncer
+):
+    """A copy, and a link under another name while RASTRO_DUCKDB_PATH names another file:
+    both hold `meta_connections`, so neither is a snapshot."""
+    copy = tmp_path / "analysts" / "copy.duckdb"
+    shutil.copyfile(duckdb_path, copy)
+    link = tmp_path / "analysts" / "looks-like-a-snapshot.duckdb"
+    link.symlink_to(duckdb_path)
+    elsewhere = {"RASTRO_DUCKDB_PATH": str(tmp_path / "elsewhere" / "rastro.duckdb")}
+    for path in (copy, link, Path(os.path.relpath(link))):
+        with pytest.raises(NotTheSnapshot) as refused:
+            Snapshot(path, environ=elsewhere).status()
+        message = str(refused.value)
+        assert message.startswith(f"{os.path.abspath(path)} holds the pipeline's own tables")
+        assert "meta_connections" in message and "\n" not in message
+        with pytest.raises(NotTheSnapshot), open_snapshot(path):
+            pass
+        # The refusal let go of the file at once: the pipeline's writers are not held up.
+        assert_a_writer_opens_it_now(duckdb_path)

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from rastro_assets.analytics.frames import Snapshot, SnapshotMissing
+from rastro_assets.analytics.frames import NotTheSnapshot, Snapshot, SnapshotMissing
 from rastro_assets_tests.analytics.helpers import publish_week
+from rastro_assets_tests.analytics.sandbox import assert_a_writer_opens_it_now
 from rastro_assets_tests.cli.conftest import assert_usage_error
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,4 +152,52 @@ def test_a_variable_wins_from_anywhere(rastro, project, elsewhere, monkeypatch):
     snapshot = {"RASTRO_ANALYTICS_PATH": str(project / "data" / "analytics.duckdb")}
     assert rastro("sql", COUNT_SITES, "--format", "csv", environ=snapshot)[:2] == (0, "n\n2\n")
     monkeypatch.setenv("RASTRO_ANALYTICS_PATH", snapshot["RASTRO_ANALYTICS_PATH"])
+    assert Snapshot().status().height == 2
+
+
+def test_a_guessed_snapshot_linked_to_the_pipelines_file_is_refused(
+    rastro, project, elsewhere, monkeypatch
+):
+    """No variable set: `data/analytics.duckdb` in the analyst's folder is a link to the
+    pipeline's file. Nothing of it is read, and no session is left holding it."""
+    pipeline = project / "data" / "rastro.duckdb"
+    (elsewhere / "data").mkdir()
+    (elsewhere / "data" / "analytics.duckdb").symlink_to(pipeline)
+    monkeypatch.chdir(elsewhere)
+    for query in ("SELECT connection_id, status FROM meta_connections", COUNT_SITES):
+        assert_usage_error(
+            rastro("sql", query, "--format", "csv"),
+            str(elsewhere / "data" / "analytics.duckdb"),
+            "pipeline's own file",
+        )
+    with pytest.raises(NotTheSnapshot, match="pipeline's own file"):
+        Snapshot().status()
+    assert_a_writer_opens_it_now(pipeline)
+
+
+def test_a_guessed_snapshot_holding_the_pipelines_tables_is_refused(
+    rastro, project, elsewhere, monkeypatch
+):
+    """The same, through a copy of the pipeline's file under another name: its tables tell."""
+    other = elsewhere / "warehouse"
+    other.mkdir()
+    shutil.copyfile(project / "data" / "rastro.duckdb", other / "warehouse.duckdb")
+    (elsewhere / "data").mkdir()
+    (elsewhere / "data" / "analytics.duckdb").symlink_to(other / "warehouse.duckdb")
+    monkeypatch.chdir(elsewhere)
+    assert_usage_error(
+        rastro("sql", "SELECT connection_id FROM meta_connections", "--format", "csv"),
+        f"{elsewhere / 'data' / 'analytics.duckdb'} holds the pipeline's own tables",
+    )
+    with pytest.raises(NotTheSnapshot, match="meta_connections"):
+        Snapshot().status()
+
+
+def test_a_guessed_snapshot_linked_to_the_real_one_still_reads(
+    rastro, project, elsewhere, monkeypatch
+):
+    (elsewhere / "data").mkdir()
+    (elsewhere / "data" / "analytics.duckdb").symlink_to(project / "data" / "analytics.duckdb")
+    monkeypatch.chdir(elsewhere)
+    assert rastro("sql", COUNT_SITES, "--format", "csv") == (0, "n\n2\n", "")
     assert Snapshot().status().height == 2

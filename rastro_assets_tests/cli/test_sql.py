@@ -7,6 +7,7 @@ import csv
 import hashlib
 import io
 import json
+import shutil
 import subprocess
 import sys
 import unicodedata
@@ -20,6 +21,11 @@ import pytest
 from rastro_assets.cli.sql import _duration
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.analytics.helpers import publish_week
+from rastro_assets_tests.analytics.sandbox import (
+    analyst_folder,
+    assert_a_writer_opens_it_now,
+    listing,
+)
 from rastro_assets_tests.cli.conftest import assert_usage_error
 
 HOLDER = (
@@ -438,3 +444,90 @@ def display_columns(text: str) -> int:
         else 1
         for char in text
     )
+
+
+# An analyst's folder decides nothing the sandbox may reach ----------------------------------
+
+
+@pytest.mark.parametrize("target", ["root", "the key's folder"])
+def test_a_tmp_symlink_in_the_working_directory_opens_nothing(
+    rastro, snapshot_path, beside, tmp_path, monkeypatch, target
+):
+    key_folder = beside["key"].parent
+    folder = analyst_folder(tmp_path, Path("/") if target == "root" else key_folder)
+    monkeypatch.chdir(folder)
+    before = listing(key_folder)
+    reaching = {
+        "SELECT content FROM read_text('/proc/self/environ')": "/proc/self/environ",
+        f"SELECT content FROM read_text('{beside['key']}')": str(beside["key"]),
+        f"SELECT content FROM read_blob('{beside['pipeline']}')": str(beside["pipeline"]),
+        f"SELECT * FROM glob('{key_folder}/*')": f"{key_folder}/*",
+        "SELECT content FROM read_text('.tmp/etc/passwd')": ".tmp/etc/passwd",
+    }
+    for query, tried in reaching.items():
+        assert_usage_error(rastro("sql", query, "--format", "csv"), "nothing else", tried)
+        target_file = folder / "p.parquet"
+        line = assert_usage_error(rastro("sql", query, "--output", str(target_file)), tried)
+        assert KEY_TEXT not in line and not target_file.exists()
+    code, out, err = rastro(
+        "sql",
+        "SELECT current_setting('allowed_directories') AS d,"
+        " current_setting('temp_directory') AS t",
+        "--format",
+        "json",
+    )
+    assert (code, json.loads(out), err) == (0, [{"d": [], "t": ""}], "")
+    # The writer behind --output spills nowhere either, and writes only its file.
+    code, _, err = rastro("sql", SPEND, "--output", str(folder / "spend.parquet"))
+    assert (code, err) == (0, "")
+    assert listing(key_folder) == before
+    assert listing(folder) == [".tmp", "spend.parquet"]
+
+
+def test_a_snapshot_with_the_pipelines_tables_is_refused_at_any_path(
+    rastro, snapshot_path, duckdb_path: Path, tmp_path
+):
+    copy = tmp_path / "copy.duckdb"
+    shutil.copyfile(duckdb_path, copy)
+    link = tmp_path / "snapshot-of-sorts.duckdb"
+    link.symlink_to(duckdb_path)
+    # The pipeline's file under another name than RASTRO_DUCKDB_PATH says: its tables tell.
+    elsewhere = str(tmp_path / "elsewhere" / "rastro.duckdb")
+    for path in (copy, link):
+        line = assert_usage_error(
+            rastro(
+                "sql",
+                "SELECT connection_id, status FROM meta_connections",
+                environ={"RASTRO_ANALYTICS_PATH": str(path), "RASTRO_DUCKDB_PATH": elsewhere},
+            ),
+            f"{path} holds the pipeline's own tables",
+            "meta_connections",
+        )
+        assert "c1" not in line.split("meta_connections", 1)[1]
+    assert_a_writer_opens_it_now(duckdb_path)
+
+
+def test_output_never_replaces_a_file_unless_told(rastro, snapshot_path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "spend.parquet"
+    target.write_bytes(b"the analyst's own work")
+    line = assert_usage_error(
+        rastro("sql", SPEND, "--output", "spend.parquet"), str(target), "--replace"
+    )
+    assert "exists" in line
+    assert target.read_bytes() == b"the analyst's own work"
+    # A symlink there is a name taken too, and never written through.
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("untouched")
+    linked = tmp_path / "linked.parquet"
+    linked.symlink_to(elsewhere)
+    assert_usage_error(rastro("sql", SPEND, "--output", str(linked)), str(linked), "--replace")
+    assert elsewhere.read_text() == "untouched" and linked.is_symlink()
+
+    code, out, err = rastro("sql", SPEND, "--output", "spend.parquet", "--replace")
+    assert (code, err) == (0, ""), err
+    with duckdb.connect() as con:
+        back = con.execute("SELECT * FROM read_parquet(?) ORDER BY ALL", [str(target)]).fetchall()
+    assert back == in_snapshot(snapshot_path, SPEND)
+    assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith(".")) == []
+    assert_usage_error(rastro("sql", SPEND, "--replace"), "--replace", "--output")
