@@ -1,20 +1,26 @@
-"""Two runs SIGKILLed while they hold `meta_api` slots do not stop every later sync.
+"""Runs SIGKILLed while they hold `meta_api` slots do not stop every later sync.
 
 The repo's `dagster.yaml` caps Meta work at two slots of the `meta_api` pool. A run worker
 killed mid-step (an OOM kill, a host restart) never gives its slot back; run monitoring
 later marks the run failed, and only the monitoring daemon's slot sweep
 (`run_monitoring.free_slots_after_run_end_seconds`) frees what a finished run still holds.
 
-Here two wave runs each take a slot, stay in their step (Meta answers slowly) and are
+In each test two wave runs each take a slot, stay in their step (Meta answers slowly) and are
 SIGKILLed there. A third wave then waits on the pool ("Step blocked by limit for pool
 meta_api") until a real `dagster-daemon` on the repo's run monitoring settings fails the
 dead runs and frees their slots, and then it completes. Only the waits are shortened: the
-poll interval, the dead runs' `dagster/max_runtime`, and the sweep's delay where the config
-sets one.
+poll interval and the sweep's delay where the config sets one.
+
+- Runs no launcher started (`dagster job execute` processes, each its run's worker) leave
+  monitoring nothing to ask: it fails them once they outlive `dagster/max_runtime`, which
+  these dead runs have shortened.
+- Runs the instance's run launcher starts through a code server, killed with it (a host
+  restart, an OOM kill of the whole group), keep their `dagster/max_runtime` as shipped: the
+  launcher's health check must tell monitoring that their workers are gone.
 
 The daemon serves an empty workspace: the product's sensors would launch syncs of their
-own, and monitoring needs no code location. The runs are `dagster job execute` processes:
-each is its run's worker, as a process the run launcher starts would be.
+own, and monitoring needs no code location. The waiting sync is a `dagster job execute`
+process in both.
 """
 
 from __future__ import annotations
@@ -22,18 +28,25 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from contextlib import suppress
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
 import pytest
 import yaml
+from dagster._cli.job import _create_run
+from dagster._core.workspace.context import BaseWorkspaceRequestContext, WorkspaceProcessContext
+from dagster._core.workspace.load_target import GrpcServerTarget
+from dagster._grpc.client import DagsterGrpcClient
 
 from rastro_assets.analytics.publish import Publisher
+from rastro_assets.defs.keys import MAX_RUNTIME_TAG
 from rastro_assets.timekeeping import local_date
 from rastro_assets.vault import Vault
 from rastro_assets.warehouse import registry
@@ -48,16 +61,33 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 POOL = "meta_api"
 TIMEZONE = "UTC"
+JOB = "meta_sync_wave"
+LOCATION = "rastro"
 KILLED = ("act_201", "act_202")
 SURVIVOR = "act_203"
 # Long enough that a killed run is still in its step when it dies.
 SLOW_META_SECONDS = 120.0
-# The dead runs' runtime limit: monitoring fails them at its first poll after it.
+# The runtime limit of the dead runs no launcher started: monitoring fails them at its first
+# poll after it.
 DEAD_RUN_MAX_RUNTIME = 1
 POLL_SECONDS = 1
 SWEEP_SECONDS = 1
 START_SECONDS = 60
 FREED_SECONDS = 40
+
+
+@dataclass(frozen=True)
+class Stage:
+    """An instance home, a fake Meta with the three accounts, and their warehouse."""
+
+    tmp_path: Path
+    home: Path
+    world: FakeWorld
+    warehouse: Warehouse
+    snapshot_path: Path
+
+    def log(self, name: str) -> Path:
+        return self.tmp_path / f"{name}.log"
 
 
 def instance_config(home: Path) -> dict:
@@ -73,33 +103,62 @@ def instance_config(home: Path) -> dict:
     return config
 
 
-def wave(tmp_path: Path, env: dict, account: str, tags: dict, name: str) -> subprocess.Popen:
-    """A `meta_sync_wave` run of `account`'s last two days, as its own run worker."""
-    today = local_date(datetime.now(UTC), TIMEZONE)
-    config = {
-        "ops": {
-            "sync_wave": {
-                "config": {
-                    "syncs": [
-                        {
-                            "ad_account_id": account,
-                            "kind": "live",
-                            "since": (today - timedelta(days=1)).isoformat(),
-                            "until": today.isoformat(),
-                        }
-                    ]
-                }
-            }
-        }
+def stage(tmp_path: Path) -> Stage:
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(yaml.safe_dump(instance_config(home)))
+    (tmp_path / "empty_workspace.yaml").write_text("load_from: []\n")
+
+    world = FakeWorld(seed=5)
+    for account in (*KILLED, SURVIVOR):
+        world.add_account(account, timezone=TIMEZONE, currency="USD", n_ads=2, token=TOKEN)
+    warehouse = Warehouse(tmp_path / "rastro.duckdb")
+    warehouse.migrate()
+    vault = Vault.from_env()
+    now = datetime.now(UTC)
+    with warehouse.connect() as con:
+        registry.add_site(con, "s1", "Site one", now)
+        registry.save_connection(con, "c1", vault.seal("c1", TOKEN), now)
+        for account in (*KILLED, SURVIVOR):
+            registry.link_account(con, "s1", account, "c1", TIMEZONE, "USD", now)
+    snapshot_path = tmp_path / "analytics.duckdb"
+    Publisher(warehouse, snapshot_path).publish()
+    return Stage(tmp_path, home, world, warehouse, snapshot_path)
+
+
+def environment(staged: Stage, graph_url: str, secrets_key: str) -> dict:
+    return {
+        **os.environ,
+        "DAGSTER_HOME": str(staged.home),
+        "RASTRO_DUCKDB_PATH": str(staged.warehouse.path),
+        "RASTRO_META_GRAPH_URL": graph_url,
+        "RASTRO_SECRETS_KEY": secrets_key,
+        "RASTRO_ANALYTICS_PATH": str(staged.snapshot_path),
     }
-    config_file = tmp_path / f"{name}.yaml"
-    config_file.write_text(yaml.safe_dump(config))
+
+
+def sync_config(account: str) -> dict:
+    """Run config of a wave that syncs `account`'s last two days."""
+    today = local_date(datetime.now(UTC), TIMEZONE)
+    sync = {
+        "ad_account_id": account,
+        "kind": "live",
+        "since": (today - timedelta(days=1)).isoformat(),
+        "until": today.isoformat(),
+    }
+    return {"ops": {"sync_wave": {"config": {"syncs": [sync]}}}}
+
+
+def wave(staged: Stage, env: dict, account: str, tags: dict, name: str) -> subprocess.Popen:
+    """A `meta_sync_wave` run of `account`, as its own run worker."""
+    config_file = staged.tmp_path / f"{name}.yaml"
+    config_file.write_text(yaml.safe_dump(sync_config(account)))
     return subprocess.Popen(
         [str(BIN / "dagster"), "job", "execute", "-m", "rastro_assets.definitions",
-         "-j", "meta_sync_wave", "-c", str(config_file), "--tags", json.dumps(tags)],
+         "-j", JOB, "-c", str(config_file), "--tags", json.dumps(tags)],
         cwd=REPO,
         env=env,
-        stdout=(tmp_path / f"{name}.log").open("wb"),
+        stdout=staged.log(name).open("wb"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
@@ -132,103 +191,175 @@ def kill(process: subprocess.Popen) -> None:
     process.wait(timeout=30)
 
 
+def wait_until_killed_runs_hold_the_pool(
+    instance: dg.DagsterInstance, logs: list[Path]
+) -> set[str]:
+    holders = wait_for(
+        f"both runs to hold a {POOL} slot",
+        lambda: len(slot_holders(instance)) == 2 and slot_holders(instance),
+        START_SECONDS,
+        logs,
+    )
+    dead = {run_of(instance, account).run_id for account in KILLED}
+    assert holders == dead
+    return dead
+
+
+def next_sync_completes(
+    staged: Stage,
+    env: dict,
+    instance: dg.DagsterInstance,
+    dead: set[str],
+    processes: list[subprocess.Popen],
+) -> None:
+    """A sync waits on the pool the dead runs hold, until a daemon frees it; then it completes."""
+    staged.world.request_delay_seconds = 0.0
+    logs = [staged.log("next"), staged.log("daemon")]
+    survivor = wave(staged, env, SURVIVOR, {"test/account": SURVIVOR}, "next")
+    processes.append(survivor)
+    wait_for(
+        f"the next sync to wait on the {POOL} pool",
+        lambda: (run := run_of(instance, SURVIVOR)) is not None
+        and run.run_id in instance.event_log_storage.get_concurrency_info(POOL).pending_run_ids,
+        START_SECONDS,
+        logs[:1],
+    )
+    assert slot_holders(instance) == dead
+
+    daemon = subprocess.Popen(
+        [str(BIN / "dagster-daemon"), "run", "-w", str(staged.tmp_path / "empty_workspace.yaml")],
+        cwd=staged.tmp_path,
+        env=env,
+        stdout=logs[1].open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    processes.append(daemon)
+    wait_for(
+        f"the next sync to run, once the dead runs' {POOL} slots are freed",
+        lambda: survivor.poll() is not None,
+        FREED_SECONDS,
+        logs,
+    )
+    assert survivor.returncode == 0, logs[0].read_text(errors="replace")[-3000:]
+    for account in KILLED:
+        assert run_of(instance, account).status == dg.DagsterRunStatus.FAILURE
+    assert run_of(instance, SURVIVOR).status == dg.DagsterRunStatus.SUCCESS
+    assert slot_holders(instance) == set()
+
+
+def assert_only_the_next_sync_wrote(staged: Stage) -> None:
+    with staged.warehouse.connect(read_only=True) as con:
+        outcomes = con.execute(
+            "SELECT ad_account_id, outcome FROM meta_sync_runs WHERE outcome = 'ok'"
+        ).fetchall()
+    assert outcomes == [(SURVIVOR, "ok")]
+
+
 @pytest.mark.timeout(180)
 def test_two_runs_killed_holding_meta_api_slots_then_a_sync_completes(tmp_path, secrets_key):
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text(yaml.safe_dump(instance_config(home)))
-    (tmp_path / "empty_workspace.yaml").write_text("load_from: []\n")
-
-    world = FakeWorld(seed=5)
-    for account in (*KILLED, SURVIVOR):
-        world.add_account(account, timezone=TIMEZONE, currency="USD", n_ads=2, token=TOKEN)
-    warehouse = Warehouse(tmp_path / "rastro.duckdb")
-    warehouse.migrate()
-    vault = Vault.from_env()
-    now = datetime.now(UTC)
-    with warehouse.connect() as con:
-        registry.add_site(con, "s1", "Site one", now)
-        registry.save_connection(con, "c1", vault.seal("c1", TOKEN), now)
-        for account in (*KILLED, SURVIVOR):
-            registry.link_account(con, "s1", account, "c1", TIMEZONE, "USD", now)
-    snapshot_path = tmp_path / "analytics.duckdb"
-    Publisher(warehouse, snapshot_path).publish()
-
+    staged = stage(tmp_path)
     processes: list[subprocess.Popen] = []
-    logs = [tmp_path / f"{name}.log" for name in ("killed-0", "killed-1", "next", "daemon")]
-    with serve(world) as server, dg.DagsterInstance.from_config(str(home)) as instance:
-        env = {
-            **os.environ,
-            "DAGSTER_HOME": str(home),
-            "RASTRO_DUCKDB_PATH": str(warehouse.path),
-            "RASTRO_META_GRAPH_URL": server.base_url,
-            "RASTRO_SECRETS_KEY": secrets_key,
-            "RASTRO_ANALYTICS_PATH": str(snapshot_path),
-        }
+    with (
+        serve(staged.world) as server,
+        dg.DagsterInstance.from_config(str(staged.home)) as instance,
+    ):
+        env = environment(staged, server.base_url, secrets_key)
         try:
-            world.request_delay_seconds = SLOW_META_SECONDS
+            staged.world.request_delay_seconds = SLOW_META_SECONDS
             killed = [
                 wave(
-                    tmp_path,
+                    staged,
                     env,
                     account,
-                    {"dagster/max_runtime": str(DEAD_RUN_MAX_RUNTIME), "test/account": account},
+                    {MAX_RUNTIME_TAG: str(DEAD_RUN_MAX_RUNTIME), "test/account": account},
                     f"killed-{index}",
                 )
                 for index, account in enumerate(KILLED)
             ]
             processes += killed
-            holders = wait_for(
-                f"both runs to hold a {POOL} slot",
-                lambda: len(slot_holders(instance)) == 2 and slot_holders(instance),
-                START_SECONDS,
-                logs[:2],
+            dead = wait_until_killed_runs_hold_the_pool(
+                instance, [staged.log("killed-0"), staged.log("killed-1")]
             )
-            dead = {run_of(instance, account).run_id for account in KILLED}
-            assert holders == dead
             for process in killed:
                 kill(process)
                 assert process.returncode == -signal.SIGKILL
-            world.request_delay_seconds = 0.0
-
-            survivor = wave(tmp_path, env, SURVIVOR, {"test/account": SURVIVOR}, "next")
-            processes.append(survivor)
-            wait_for(
-                f"the next sync to wait on the {POOL} pool",
-                lambda: (run := run_of(instance, SURVIVOR)) is not None
-                and run.run_id
-                in instance.event_log_storage.get_concurrency_info(POOL).pending_run_ids,
-                START_SECONDS,
-                logs[2:3],
-            )
-            assert slot_holders(instance) == dead
-
-            daemon = subprocess.Popen(
-                [str(BIN / "dagster-daemon"), "run", "-w", str(tmp_path / "empty_workspace.yaml")],
-                cwd=tmp_path,
-                env=env,
-                stdout=logs[3].open("wb"),
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            processes.append(daemon)
-            wait_for(
-                f"the next sync to run, once the dead runs' {POOL} slots are freed",
-                lambda: survivor.poll() is not None,
-                FREED_SECONDS,
-                logs[2:],
-            )
-            assert survivor.returncode == 0, logs[2].read_text(errors="replace")[-3000:]
-            for account in KILLED:
-                assert run_of(instance, account).status == dg.DagsterRunStatus.FAILURE
-            assert run_of(instance, SURVIVOR).status == dg.DagsterRunStatus.SUCCESS
-            assert slot_holders(instance) == set()
+            next_sync_completes(staged, env, instance, dead, processes)
         finally:
             for process in processes:
                 kill(process)
-            world.request_delay_seconds = 0.0
-    with warehouse.connect(read_only=True) as con:
-        outcomes = con.execute(
-            "SELECT ad_account_id, outcome FROM meta_sync_runs WHERE outcome = 'ok'"
-        ).fetchall()
-    assert outcomes == [(SURVIVOR, "ok")]
+            staged.world.request_delay_seconds = 0.0
+    assert_only_the_next_sync_wrote(staged)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return probe.getsockname()[1]
+
+
+def serves(port: int) -> bool:
+    with suppress(Exception):
+        DagsterGrpcClient(port=port, host="localhost").ping("")
+        return True
+    return False
+
+
+def launch(
+    instance: dg.DagsterInstance, context: BaseWorkspaceRequestContext, account: str
+) -> dg.DagsterRun:
+    """A wave run of `account`, started by the instance's run launcher as the daemon would."""
+    location = context.get_code_location(LOCATION)
+    (repository,) = location.get_repositories().values()
+    job = repository.get_full_job(JOB)
+    run = _create_run(
+        instance, location, repository, job, sync_config(account), {"test/account": account},
+        None, None,
+    )
+    return instance.launch_run(run.run_id, context)
+
+
+@pytest.mark.timeout(120)
+def test_runs_killed_with_their_code_server_fail_at_the_next_poll(tmp_path, secrets_key):
+    staged = stage(tmp_path)
+    processes: list[subprocess.Popen] = []
+    with (
+        serve(staged.world) as server,
+        dg.DagsterInstance.from_config(str(staged.home)) as instance,
+    ):
+        env = environment(staged, server.base_url, secrets_key)
+        try:
+            staged.world.request_delay_seconds = SLOW_META_SECONDS
+            port = free_port()
+            code_server = subprocess.Popen(
+                [str(BIN / "dagster"), "api", "grpc", "-m", "rastro_assets.definitions",
+                 "--host", "localhost", "--port", str(port), "--location-name", LOCATION],
+                cwd=REPO,
+                env=env,
+                stdout=staged.log("code-server").open("wb"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            processes.append(code_server)
+            server_logs = [staged.log("code-server")]
+            wait_for("the code server", lambda: serves(port), START_SECONDS, server_logs)
+            target = GrpcServerTarget(
+                host="localhost", port=port, socket=None, location_name=LOCATION
+            )
+            with WorkspaceProcessContext(instance, target) as workspace:
+                context = workspace.create_request_context()
+                for account in KILLED:
+                    launch(instance, context, account)
+            dead = wait_until_killed_runs_hold_the_pool(instance, server_logs)
+            for account in KILLED:
+                # Far beyond this test's waits: only the health check can fail these runs.
+                assert float(run_of(instance, account).tags[MAX_RUNTIME_TAG]) > 10 * FREED_SECONDS
+            # The code server and its run workers share its process group.
+            kill(code_server)
+            assert code_server.returncode == -signal.SIGKILL
+            next_sync_completes(staged, env, instance, dead, processes)
+        finally:
+            for process in processes:
+                kill(process)
+            staged.world.request_delay_seconds = 0.0
+    assert_only_the_next_sync_wrote(staged)
