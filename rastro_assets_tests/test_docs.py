@@ -140,6 +140,14 @@ def test_both_instances_monitor_runs_with_the_sensors_default_limit():
         assert monitoring["max_runtime_seconds"] == DEFAULT_MAX_RUNTIME_SECONDS
 
 
+def test_both_instances_free_the_slots_a_dead_run_holds():
+    """The monitoring daemon frees a finished run's pool slots only with this setting (0 or
+    missing: never), and a run killed mid-step finishes only as monitoring fails it."""
+    for instance in (load_yaml(REPO / "dagster.yaml"), load_yaml(DOCS / SCALED)):
+        free_after = instance["run_monitoring"].get("free_slots_after_run_end_seconds")
+        assert isinstance(free_after, int) and free_after > 0
+
+
 def test_the_scaled_instance_holds_no_secret():
     text = (DOCS / SCALED).read_text()
     postgres = load_yaml(DOCS / SCALED)["storage"]["custom"]["config"]["postgres_db"]
@@ -149,6 +157,17 @@ def test_the_scaled_instance_holds_no_secret():
 
 
 # docs/operations.md ---------------------------------------------------------
+
+
+def test_the_guides_services_keep_dagsters_files_private():
+    """Dagster's files follow the process umask: each unit denies group and others, and the
+    home they live in is the service user's only from its creation."""
+    text = GUIDE.read_text()
+    units = [unit for unit in re.findall(r"```ini\n(.*?)```", text, re.S) if "[Service]" in unit]
+    assert len(units) >= 2
+    for unit in units:
+        assert re.search(r"^UMask=0077$", unit, re.M), unit
+    assert "install -d -m 0700 -o rastro -g rastro /var/lib/rastro/dagster_home" in text
 
 
 def test_the_guide_explains_every_error_code():
