@@ -12,7 +12,11 @@ Answers follow the facts page's shapes. Choices where the page is silent:
 - reading an async report before `Job Completed` answers code 100;
 - paging cursors are opaque and bound to their query; a page may hold fewer
   rows than `limit` (about one page in four), and `limit` above
-  `MAX_PAGE_SIZE` is silently lowered.
+  `MAX_PAGE_SIZE` is silently lowered;
+- `/me/adaccounts` lists the accounts the token reads, by id; a business's
+  `owned_ad_accounts` and `client_ad_accounts` list those of its accounts the
+  token reads, and a token that reads none of a business's accounts (owned or
+  client) is refused `(#200)`, as one with no role in the business.
 """
 
 from __future__ import annotations
@@ -189,6 +193,10 @@ def _graph(request: _Request) -> FakeResponse:
                      "name": "Fake Rastro User"}
     elif request.endpoint == "ads_by_id":
         body = _ads_by_id(request)
+    elif request.endpoint == "adaccounts":
+        body = _account_listing(request, world.reachable(request.token or ""))
+    elif request.endpoint in ("owned_ad_accounts", "client_ad_accounts"):
+        body = _account_listing(request, _business_accounts(request, segments[0]))
     elif request.endpoint == "account":
         body = _account_node(request, _readable_account(request))
     elif request.endpoint == "ads":
@@ -235,6 +243,12 @@ def _route(request: _Request, segments: list[str]) -> None:
         return
     if head == "me" and len(segments) == 1:
         request.endpoint = "me"
+        return
+    if head == "me" and segments[1:] == ["adaccounts"]:
+        request.endpoint = "adaccounts"
+        return
+    if head.isdigit() and segments[1:] in (["owned_ad_accounts"], ["client_ad_accounts"]):
+        request.endpoint = segments[1]
         return
     job = world.job(head)
     if job is not None:
@@ -818,6 +832,35 @@ def _single_ad(request: _Request, ad_id: str) -> dict[str, Any]:
 
 
 def _account_node(request: _Request, account: FakeAccount) -> dict[str, Any]:
+    fields = _requested(request, ACCOUNT_FIELDS, DEFAULT_ACCOUNT_FIELDS, "AdAccount")
+    return _account_json(request, account, fields)
+
+
+def _account_listing(request: _Request, accounts: list[FakeAccount]) -> dict[str, Any]:
+    fields = _requested(request, ACCOUNT_FIELDS, DEFAULT_ACCOUNT_FIELDS, "AdAccount")
+    return _page(request, [_account_json(request, account, fields) for account in accounts])
+
+
+def _business_accounts(request: _Request, business_id: str) -> list[FakeAccount]:
+    world = request.world
+    if not world.is_business(business_id):
+        raise _Answer(_error(request, 400, 100, UNSUPPORTED_GET.format(id=business_id),
+                             subcode=33))
+    edge = world.owned_accounts if request.endpoint == "owned_ad_accounts" else (
+        world.client_accounts)
+    token = request.token or ""
+    ours = [*world.owned_accounts(business_id), *world.client_accounts(business_id)]
+    if not any(world.can_read(token, account.ad_account_id) for account in ours):
+        raise _Answer(_error(
+            request, 403, 200, "(#200) Requires business_management permission to manage the"
+            " object", error_type="OAuthException"))
+    return [account for account in edge(business_id)
+            if world.can_read(token, account.ad_account_id)]
+
+
+def _account_json(
+    request: _Request, account: FakeAccount, fields: Mapping[str, _Field]
+) -> dict[str, Any]:
     offset = request.world.now().astimezone(zone(account.timezone)).utcoffset()
     hours = offset.total_seconds() / 3600 if offset is not None else 0.0
     full = {
@@ -829,7 +872,6 @@ def _account_node(request: _Request, account: FakeAccount) -> dict[str, Any]:
         "timezone_offset_hours_utc": int(hours) if hours.is_integer() else hours,
         "account_status": account.account_status,
     }
-    fields = _requested(request, ACCOUNT_FIELDS, DEFAULT_ACCOUNT_FIELDS, "AdAccount")
     return _pick(full, fields, always=("id",))
 
 

@@ -286,7 +286,7 @@ def _throttles() -> dict[str, FailureSpec]:
 FAILURES = _failure_catalog()
 FAILURE_POINTS = frozenset(
     {"insights", "insights_page", "async", "report", "report_insights", "ads", "ads_by_id",
-     "account", "me", "thumbnail"}
+     "account", "me", "adaccounts", "owned_ad_accounts", "client_ad_accounts", "thumbnail"}
 )
 
 
@@ -353,6 +353,10 @@ def normalize_account(ad_account_id: str) -> str:
     return f"act_{digits}"
 
 
+def _by_number(ad_account_ids: Iterable[str]) -> list[str]:
+    return sorted(ad_account_ids, key=lambda act: int(act.removeprefix("act_")))
+
+
 def months_before(day: date, months: int) -> date:
     month_index = day.year * 12 + (day.month - 1) - months
     year, month = divmod(month_index, 12)
@@ -397,6 +401,7 @@ class FakeWorld:
         self.calls: Counter[str] = Counter()
         self.lock = threading.RLock()
         self._grants: dict[str, set[str]] = {}
+        self._client_accounts: dict[str, set[str]] = {}
         self._dead_tokens: dict[str, int | None] = {}
         self._overrides: dict[tuple[str, str, date], Figures | None] = {}
         self._failures: list[Failure] = []
@@ -604,6 +609,37 @@ class FakeWorld:
     def can_read(self, token: str, ad_account_id: str) -> bool:
         return ad_account_id in self._grants.get(token, set())
 
+    def reachable(self, token: str) -> list[FakeAccount]:
+        """The accounts `token` reads, as `/me/adaccounts` lists them (by id, numerically)."""
+        with self.lock:
+            granted = self._grants.get(token, set())
+            return [self.accounts[act] for act in _by_number(granted) if act in self.accounts]
+
+    # -- businesses -------------------------------------------------------------
+
+    def add_client_account(self, business_id: str, ad_account_id: str) -> None:
+        """`business_id` manages `ad_account_id` for its owner (an agency and its client)."""
+        with self.lock:
+            act = self._account(ad_account_id).ad_account_id
+            self._client_accounts.setdefault(str(business_id), set()).add(act)
+
+    def is_business(self, business_id: str) -> bool:
+        with self.lock:
+            return business_id in self._client_accounts or any(
+                account.business_id == business_id for account in self.accounts.values()
+            )
+
+    def owned_accounts(self, business_id: str) -> list[FakeAccount]:
+        with self.lock:
+            owned = [act for act, account in self.accounts.items()
+                     if account.business_id == business_id]
+            return [self.accounts[act] for act in _by_number(owned)]
+
+    def client_accounts(self, business_id: str) -> list[FakeAccount]:
+        with self.lock:
+            managed = self._client_accounts.get(business_id, set())
+            return [self.accounts[act] for act in _by_number(managed)]
+
     # -- failures -------------------------------------------------------------
 
     def fail(
@@ -621,7 +657,8 @@ class FakeWorld:
         Points: insights (a synchronous read's first page), insights_page (a
         later page), async (creating a report job; `job_failed`,
         `job_skipped`, `job_stuck` decide how the job ends instead), report,
-        report_insights, ads, ads_by_id, account, me, thumbnail. Errors: the
+        report_insights, ads, ads_by_id, account, me, adaccounts (any page of
+        `/me/adaccounts`), owned_ad_accounts, client_ad_accounts, thumbnail. Errors: the
         keys of `FAILURES`. `times=None` fails until `clear_failures()`.
         `skip` lets that many matching requests through first, so a failure
         can land in the middle of a sync.

@@ -3,6 +3,7 @@
 - `context`: what every command stands on (`Context`, `command()`,
   `UsageError`, exit codes, the parser, token scrubbing); it imports no command.
 - `registry`: `keygen`, `site add`, `connect`, `link`, `unlink`.
+- `accounts`: `accounts`, and `link` of many accounts at once.
 - `sql`: `sql`, one read-only query on the analytics snapshot.
 - `cadence`: `sync-now`, `status`, `plan`.
 - `shards`: `shard move`.
@@ -44,10 +45,11 @@ def registrars() -> list[Registrar]:
     """Every subcommand, in the order `rastro --help` lists them."""
     # Imported here, not with this package: the commands' modules read the settings fixed
     # when the code loads, and `main` reports a bad one as one line before they are loaded.
-    from rastro_assets.cli import cadence, registry, shards, sql, tools
+    from rastro_assets.cli import accounts, cadence, registry, shards, sql, tools
 
     return [
         *registry.REGISTRARS,
+        *accounts.REGISTRARS,
         *sql.REGISTRARS,
         *cadence.REGISTRARS,
         *shards.REGISTRARS,

@@ -2,7 +2,8 @@
 
 `connect` reads the token from stdin or a named environment variable, never
 argv, and seals it with the secrets key; `link` asks Meta for the account's
-timezone and currency unless both are given.
+timezone and currency unless both are given. A `link` of many accounts
+(several ids, `--all`, `--from-file`) is `accounts.link_many`'s.
 """
 
 from __future__ import annotations
@@ -149,13 +150,27 @@ def add_link(subparsers: Subparsers) -> None:
         subparsers,
         "link",
         _link,
-        "link a site to a Meta ad account synced through a connection",
+        "link a site to Meta ad accounts synced through a connection (one, many, or --all)",
     )
     parser.add_argument("site_id", metavar="SITE_ID")
-    parser.add_argument("ad_account_id", metavar="AD_ACCOUNT_ID", help="act_<digits> or digits")
+    parser.add_argument(
+        "ad_account_ids", nargs="*", metavar="AD_ACCOUNT_ID", help="act_<digits> or digits"
+    )
     parser.add_argument("--connection", required=True, metavar="CONNECTION_ID")
-    parser.add_argument("--timezone", metavar="IANA", help="the account's timezone (else Meta's)")
-    parser.add_argument("--currency", metavar="ISO", help="the account's currency (else Meta's)")
+    parser.add_argument(
+        "--all", action="store_true",
+        help="every account the connection's token reaches that no site links yet",
+    )
+    parser.add_argument(
+        "--from-file", metavar="F",
+        help="ids one a line (blank lines and # comments skipped; - reads stdin)",
+    )
+    parser.add_argument(
+        "--timezone", metavar="IANA", help="the accounts' timezone (else each one's, from Meta)"
+    )
+    parser.add_argument(
+        "--currency", metavar="ISO", help="the accounts' currency (else each one's, from Meta)"
+    )
     parser.add_argument(
         "--no-verify",
         action="store_true",
@@ -164,8 +179,17 @@ def add_link(subparsers: Subparsers) -> None:
 
 
 def _link(args: argparse.Namespace, ctx: Context) -> int:
+    if len(args.ad_account_ids) == 1 and not (args.all or args.from_file):
+        return _link_one(args, ctx, args.ad_account_ids[0])
+    # Imported here: only a link of many accounts reads Meta's listing.
+    from rastro_assets.cli.accounts import link_many
+
+    return link_many(args, ctx)
+
+
+def _link_one(args: argparse.Namespace, ctx: Context, raw_account_id: str) -> int:
     site_id = registry.validate_identifier("site id", args.site_id)
-    ad_account_id = normalize_account_id(args.ad_account_id)
+    ad_account_id = normalize_account_id(raw_account_id)
     connection_id = registry.validate_identifier("connection id", args.connection)
     timezone = registry.validate_timezone(args.timezone) if args.timezone is not None else None
     currency = registry.normalize_currency(args.currency) if args.currency is not None else None

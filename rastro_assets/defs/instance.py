@@ -7,7 +7,7 @@ command loads Dagster.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import dagster as dg
@@ -25,11 +25,24 @@ def add_account_partition(
     """Add `ad_account_id` to its shard's account partitions of the instance at DAGSTER_HOME
     (and, with several shards, to the catalog's set of every account)."""
     with dg.DagsterInstance.get() as instance:
-        instance.add_dynamic_partitions(spend_shard(shard).accounts_name, [ad_account_id])
-        if shard_count > 1:
-            instance.add_dynamic_partitions(
-                all_accounts_partitions_name(shard_count), [ad_account_id]
-            )
+        add_account_partitions(instance, {ad_account_id: shard}, shard_count)
+
+
+def add_account_partitions(
+    instance: dg.DagsterInstance, shard_of: Mapping[str, int], shard_count: int = SHARD_COUNT
+) -> None:
+    """Add each account to its shard's account partitions (and, with several shards, to the
+    catalog's set of every account): one call per shard, whatever the number of accounts,
+    since each call makes Dagster drop that shard's partition-status cache."""
+    by_shard: dict[int, list[str]] = {}
+    for account, shard in sorted(shard_of.items()):
+        by_shard.setdefault(shard, []).append(account)
+    for shard, accounts in sorted(by_shard.items()):
+        instance.add_dynamic_partitions(spend_shard(shard).accounts_name, accounts)
+    if shard_count > 1 and shard_of:
+        instance.add_dynamic_partitions(
+            all_accounts_partitions_name(shard_count), sorted(shard_of)
+        )
 
 
 def instance_at_home() -> dg.DagsterInstance:

@@ -31,7 +31,7 @@ from rastro_assets.meta.models import (
     InsightsChunk,
     Thumbnail,
 )
-from rastro_assets.meta.parse import parse_account, parse_ad
+from rastro_assets.meta.parse import parse_account, parse_ad, parse_listed_account
 from rastro_assets.meta.session import GraphSession, check_token_text
 from rastro_assets.meta.thumbnails import fetch_thumbnail
 
@@ -42,6 +42,7 @@ AD_FIELDS = (
     "creative{thumbnail_url,object_type,image_url,video_id,asset_feed_spec,object_story_spec}"
 )
 ACCOUNT_FIELDS = "name,currency,timezone_name,timezone_offset_hours_utc,account_status"
+LISTED_ACCOUNT_FIELDS = "account_id,name,currency,timezone_name,account_status"
 MAX_IDS_PER_CALL = 50
 
 _AD_ID_RE = re.compile(r"^\d+$")
@@ -161,6 +162,17 @@ class MetaClient:
         body = self._session.call("GET", act, params={"fields": ACCOUNT_FIELDS},
                                   what=f"GET {act}")
         return parse_account(body, act)
+
+    def reachable_accounts(self) -> list[AdAccount]:
+        """Every ad account the token reaches (`GET /me/adaccounts`, every page), each once,
+        in Meta's order."""
+        params = {"fields": LISTED_ACCOUNT_FIELDS, "limit": str(self._page_size)}
+        found: dict[str, AdAccount] = {}
+        for page in self._session.pages("me/adaccounts", params, what="GET me/adaccounts"):
+            for raw in page:
+                account = parse_listed_account(raw)
+                found.setdefault(account.ad_account_id, account)
+        return list(found.values())
 
     def check_token(self) -> None:
         """Raise `MetaError` unless Meta accepts the token (`GET /me`)."""

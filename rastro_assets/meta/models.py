@@ -191,6 +191,19 @@ class Ad:
     thumbnail_url: str | None = None
 
 
+# Meta's numeric `account_status` and the name its documentation gives each.
+ACCOUNT_STATUS_NAMES = {
+    1: "ACTIVE",
+    2: "DISABLED",
+    3: "UNSETTLED",
+    7: "PENDING_RISK_REVIEW",
+    8: "PENDING_SETTLEMENT",
+    9: "IN_GRACE_PERIOD",
+    100: "PENDING_CLOSURE",
+    101: "CLOSED",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class AdAccount:
     ad_account_id: str  # act_<digits>
@@ -198,6 +211,13 @@ class AdAccount:
     currency: str
     timezone: str  # IANA, from timezone_name
     account_status: int | None = None
+
+    @property
+    def status_name(self) -> str | None:
+        """`account_status` by its name; a number Meta documents no name for, as the number."""
+        if self.account_status is None:
+            return None
+        return ACCOUNT_STATUS_NAMES.get(self.account_status, str(self.account_status))
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rastro_assets.accounts import normalize_account_id
 from rastro_assets.meta.errors import MalformedResponse
 from rastro_assets.meta.models import Ad, AdAccount, CreativeType
 from rastro_assets.meta.values import int_or_none, text
@@ -85,3 +86,20 @@ def parse_account(obj: Any, ad_account_id: str) -> AdAccount:
         timezone=timezone,
         account_status=int_or_none(obj.get("account_status")),
     )
+
+
+def parse_listed_account(obj: Any) -> AdAccount:
+    """One ad account of a listing (`/me/adaccounts`): `id` is `act_<digits>`, `account_id`
+    the bare digits; either names it, and when both are given they agree."""
+    if not isinstance(obj, Mapping):
+        raise MalformedResponse("an ad account of the listing is not an object")
+    named = [obj.get(key) for key in ("id", "account_id") if obj.get(key) is not None]
+    if not named:
+        raise MalformedResponse("an ad account of the listing has no 'id'")
+    try:
+        ids = {normalize_account_id(str(value)) for value in named}
+    except ValueError:
+        raise MalformedResponse("an ad account of the listing has an id that is not one") from None
+    if len(ids) > 1:
+        raise MalformedResponse("an ad account of the listing has an 'id' and 'account_id' apart")
+    return parse_account(obj, ids.pop())

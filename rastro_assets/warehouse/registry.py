@@ -7,7 +7,7 @@ transaction, or joins the caller's when one is already open on `con`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -29,6 +29,9 @@ from rastro_assets.warehouse.names import validate_site_name as validate_site_na
 from rastro_assets.warehouse.names import validate_timezone as validate_timezone
 from rastro_assets.warehouse.site_spend import rebuild_site_spend
 
+MAX_LINKS_PER_CONNECTION = 500
+"""Site-account links one connection may hold: the reference product's limit, which an
+agency's Business Manager reaches before its token's rate limits hurt."""
 MARK_CONFLICT_ATTEMPTS = 5
 # How a sync or catalog read refused for an already invalid token words its error.
 RESTATED_INVALID = "the connection's token is invalid"
@@ -42,6 +45,36 @@ class RegistryError(Exception):
 class LinkResult(StrEnum):
     LINKED = "linked"
     ALREADY_LINKED = "already_linked"
+
+
+@dataclass(frozen=True)
+class AccountToLink:
+    """An account a batch links, with what its days mean (as Meta or the operator says)."""
+
+    ad_account_id: str
+    timezone: str
+    currency: str
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class LinkRefusal:
+    ad_account_id: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.ad_account_id}: {self.reason}"
+
+
+@dataclass
+class LinkBatch:
+    """What `link_accounts` did: accounts newly linked, already linked to the site (no-op),
+    refused with why, and the shard of every account linked now or before."""
+
+    linked: list[str] = field(default_factory=list)
+    already_linked: list[str] = field(default_factory=list)
+    refused: list[LinkRefusal] = field(default_factory=list)
+    shards: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -208,56 +241,163 @@ def link_account(
     shards: int = 1,
     shard_size: int = DEFAULT_SHARD_ACCOUNTS,
 ) -> LinkResult:
-    """Link a site to an ad account synced through `connection_id`.
-
-    The account is created on its first link, in the first of `shards` shards
-    holding fewer than `shard_size` accounts (`shard_for_new_account`); a linked
-    account keeps its shard. An account synced through
-    another connection is refused until every site has unlinked it. A new
-    link to an account that already has spend gets its `site_spend_daily`
-    rows in the same transaction.
-    """
+    """Link a site to an ad account synced through `connection_id` (`link_accounts` for one);
+    RegistryError with the refusal's line when it is refused."""
     ad_account_id = normalize_account_id(ad_account_id)
-    timezone = validate_timezone(timezone)
-    currency = normalize_currency(currency)
+    account = AccountToLink(
+        ad_account_id, validate_timezone(timezone), normalize_currency(currency), name
+    )
+    batch = link_accounts(
+        con, site_id, connection_id, [account], now, shards=shards, shard_size=shard_size
+    )
+    if batch.refused:
+        raise RegistryError(str(batch.refused[0]))
+    return LinkResult.ALREADY_LINKED if batch.already_linked else LinkResult.LINKED
+
+
+def link_accounts(
+    con: duckdb.DuckDBPyConnection,
+    site_id: str,
+    connection_id: str,
+    accounts: Sequence[AccountToLink],
+    now: datetime,
+    *,
+    shards: int = 1,
+    shard_size: int = DEFAULT_SHARD_ACCOUNTS,
+    max_links: int = MAX_LINKS_PER_CONNECTION,
+) -> LinkBatch:
+    """Link a site to each of `accounts`, synced through `connection_id`, in one transaction.
+
+    Each account is created on its first link, in the first of `shards` shards holding fewer
+    than `shard_size` accounts (`shard_for_new_account`, counting the accounts this batch
+    placed before it); a linked account keeps its shard. Refused, each on its own while the
+    others link: an account synced through another connection (until every site has
+    unlinked it), one stored with another timezone or currency, a bad timezone or currency,
+    and every new link past the connection's `max_links`. Linking an existing link again is
+    a no-op. A new link to an account that already has spend gets its `site_spend_daily`
+    rows in the same transaction. An unknown site or connection refuses the whole batch
+    (RegistryError).
+    """
+    batch = LinkBatch()
+    wanted = list({normalize_account_id(a.ad_account_id): a for a in accounts}.items())
+    ids = [act for act, _ in wanted]
     with transaction(con):
         _require_site_and_connection(con, site_id, connection_id)
-        stored = con.execute(
-            "SELECT connection_id, timezone, currency FROM meta_ad_accounts"
-            " WHERE ad_account_id = ?",
-            [ad_account_id],
-        ).fetchone()
-        linked_sites = _sites_linking(con, ad_account_id)
-        if stored is None or not linked_sites:
-            shard = shard_for_new_account(shard_counts(con), max(shards, 1), shard_size)
+        stored = {
+            row[0]: (row[1], row[2], row[3])
+            for row in con.execute(
+                "SELECT ad_account_id, connection_id, timezone, currency FROM meta_ad_accounts"
+                " WHERE list_contains(?::VARCHAR[], ad_account_id)",
+                [ids],
+            ).fetchall()
+        }
+        linked_sites = _sites_linking_each(con, ids)
+        links = links_through(con, connection_id)
+        counts = shard_counts(con)
+        known_shards = account_shards(con, ids)
+        new_accounts: list[tuple[AccountToLink, int]] = []
+        named: list[tuple[str, str]] = []
+        new_links: list[str] = []
+        respread: list[str] = []
+        for act, account in wanted:
+            try:
+                timezone = validate_timezone(account.timezone)
+                currency = normalize_currency(account.currency)
+            except ValueError as exc:
+                batch.refused.append(LinkRefusal(act, str(exc)))
+                continue
+            sites = linked_sites.get(act, [])
+            if sites:
+                asked = (connection_id, timezone, currency)
+                problem = _different_account(stored[act], asked, sites)
+                if problem is not None:
+                    batch.refused.append(LinkRefusal(act, problem))
+                    continue
+                if account.name is not None:
+                    named.append((act, account.name))
+                if site_id in sites:
+                    batch.already_linked.append(act)
+                    batch.shards[act] = known_shards.get(act, 0)
+                    continue
+            if links >= max_links:
+                batch.refused.append(LinkRefusal(
+                    act, f"connection {connection_id!r} already holds {links} links, the most"
+                    " one connection may hold; unlink some first",
+                ))
+                continue
+            links += 1
+            if sites:
+                shard = known_shards.get(act, 0)
+                respread.append(act)
+            else:
+                shard = shard_for_new_account(counts, max(shards, 1), shard_size)
+                counts[shard] = counts.get(shard, 0) + 1
+                new_accounts.append((AccountToLink(act, timezone, currency, account.name), shard))
+            new_links.append(act)
+            batch.linked.append(act)
+            batch.shards[act] = shard
+        _insert_accounts(con, connection_id, new_accounts, now)
+        if named:
             con.execute(
-                """
-                INSERT INTO meta_ad_accounts
-                    (ad_account_id, connection_id, timezone, currency, name, created_at)
-                VALUES (?, ?, ?, ?, ?, ?)
-                ON CONFLICT (ad_account_id) DO UPDATE SET
-                    connection_id = excluded.connection_id, timezone = excluded.timezone,
-                    currency = excluded.currency, name = excluded.name
-                """,
-                [ad_account_id, connection_id, timezone, currency, name, now],
+                "UPDATE meta_ad_accounts a SET name = coalesce(a.name, n.name)"
+                " FROM (SELECT unnest(?::VARCHAR[]) AS id, unnest(?::VARCHAR[]) AS name) n"
+                " WHERE a.ad_account_id = n.id",
+                [[act for act, _ in named], [name for _, name in named]],
             )
-            _store_shard(con, ad_account_id, shard)
-        else:
-            asked = (connection_id, timezone, currency)
-            _require_same_account(ad_account_id, stored, asked, linked_sites)
-            if name is not None:
-                con.execute(
-                    "UPDATE meta_ad_accounts SET name = coalesce(name, ?) WHERE ad_account_id = ?",
-                    [name, ad_account_id],
-                )
-        if site_id in linked_sites:
-            return LinkResult.ALREADY_LINKED
-        con.execute(
-            "INSERT INTO site_ad_accounts (site_id, ad_account_id, linked_at) VALUES (?, ?, ?)",
-            [site_id, ad_account_id, now],
-        )
-        rebuild_site_spend(con, ad_account_id, site_ids=[site_id])
-    return LinkResult.LINKED
+        if new_links:
+            con.execute(
+                "INSERT INTO site_ad_accounts (site_id, ad_account_id, linked_at)"
+                " SELECT ?, unnest(?::VARCHAR[]), ?",
+                [site_id, new_links, now],
+            )
+        for act in respread:
+            rebuild_site_spend(con, act, site_ids=[site_id])
+    return batch
+
+
+def links_through(con: duckdb.DuckDBPyConnection, connection_id: str) -> int:
+    """Site-account links whose account is synced through `connection_id`."""
+    row = con.execute(
+        "SELECT count(*) FROM site_ad_accounts l JOIN meta_ad_accounts a USING (ad_account_id)"
+        " WHERE a.connection_id = ?",
+        [connection_id],
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _insert_accounts(
+    con: duckdb.DuckDBPyConnection,
+    connection_id: str,
+    accounts: Sequence[tuple[AccountToLink, int]],
+    now: datetime,
+) -> None:
+    """Store new accounts and their shards, in two statements whatever their number."""
+    if not accounts:
+        return
+    columns = [
+        [account.ad_account_id for account, _ in accounts],
+        [account.timezone for account, _ in accounts],
+        [account.currency for account, _ in accounts],
+        [account.name for account, _ in accounts],
+    ]
+    con.execute(
+        """
+        INSERT INTO meta_ad_accounts
+            (ad_account_id, connection_id, timezone, currency, name, created_at)
+        SELECT unnest(?::VARCHAR[]), ?, unnest(?::VARCHAR[]), unnest(?::VARCHAR[]),
+               unnest(?::VARCHAR[]), ?
+        ON CONFLICT (ad_account_id) DO UPDATE SET
+            connection_id = excluded.connection_id, timezone = excluded.timezone,
+            currency = excluded.currency, name = excluded.name
+        """,
+        [columns[0], connection_id, columns[1], columns[2], columns[3], now],
+    )
+    con.execute(
+        "INSERT INTO ad_account_shards (ad_account_id, shard)"
+        " SELECT unnest(?::VARCHAR[]), unnest(?::INTEGER[])"
+        " ON CONFLICT (ad_account_id) DO UPDATE SET shard = excluded.shard",
+        [columns[0], [shard for _, shard in accounts]],
+    )
 
 
 def _require_site_and_connection(
@@ -271,27 +411,25 @@ def _require_site_and_connection(
         )
 
 
-def _require_same_account(
-    ad_account_id: str,
-    stored: tuple[str, str, str],
-    asked: tuple[str, str, str],
-    linked_sites: list[str],
-) -> None:
-    """A linked account is linked again only through its connection, in its timezone and
-    currency: its spend is filed under them."""
+def _different_account(
+    stored: tuple[str, str, str], asked: tuple[str, str, str], linked_sites: list[str]
+) -> str | None:
+    """Why a linked account may not be linked as asked, or None: it is linked again only
+    through its connection, in its timezone and currency (its spend is filed under them)."""
     stored_connection, stored_timezone, stored_currency = stored
     connection_id, timezone, currency = asked
     if stored_connection != connection_id:
-        raise RegistryError(
-            f"{ad_account_id} is already synced through connection"
-            f" {stored_connection!r} (linked to {', '.join(linked_sites)});"
-            " unlink it from every site before linking it through another connection"
+        return (
+            f"already synced through connection {stored_connection!r} (linked to"
+            f" {', '.join(linked_sites)}); unlink it from every site before linking it"
+            " through another connection"
         )
     if (stored_timezone, stored_currency) != (timezone, currency):
-        raise RegistryError(
-            f"{ad_account_id} is stored with timezone {stored_timezone} and currency"
-            f" {stored_currency}, not {timezone} and {currency}"
+        return (
+            f"stored with timezone {stored_timezone} and currency {stored_currency}, not"
+            f" {timezone} and {currency}"
         )
+    return None
 
 
 def shard_counts(con: duckdb.DuckDBPyConnection) -> dict[int, int]:
@@ -411,6 +549,18 @@ def _sites_linking(con: duckdb.DuckDBPyConnection, ad_account_id: str) -> list[s
         [ad_account_id],
     ).fetchall()
     return [row[0] for row in rows]
+
+
+def _sites_linking_each(
+    con: duckdb.DuckDBPyConnection, ad_account_ids: Sequence[str]
+) -> dict[str, list[str]]:
+    """The sites linking each of the accounts named that any site links."""
+    rows = con.execute(
+        "SELECT ad_account_id, list(site_id ORDER BY site_id) FROM site_ad_accounts"
+        " WHERE list_contains(?::VARCHAR[], ad_account_id) GROUP BY ad_account_id",
+        [list(ad_account_ids)],
+    ).fetchall()
+    return {account: list(sites) for account, sites in rows}
 
 
 def _exists(con: duckdb.DuckDBPyConnection, query: str, params: list[object]) -> bool:
