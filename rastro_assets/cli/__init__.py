@@ -45,7 +45,7 @@ def registrars() -> list[Registrar]:
     """Every subcommand, in the order `rastro --help` lists them."""
     # Imported here, not with this package: the commands' modules read the settings fixed
     # when the code loads, and `main` reports a bad one as one line before they are loaded.
-    from rastro_assets.cli import accounts, cadence, registry, shards, sql, tools
+    from rastro_assets.cli import accounts, cadence, registry, shards, sql, tools, webserver
 
     return [
         *registry.REGISTRARS,
@@ -54,6 +54,7 @@ def registrars() -> list[Registrar]:
         *cadence.REGISTRARS,
         *shards.REGISTRARS,
         *tools.REGISTRARS,
+        *webserver.REGISTRARS,
     ]
 
 
