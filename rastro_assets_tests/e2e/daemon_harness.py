@@ -54,6 +54,26 @@ def one_account_world() -> FakeWorld:
     return world
 
 
+def linked_warehouse(
+    directory: Path, accounts: list[str], timezone: str, currency: str
+) -> tuple[Warehouse, Path]:
+    """A new warehouse in `directory` with `accounts` linked to site `s1` through connection
+    `c1` (TOKEN sealed), and its first snapshot published: the warehouse and the snapshot's
+    path."""
+    warehouse = Warehouse(directory / "rastro.duckdb")
+    warehouse.migrate()
+    vault = Vault.from_env()
+    now = datetime.now(UTC)
+    with warehouse.connect() as con:
+        registry.add_site(con, "s1", "Site one", now)
+        registry.save_connection(con, "c1", vault.seal("c1", TOKEN), now)
+        for account in accounts:
+            registry.link_account(con, "s1", account, "c1", timezone, currency, now)
+    snapshot_path = directory / "analytics.duckdb"
+    Publisher(warehouse, snapshot_path).publish()
+    return warehouse, snapshot_path
+
+
 def freeze_today(world: FakeWorld) -> None:
     """Stop the world's clock at the wall clock's now, for a test that compares today with
     the truth: today's figures grow through the day, so a wave's read and the truth asked a
@@ -131,16 +151,8 @@ def linked_world(
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text(yaml.safe_dump(instance_config))
-    warehouse = Warehouse(tmp_path / "rastro.duckdb")
-    warehouse.migrate()
+    warehouse, snapshot_path = linked_warehouse(tmp_path, [ACCOUNT], TIMEZONE, "NZD")
     vault = Vault.from_env()
-    now = datetime.now(UTC)
-    with warehouse.connect() as con:
-        registry.add_site(con, "s1", "Site one", now)
-        registry.save_connection(con, "c1", vault.seal("c1", TOKEN), now)
-        registry.link_account(con, "s1", ACCOUNT, "c1", TIMEZONE, "NZD", now)
-    snapshot_path = tmp_path / "analytics.duckdb"
-    Publisher(warehouse, snapshot_path).publish()
     with serve(world) as server:
         env = {
             **os.environ,

@@ -36,17 +36,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rastro_assets.analytics.publish import Publisher
 from rastro_assets.timekeeping import local_date
-from rastro_assets.vault import Vault
-from rastro_assets.warehouse import registry
-from rastro_assets.warehouse.connection import Warehouse
-from rastro_assets_tests.conftest import TOKEN
 from rastro_assets_tests.e2e.daemon_harness import (
     ACCOUNT,
     REPO,
     TIMEZONE,
     instance_yaml,
+    linked_warehouse,
     one_account_world,
 )
 from rastro_fake_graph.server import serve
@@ -210,16 +206,7 @@ def location_env(tmp_path, secrets_key) -> Iterator[dict[str, str]]:
     }
     config.pop("concurrency", None)
     (home / "dagster.yaml").write_text(yaml.safe_dump(config))
-    warehouse = Warehouse(tmp_path / "rastro.duckdb")
-    warehouse.migrate()
-    vault = Vault.from_env()
-    now = datetime.now(UTC)
-    with warehouse.connect() as con:
-        registry.add_site(con, "s1", "Site one", now)
-        registry.save_connection(con, "c1", vault.seal("c1", TOKEN), now)
-        registry.link_account(con, "s1", ACCOUNT, "c1", TIMEZONE, "NZD", now)
-    snapshot = tmp_path / "analytics.duckdb"
-    Publisher(warehouse, snapshot).publish()
+    warehouse, snapshot = linked_warehouse(tmp_path, [ACCOUNT], TIMEZONE, "NZD")
     with serve(one_account_world()) as graph:
         env = {
             key: value for key, value in os.environ.items() if not key.startswith("RASTRO_")

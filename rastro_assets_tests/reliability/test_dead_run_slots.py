@@ -45,13 +45,11 @@ from dagster._core.workspace.context import BaseWorkspaceRequestContext, Workspa
 from dagster._core.workspace.load_target import GrpcServerTarget
 from dagster._grpc.client import DagsterGrpcClient
 
-from rastro_assets.analytics.publish import Publisher
 from rastro_assets.defs.keys import MAX_RUNTIME_TAG
 from rastro_assets.timekeeping import local_date
-from rastro_assets.vault import Vault
-from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.conftest import TOKEN
+from rastro_assets_tests.e2e.daemon_harness import linked_warehouse
 from rastro_fake_graph.server import serve
 from rastro_fake_graph.world import FakeWorld
 
@@ -112,17 +110,7 @@ def stage(tmp_path: Path) -> Stage:
     world = FakeWorld(seed=5)
     for account in (*KILLED, SURVIVOR):
         world.add_account(account, timezone=TIMEZONE, currency="USD", n_ads=2, token=TOKEN)
-    warehouse = Warehouse(tmp_path / "rastro.duckdb")
-    warehouse.migrate()
-    vault = Vault.from_env()
-    now = datetime.now(UTC)
-    with warehouse.connect() as con:
-        registry.add_site(con, "s1", "Site one", now)
-        registry.save_connection(con, "c1", vault.seal("c1", TOKEN), now)
-        for account in (*KILLED, SURVIVOR):
-            registry.link_account(con, "s1", account, "c1", TIMEZONE, "USD", now)
-    snapshot_path = tmp_path / "analytics.duckdb"
-    Publisher(warehouse, snapshot_path).publish()
+    warehouse, snapshot_path = linked_warehouse(tmp_path, [*KILLED, SURVIVOR], TIMEZONE, "USD")
     return Stage(tmp_path, home, world, warehouse, snapshot_path)
 
 
