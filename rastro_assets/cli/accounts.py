@@ -243,11 +243,7 @@ def link_many(args: argparse.Namespace, ctx: Context) -> int:
                          " --from-file F")
     warehouse = ctx.warehouse()
     with warehouse.connect() as con:
-        if not registry.site_exists(con, site_id):
-            raise RegistryError(f"unknown site {site_id!r}: add it first with `rastro site add`")
-        connection = registry.get_connection(con, connection_id)
-        if connection is None:
-            raise _unknown_connection(connection_id)
+        connection = registry.require_site_and_connection(con, site_id, connection_id)
         linked = {account.ad_account_id: account for account in registry.linked_accounts(con)}
 
     refuse = _Refusals(ctx)

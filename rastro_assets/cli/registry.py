@@ -196,13 +196,7 @@ def _link_one(args: argparse.Namespace, ctx: Context, raw_account_id: str) -> in
     name = None
     warehouse = ctx.warehouse()
     with warehouse.connect() as con:
-        if not registry.site_exists(con, site_id):
-            raise RegistryError(f"unknown site {site_id!r}: add it first with `rastro site add`")
-        connection = registry.get_connection(con, connection_id)
-        if connection is None:
-            raise RegistryError(
-                f"unknown connection {connection_id!r}: connect it first with `rastro connect`"
-            )
+        connection = registry.require_site_and_connection(con, site_id, connection_id)
         known = registry.get_account(con, ad_account_id)
     if known is not None:
         # Linked already: what is stored is what the account's days mean.

@@ -282,7 +282,7 @@ def link_accounts(
     wanted = list({normalize_account_id(a.ad_account_id): a for a in accounts}.items())
     ids = [act for act, _ in wanted]
     with transaction(con):
-        _require_site_and_connection(con, site_id, connection_id)
+        require_site_and_connection(con, site_id, connection_id)
         stored = {
             row[0]: (row[1], row[2], row[3])
             for row in con.execute(
@@ -400,15 +400,18 @@ def _insert_accounts(
     )
 
 
-def _require_site_and_connection(
+def require_site_and_connection(
     con: duckdb.DuckDBPyConnection, site_id: str, connection_id: str
-) -> None:
+) -> Connection:
+    """The connection a link of `site_id` goes through; RegistryError when either is unknown."""
     if not site_exists(con, site_id):
         raise RegistryError(f"unknown site {site_id!r}: add it first with `rastro site add`")
-    if get_connection(con, connection_id) is None:
+    connection = get_connection(con, connection_id)
+    if connection is None:
         raise RegistryError(
             f"unknown connection {connection_id!r}: connect it first with `rastro connect`"
         )
+    return connection
 
 
 def _different_account(

@@ -32,7 +32,8 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -244,8 +245,12 @@ def assert_only_the_next_sync_wrote(staged: Stage) -> None:
     assert outcomes == [(SURVIVOR, "ok")]
 
 
-@pytest.mark.timeout(180)
-def test_two_runs_killed_holding_meta_api_slots_then_a_sync_completes(tmp_path, secrets_key):
+@contextmanager
+def slow_meta_world(
+    tmp_path: Path, secrets_key: str
+) -> Iterator[tuple[Stage, dg.DagsterInstance, dict, list[subprocess.Popen]]]:
+    """The staged accounts, Meta answering slowly, the instance, the processes' environment
+    and a list of processes killed on exit; afterwards, only the next sync may have written."""
     staged = stage(tmp_path)
     processes: list[subprocess.Popen] = []
     with (
@@ -255,29 +260,35 @@ def test_two_runs_killed_holding_meta_api_slots_then_a_sync_completes(tmp_path, 
         env = environment(staged, server.base_url, secrets_key)
         try:
             staged.world.request_delay_seconds = SLOW_META_SECONDS
-            killed = [
-                wave(
-                    staged,
-                    env,
-                    account,
-                    {MAX_RUNTIME_TAG: str(DEAD_RUN_MAX_RUNTIME), "test/account": account},
-                    f"killed-{index}",
-                )
-                for index, account in enumerate(KILLED)
-            ]
-            processes += killed
-            dead = wait_until_killed_runs_hold_the_pool(
-                instance, [staged.log("killed-0"), staged.log("killed-1")]
-            )
-            for process in killed:
-                kill(process)
-                assert process.returncode == -signal.SIGKILL
-            next_sync_completes(staged, env, instance, dead, processes)
+            yield staged, instance, env, processes
         finally:
             for process in processes:
                 kill(process)
             staged.world.request_delay_seconds = 0.0
     assert_only_the_next_sync_wrote(staged)
+
+
+@pytest.mark.timeout(180)
+def test_two_runs_killed_holding_meta_api_slots_then_a_sync_completes(tmp_path, secrets_key):
+    with slow_meta_world(tmp_path, secrets_key) as (staged, instance, env, processes):
+        killed = [
+            wave(
+                staged,
+                env,
+                account,
+                {MAX_RUNTIME_TAG: str(DEAD_RUN_MAX_RUNTIME), "test/account": account},
+                f"killed-{index}",
+            )
+            for index, account in enumerate(KILLED)
+        ]
+        processes += killed
+        dead = wait_until_killed_runs_hold_the_pool(
+            instance, [staged.log("killed-0"), staged.log("killed-1")]
+        )
+        for process in killed:
+            kill(process)
+            assert process.returncode == -signal.SIGKILL
+        next_sync_completes(staged, env, instance, dead, processes)
 
 
 def free_port() -> int:
@@ -309,45 +320,32 @@ def launch(
 
 @pytest.mark.timeout(120)
 def test_runs_killed_with_their_code_server_fail_at_the_next_poll(tmp_path, secrets_key):
-    staged = stage(tmp_path)
-    processes: list[subprocess.Popen] = []
-    with (
-        serve(staged.world) as server,
-        dg.DagsterInstance.from_config(str(staged.home)) as instance,
-    ):
-        env = environment(staged, server.base_url, secrets_key)
-        try:
-            staged.world.request_delay_seconds = SLOW_META_SECONDS
-            port = free_port()
-            code_server = subprocess.Popen(
-                [str(BIN / "dagster"), "api", "grpc", "-m", "rastro_assets.definitions",
-                 "--host", "localhost", "--port", str(port), "--location-name", LOCATION],
-                cwd=REPO,
-                env=env,
-                stdout=staged.log("code-server").open("wb"),
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            processes.append(code_server)
-            server_logs = [staged.log("code-server")]
-            wait_for("the code server", lambda: serves(port), START_SECONDS, server_logs)
-            target = GrpcServerTarget(
-                host="localhost", port=port, socket=None, location_name=LOCATION
-            )
-            with WorkspaceProcessContext(instance, target) as workspace:
-                context = workspace.create_request_context()
-                for account in KILLED:
-                    launch(instance, context, account)
-            dead = wait_until_killed_runs_hold_the_pool(instance, server_logs)
+    with slow_meta_world(tmp_path, secrets_key) as (staged, instance, env, processes):
+        port = free_port()
+        code_server = subprocess.Popen(
+            [str(BIN / "dagster"), "api", "grpc", "-m", "rastro_assets.definitions",
+             "--host", "localhost", "--port", str(port), "--location-name", LOCATION],
+            cwd=REPO,
+            env=env,
+            stdout=staged.log("code-server").open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        processes.append(code_server)
+        server_logs = [staged.log("code-server")]
+        wait_for("the code server", lambda: serves(port), START_SECONDS, server_logs)
+        target = GrpcServerTarget(
+            host="localhost", port=port, socket=None, location_name=LOCATION
+        )
+        with WorkspaceProcessContext(instance, target) as workspace:
+            context = workspace.create_request_context()
             for account in KILLED:
-                # Far beyond this test's waits: only the health check can fail these runs.
-                assert float(run_of(instance, account).tags[MAX_RUNTIME_TAG]) > 10 * FREED_SECONDS
-            # The code server and its run workers share its process group.
-            kill(code_server)
-            assert code_server.returncode == -signal.SIGKILL
-            next_sync_completes(staged, env, instance, dead, processes)
-        finally:
-            for process in processes:
-                kill(process)
-            staged.world.request_delay_seconds = 0.0
-    assert_only_the_next_sync_wrote(staged)
+                launch(instance, context, account)
+        dead = wait_until_killed_runs_hold_the_pool(instance, server_logs)
+        for account in KILLED:
+            # Far beyond this test's waits: only the health check can fail these runs.
+            assert float(run_of(instance, account).tags[MAX_RUNTIME_TAG]) > 10 * FREED_SECONDS
+        # The code server and its run workers share its process group.
+        kill(code_server)
+        assert code_server.returncode == -signal.SIGKILL
+        next_sync_completes(staged, env, instance, dead, processes)
