@@ -27,10 +27,12 @@ from rastro_assets.defs.spend.checks import (
     build_sum_check,
     site_spend_equals_ad_sums,
 )
+from rastro_assets.defs.spend.fill import build_spend_fill
 
 
 def build_defs(shard_count: int = SHARD_COUNT) -> dg.Definitions:
     """The definitions with `shard_count` spend pairs (`RASTRO_ACCOUNT_SHARDS`)."""
+    fills = [build_spend_fill(shard, shard_count) for shard in range(shard_count)]
     if shard_count == 1:
         spend = [meta_spend]
         checks = [site_spend_equals_ad_sums, accounts_fresh]
@@ -53,7 +55,7 @@ def build_defs(shard_count: int = SHARD_COUNT) -> dg.Definitions:
         )
         sensors = [build_meta_accounts_sensor(shard_count), build_meta_cadence_sensor(shard_count)]
     return dg.Definitions(
-        assets=[*spend, *catalog, snapshot, *external_specs, meta_account_health],
+        assets=[*spend, *fills, *catalog, snapshot, *external_specs, meta_account_health],
         asset_checks=checks,
         jobs=[sync_wave_job, publish_snapshot_job],
         sensors=[*sensors, retention_sensor, analytics_publisher_sensor],

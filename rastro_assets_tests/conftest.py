@@ -168,4 +168,4 @@ def record_sync_run(
     end = SyncRunEnd(
         finished_at=started_at + took, outcome=outcome, error=error, api_calls=api_calls
     )
-    finish_sync_runs(con, [(run_id, account, end)])
+    finish_sync_runs(con, [((run_id, account, since), end)])

@@ -227,7 +227,7 @@ def test_the_guides_queries_run(warehouse: Warehouse, linked_account: str, now):
                     usage_pct=12.5,
                     incomplete_days=(today,) if outcome == "ok" else (),
                 )
-                finish_sync_runs(con, [(f"r{index}", linked_account, end)])
+                finish_sync_runs(con, [((start.run_id, linked_account, start.since), end)])
     with warehouse.connect(read_only=True) as con:
         for query in queries:
             con.execute(query).fetchall()

@@ -66,6 +66,9 @@ def read_history(runs: Sequence[SyncRun], now: datetime) -> RunHistory:
         elif run.outcome == OK:
             failures = []
             last_concluded = run
+        elif run.error == RUN_TIMEOUT_ERROR:
+            # Closed once its Dagster run was known to have ended: a dead run, as above.
+            last_concluded = _failure(run)
         else:
             failure = _failure(run)
             failures.append(failure)

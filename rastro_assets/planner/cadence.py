@@ -43,6 +43,7 @@ from rastro_assets.planner.coverage import (
     covered_days,
     first_unread_day,
     split_blocks,
+    unread_blocks,
 )
 from rastro_assets.planner.instants import local_time, utc, utc_or_none, utc_run
 from rastro_assets.planner.marks import is_live_mark
@@ -78,6 +79,7 @@ __all__ = [
     "covered_days",
     "daily_slot",
     "first_unread_day",
+    "unread_blocks",
     "freshness_limit",
     "is_idle",
     "is_stale",

@@ -76,6 +76,35 @@ def split_blocks(
     return blocks
 
 
+def unread_blocks(
+    runs: Iterable[SyncRun], since: date, until: date, days: int = BACKFILL_BLOCK_DAYS
+) -> list[tuple[date, date]]:
+    """The days of [since, until] no ok run has read, newest first, in blocks of at most
+    `days` consecutive days, each block ending on an unread day.
+
+    Newest first so that a fill's first read is an account's latest days, the ones its
+    users look at; a block never spans a day already read, so no day is read twice.
+    """
+    covered = covered_days(runs, since, until)
+    blocks: list[tuple[date, date]] = []
+    block_end: date | None = None
+    day = until
+    while day >= since:
+        if day in covered:
+            if block_end is not None:
+                blocks.append((day + timedelta(days=1), block_end))
+                block_end = None
+        elif block_end is None:
+            block_end = day
+        elif (block_end - day).days + 1 > days:
+            blocks.append((day + timedelta(days=1), block_end))
+            block_end = day
+        day -= timedelta(days=1)
+    if block_end is not None:
+        blocks.append((since, block_end))
+    return blocks
+
+
 def first_missing(covered: set[date], since: date, until: date) -> date | None:
     return next((day for day in days_between(since, until) if day not in covered), None)
 

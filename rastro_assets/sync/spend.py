@@ -32,6 +32,7 @@ from rastro_assets.vault import SecretsKeyError
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import transaction
 from rastro_assets.warehouse.runs import (
+    SyncKey,
     SyncRunEnd,
     SyncRunStart,
     start_sync_runs,
@@ -187,7 +188,7 @@ class SpendSync(Wiring):
     def _after(self, seconds: int | None) -> datetime | None:
         return self.clock() + timedelta(seconds=seconds) if seconds else None
 
-    def end(self, target: Target, result: SyncOutcome) -> tuple[str, str, SyncRunEnd]:
+    def end(self, target: Target, result: SyncOutcome) -> tuple[SyncKey, SyncRunEnd]:
         """The run's row as the sync ended, for `finish_sync_runs`."""
         end = SyncRunEnd(
             finished_at=self.clock(),
@@ -200,7 +201,8 @@ class SpendSync(Wiring):
             regain_at=result.regain_at,
             incomplete_days=tuple(result.incomplete_days),
         )
-        return target.request.run_id, target.request.ad_account_id, end
+        request = target.request
+        return (request.run_id, request.ad_account_id, request.since), end
 
     def mark_token(self, con, target: Target, result: SyncOutcome) -> None:
         """Mark the connection dead when Meta refused its token during this sync."""

@@ -82,7 +82,11 @@ class SpendWriter:
         """
         try:
             answers = self._write_batches(
-                [(read.target.request.ad_account_id, read.batch) for read in reads], synced_at
+                [
+                    (read.target.request.ad_account_id, read.batch, read.target.request.run_id)
+                    for read in reads
+                ],
+                synced_at,
             )
         except Exception as exc:  # noqa: BLE001 - recorded as each account's failure
             log.exception("a batch of %d accounts' writes failed", len(reads))
@@ -122,7 +126,7 @@ class SpendWriter:
         return whole
 
     def _write_batches(
-        self, reads: Sequence[tuple[str, SpendBatch]], synced_at: datetime
+        self, reads: Sequence[tuple[str, SpendBatch, str | None]], synced_at: datetime
     ) -> list[SpendWriteResult | WriteRefusal]:
         """The one spend write: the figures, then the names the same reads brought.
 
@@ -130,8 +134,8 @@ class SpendWriter:
         catalog read, and even if that read fails.
         """
         writes = [
-            SpendWrite(account, batch.days, batch.rows, batch.complete_days)
-            for account, batch in reads
+            SpendWrite(account, batch.days, batch.rows, batch.complete_days, run_id)
+            for account, batch, run_id in reads
         ]
         with self.warehouse.connect() as con:
             answers = write_spend_many(con, writes, synced_at=synced_at)
@@ -191,7 +195,9 @@ class _StreamedWrites:
             self._executor.shutdown(wait=True)
 
     def _write(self, batch: SpendBatch) -> None:
-        [answer] = self._writer._write_batches([(self._ad_account_id, batch)], self._synced_at)
+        [answer] = self._writer._write_batches(
+            [(self._ad_account_id, batch, self._result.request.run_id)], self._synced_at
+        )
         if not isinstance(answer, SpendWriteResult):
             raise answer
         record(self._result, batch, answer)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
@@ -21,7 +21,7 @@ from rastro_assets.sync.spend import DeadTokens, SpendSync, Target
 from rastro_assets.sync.spend_writer import SpendWriter, Unwritten
 from rastro_assets.sync.types import SyncOutcome, SyncRequest, WaveOutcome, Wiring
 from rastro_assets.warehouse.connection import Warehouse
-from rastro_assets.warehouse.runs import SyncRunEnd, finish_sync_runs
+from rastro_assets.warehouse.runs import SyncKey, SyncRunEnd, finish_sync_runs
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,13 @@ class Syncer(Wiring):
         return result
 
     def sync_wave(
-        self, requests: Sequence[SyncRequest], *, synced_at: datetime, concurrency: int
+        self,
+        requests: Sequence[SyncRequest],
+        *,
+        synced_at: datetime,
+        concurrency: int,
+        started_at: datetime | None = None,
+        on_written: Callable[[SyncOutcome], None] | None = None,
     ) -> WaveOutcome:
         """Sync many accounts at once, as cheaply per account as the work allows.
 
@@ -91,10 +97,14 @@ class Syncer(Wiring):
         the wave's later syncs on that connection do not call Meta with it.
         A sync that dies with the process leaves its run open until the
         lease runs out, as any killed run does.
+
+        `started_at` opens the syncs' leases when a run reaches them later than its
+        start (`synced_at`, which every row written carries); `on_written` is called,
+        on this thread, with each outcome once its rows are committed.
         """
         spend, writer = self.spend, self.writer
         with self.warehouse.held():
-            targets, refused = spend.start(requests, synced_at)
+            targets, refused = spend.start(requests, started_at or synced_at)
             dead = DeadTokens()
             finished = _FinishedRuns(self.warehouse, spend)
             outcomes: list[SyncOutcome | None] = [None] * len(targets)
@@ -102,6 +112,8 @@ class Syncer(Wiring):
                 with ThreadPoolExecutor(max_workers=concurrency) as pool:
 
                     def settle(target: Target, result: SyncOutcome) -> None:
+                        if on_written is not None:
+                            on_written(result)
                         if result.ok and target.request.catalog:
                             pool.submit(self._catalog_then_end, target, result, finished)
                             return
@@ -222,7 +234,7 @@ class _FinishedRuns:
     def __init__(self, warehouse: Warehouse, spend: SpendSync) -> None:
         self._warehouse = warehouse
         self._spend = spend
-        self._ends: list[tuple[str, str, SyncRunEnd]] = []
+        self._ends: list[tuple[SyncKey, SyncRunEnd]] = []
         self._lock = threading.Lock()
 
     def add(self, target: Target, result: SyncOutcome) -> None:

@@ -69,8 +69,8 @@ def start_sync_runs(con: duckdb.DuckDBPyConnection, starts: Sequence[SyncRunStar
             INSERT INTO meta_sync_runs
                 (run_id, ad_account_id, kind, since, until, started_at, catalog, token_sealed_at)
             SELECT * FROM starting_runs
-            ON CONFLICT (run_id, ad_account_id) DO UPDATE SET
-                kind = excluded.kind, since = excluded.since, until = excluded.until,
+            ON CONFLICT (run_id, ad_account_id, since) DO UPDATE SET
+                kind = excluded.kind, until = excluded.until,
                 started_at = excluded.started_at, catalog = excluded.catalog,
                 token_sealed_at = excluded.token_sealed_at,
                 finished_at = NULL, outcome = NULL, error = NULL
@@ -80,27 +80,33 @@ def start_sync_runs(con: duckdb.DuckDBPyConnection, starts: Sequence[SyncRunStar
         con.unregister("starting_runs")
 
 
+SyncKey = tuple[str, str, date]
+"""A sync's row: its run, its account and its first day (a run may read an account in
+several blocks)."""
+
+
 def finish_sync_runs(
-    con: duckdb.DuckDBPyConnection, ends: Sequence[tuple[str, str, SyncRunEnd]]
+    con: duckdb.DuckDBPyConnection, ends: Sequence[tuple[SyncKey, SyncRunEnd]]
 ) -> None:
-    """Close the rows of (run_id, ad_account_id, end), in one statement."""
+    """Close the rows of ((run_id, ad_account_id, since), end), in one statement."""
     if not ends:
         return
     table = pa.table(
         {
-            "run_id": pa.array([run_id for run_id, _, _ in ends], pa.string()),
-            "ad_account_id": pa.array([account for _, account, _ in ends], pa.string()),
-            "finished_at": pa.array([end.finished_at for _, _, end in ends], _INSTANT),
-            "outcome": pa.array([end.outcome for _, _, end in ends], pa.string()),
-            "rows_written": pa.array([end.rows_written for _, _, end in ends], pa.int64()),
-            "rows_deleted": pa.array([end.rows_deleted for _, _, end in ends], pa.int64()),
-            "api_calls": pa.array([end.api_calls for _, _, end in ends], pa.int64()),
-            "error": pa.array([end.error for _, _, end in ends], pa.string()),
-            "usage_pct": pa.array([end.usage_pct for _, _, end in ends], pa.float64()),
-            "regain_at": pa.array([end.regain_at for _, _, end in ends], _INSTANT),
+            "run_id": pa.array([run_id for (run_id, _, _), _ in ends], pa.string()),
+            "ad_account_id": pa.array([account for (_, account, _), _ in ends], pa.string()),
+            "since": pa.array([since for (_, _, since), _ in ends], pa.date32()),
+            "finished_at": pa.array([end.finished_at for _, end in ends], _INSTANT),
+            "outcome": pa.array([end.outcome for _, end in ends], pa.string()),
+            "rows_written": pa.array([end.rows_written for _, end in ends], pa.int64()),
+            "rows_deleted": pa.array([end.rows_deleted for _, end in ends], pa.int64()),
+            "api_calls": pa.array([end.api_calls for _, end in ends], pa.int64()),
+            "error": pa.array([end.error for _, end in ends], pa.string()),
+            "usage_pct": pa.array([end.usage_pct for _, end in ends], pa.float64()),
+            "regain_at": pa.array([end.regain_at for _, end in ends], _INSTANT),
             "incomplete_days": pa.array(
                 [",".join(day.isoformat() for day in end.incomplete_days) or None
-                 for _, _, end in ends],
+                 for _, end in ends],
                 pa.string(),
             ),
         }
@@ -117,6 +123,7 @@ def finish_sync_runs(
             FROM finished_runs f
             WHERE meta_sync_runs.run_id = f.run_id
               AND meta_sync_runs.ad_account_id = f.ad_account_id
+              AND meta_sync_runs.since = f.since
             """
         )
     finally:
@@ -140,8 +147,24 @@ def record_finished_run(
         if exists:
             return False
         start_sync_runs(con, [start])
-        finish_sync_runs(con, [(start.run_id, start.ad_account_id, end)])
+        finish_sync_runs(con, [((start.run_id, start.ad_account_id, start.since), end)])
     return True
 
 
 _INSTANT = pa.timestamp("us", tz="UTC")
+
+
+def open_sync_runs(
+    con: duckdb.DuckDBPyConnection, accounts: Sequence[str] | None = None
+) -> list[SyncKey]:
+    """The rows of syncs started and never finished (of `accounts`, or every account)."""
+    query = (
+        "SELECT run_id, ad_account_id, since FROM meta_sync_runs"
+        " WHERE finished_at IS NULL AND outcome IS NULL"
+    )
+    params: list = []
+    if accounts is not None:
+        query += " AND list_contains(?::VARCHAR[], ad_account_id)"
+        params.append(list(accounts))
+    found = con.execute(query, params).fetchall()
+    return [(run_id, account, since) for run_id, account, since in found]

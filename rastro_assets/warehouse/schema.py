@@ -178,10 +178,54 @@ _V3 = (
     """,
 )
 
+_V4 = (
+    # A backfill run reads an account's owed days in several blocks, each its own sync
+    # with its own row: a run and an account no longer name one row, the block's first
+    # day does. DuckDB cannot alter a primary key, so the table is rebuilt; its index
+    # depends on it and is made again.
+    "DROP INDEX IF EXISTS meta_sync_runs_account_started",
+    """
+    CREATE TABLE meta_sync_runs_by_block (
+        run_id VARCHAR NOT NULL,
+        ad_account_id VARCHAR NOT NULL,
+        kind VARCHAR,
+        since DATE NOT NULL,
+        until DATE,
+        started_at TIMESTAMPTZ,
+        finished_at TIMESTAMPTZ,
+        outcome VARCHAR,
+        rows_written BIGINT,
+        rows_deleted BIGINT,
+        api_calls BIGINT,
+        error VARCHAR,
+        catalog BOOLEAN,
+        usage_pct DOUBLE,
+        regain_at TIMESTAMPTZ,
+        incomplete_days VARCHAR,
+        token_sealed_at TIMESTAMPTZ,
+        PRIMARY KEY (run_id, ad_account_id, since)
+    )
+    """,
+    """
+    INSERT INTO meta_sync_runs_by_block
+    SELECT run_id, ad_account_id, kind, coalesce(since, started_at::DATE, DATE '1970-01-01'),
+           until, started_at, finished_at, outcome, rows_written, rows_deleted, api_calls,
+           error, catalog, usage_pct, regain_at, incomplete_days, token_sealed_at
+    FROM meta_sync_runs
+    """,
+    "DROP TABLE meta_sync_runs",
+    "ALTER TABLE meta_sync_runs_by_block RENAME TO meta_sync_runs",
+    """
+    CREATE INDEX IF NOT EXISTS meta_sync_runs_account_started
+        ON meta_sync_runs (ad_account_id, started_at)
+    """,
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "sites, connections, accounts, links, spend, catalog, thumbnails, runs", _V1),
     Migration(2, "analytics snapshot publish state", _V2),
     Migration(3, "the Dagster shard of each ad account", _V3),
+    Migration(4, "one sync row per run, account and block", _V4),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

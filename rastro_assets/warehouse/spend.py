@@ -73,6 +73,8 @@ class SpendWrite:
     days: Collection[date]
     rows: pa.Table
     complete_days: Collection[date]
+    run_id: str | None = None
+    """The Dagster run writing: its own later syncs of the account do not fence it off."""
 
 
 def write_spend(
@@ -135,7 +137,7 @@ def write_spend_many(
         if not day_list:
             answers[index] = SpendWriteResult(0, 0, 0, {})
         else:
-            batch[write.ad_account_id] = _Read(index, day_list, complete_list, table)
+            batch[write.ad_account_id] = _Read(index, day_list, complete_list, table, write.run_id)
     if batch:
         try:
             with transaction(con):
@@ -159,6 +161,7 @@ class _Read:
     days: list[date]
     complete_days: list[date]
     table: pa.Table
+    run_id: str | None = None
 
 
 def _write_alone(
@@ -178,7 +181,12 @@ def _write_batch(
         refused = set()
         stored = 0
         for account, sites, repeated, rows_stored, newer in con.execute(
-            _CHECKS, {**_bounds(batch), "synced_at": synced_at}
+            _CHECKS,
+            {
+                **_bounds(batch),
+                "synced_at": synced_at,
+                "own_runs": sorted({read.run_id for read in batch.values() if read.run_id}),
+            },
         ).fetchall():
             if newer:
                 answers[account] = AccountTakenOver(
@@ -319,8 +327,9 @@ def _bounds(batch: dict[str, _Read]) -> dict[str, object]:
 # already stored between the batch's first and last day (none: the writer only
 # inserts; counting over the bounds rather than the scope's days is cheaper and
 # can only miss that shortcut, never take it wrongly), and the syncs of it that
-# started after this write's run (`synced_at` is its run's start): any, and the
-# account is no longer this run's to write.
+# started after this write's run (`synced_at` is its run's start) in another run: any,
+# and the account is no longer this run's to write. A run that reads an account in
+# several blocks starts each block's sync when it reaches it, after its own start.
 _CHECKS = """
     WITH links AS (
         SELECT ad_account_id, list(site_id ORDER BY site_id) AS sites
@@ -341,6 +350,7 @@ _CHECKS = """
         SELECT ad_account_id, count(*) AS n
         FROM meta_sync_runs
         WHERE started_at > $synced_at AND list_contains($accounts::VARCHAR[], ad_account_id)
+          AND NOT list_contains($own_runs::VARCHAR[], run_id)
         GROUP BY ad_account_id
     )
     SELECT a.ad_account_id, l.sites, coalesce(r.n, 0), coalesce(s.n, 0), coalesce(w.n, 0)

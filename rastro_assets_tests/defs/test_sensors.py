@@ -9,13 +9,18 @@ from datetime import date, timedelta
 import dagster as dg
 import pytest
 
-from rastro_assets.defs.cadence.backfills import Fill, shared_backfills
+from rastro_assets.defs.cadence.backfills import (
+    FIRST_DATA_ACCOUNTS_PER_RUN,
+    Fill,
+    first_data,
+)
 from rastro_assets.defs.cadence.sensors import meta_accounts_sensor, meta_cadence_sensor
 from rastro_assets.defs.keys import (
     ACCOUNT_TAG,
     AD_SPEND_DAILY,
+    FILL_ACCOUNTS_TAG,
+    FIRST_DATA_TAG,
     MAX_RUNTIME_TAG,
-    SITE_SPEND_DAILY,
     SYNC_KIND_TAG,
     WAVE_TAG,
 )
@@ -23,8 +28,9 @@ from rastro_assets.defs.partitions import (
     ACCOUNT_PARTITIONS_NAME,
     AXIS_START,
     reach_start,
-    spend_partitions,
+    shard_account_partitions,
 )
+from rastro_assets.defs.spend.fill import FILL_ACCOUNTS_PER_RUN, fill_key
 from rastro_assets.warehouse import registry
 from rastro_assets_tests.conftest import NOW, record_sync_run
 from rastro_assets_tests.defs.conftest import TODAY
@@ -61,15 +67,10 @@ def backfilled(warehouse, account: str, at=NOW - timedelta(hours=1)) -> None:
                        refile=True)
 
 
-def target_keys(request) -> set[str]:
+def target_accounts(request) -> set[str]:
     subset = request.asset_graph_subset
-    return {
-        str(key) for key in subset.get_partitions_subset(AD_SPEND_DAILY).get_partition_keys()
-    }
-
-
-def ninety_days(account: str, today: date = TODAY) -> set[str]:
-    return {f"{account}|{today - timedelta(days=back)}" for back in range(90)}
+    assert subset.asset_keys == {fill_key(0)}
+    return set(subset.get_partitions_subset(fill_key(0)).get_partition_keys())
 
 
 def link(warehouse, account: str, at) -> None:
@@ -77,7 +78,7 @@ def link(warehouse, account: str, at) -> None:
         registry.link_account(con, "s1", account, "c1", "America/Sao_Paulo", "BRL", at)
 
 
-def test_new_accounts_become_partitions_and_share_one_backfill(instance, rastro):
+def test_new_accounts_become_partitions_and_share_one_fill_backfill(instance, rastro):
     result = evaluate(meta_accounts_sensor, instance, rastro)
     [add] = result.dynamic_partitions_requests
     assert (add.partitions_def_name, sorted(add.partition_keys)) == (
@@ -86,47 +87,77 @@ def test_new_accounts_become_partitions_and_share_one_backfill(instance, rastro)
     )
     [request] = result.run_requests
     assert request.tags[SYNC_KIND_TAG] == "backfill"
-    assert request.tags[ACCOUNT_TAG] == "act_101 and 1 more"
-    assert target_keys(request) == ninety_days("act_101") | ninety_days("act_202")
-    site_keys = request.asset_graph_subset.get_partitions_subset(SITE_SPEND_DAILY)
-    assert {str(key) for key in site_keys.get_partition_keys()} == target_keys(request)
+    assert request.tags[FILL_ACCOUNTS_TAG] == "act_101 and 1 more"
+    # No per-account tag: its limit of one run per value would run the backfill's runs
+    # one after another.
+    assert ACCOUNT_TAG not in request.tags
+    assert target_accounts(request) == {"act_101", "act_202"}
 
 
-def test_accounts_linked_in_the_same_tick_share_a_backfill_cut_by_account(
-    instance, rastro, warehouse
-):
-    linked = [f"act_90{n}" for n in range(1, 9)]
+def link_many(warehouse, count: int) -> list[str]:
+    linked = [f"act_9{n:03d}" for n in range(count)]
     for account in linked:
         link(warehouse, account, NOW - timedelta(minutes=1))
-    [request] = evaluate(meta_accounts_sensor, instance, rastro).run_requests
-    assert target_keys(request) == set().union(
-        *(ninety_days(account) for account in ["act_101", "act_202", *linked])
-    )
-
-    # The ranges Dagster cuts the backfill into (`BackfillPolicy.multi_run(30)`
-    # then chunks each): one account's 90 days each, never two accounts.
-    subset = request.asset_graph_subset.get_partitions_subset(AD_SPEND_DAILY)
-    ranges = subset.get_partition_key_ranges(spend_partitions)
-    spans = sorted((r.start.split("|"), r.end.split("|")) for r in ranges)
-    assert len(spans) == 10
-    for (account, first), (last_account, last) in spans:
-        assert account == last_account
-        assert (first, last) == (str(TODAY - timedelta(days=89)), str(TODAY))
+    return linked
 
 
-def test_shared_backfills_hold_fewer_accounts_than_days():
-    gap = [Fill(f"act_{n}", "gap", TODAY - timedelta(days=27), TODAY) for n in range(60)]
-    new = [Fill(f"act_{n}", "backfill", TODAY - timedelta(days=89), TODAY) for n in range(100)]
-    groups = shared_backfills(gap + new)
-    assert [(group[0].kind, len(group)) for group in groups] == [
-        ("backfill", 89),
-        ("backfill", 11),
-        ("gap", 27),
-        ("gap", 27),
-        ("gap", 6),
+def test_many_accounts_owing_their_newest_days_get_them_first(instance, rastro, warehouse):
+    backfilled(warehouse, "act_101")
+    backfilled(warehouse, "act_202")
+    linked = link_many(warehouse, FILL_ACCOUNTS_PER_RUN + 6)
+
+    # meta_accounts adds their partitions and leaves their days to the first-data runs.
+    result = evaluate(meta_accounts_sensor, instance, rastro)
+    assert result.run_requests == []
+    instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202", *linked])
+
+    # meta_cadence reads every one's newest 30 days, in runs of its own.
+    requests = [
+        request
+        for request in evaluate(meta_cadence_sensor, instance, rastro).run_requests
+        if FIRST_DATA_TAG in request.tags
     ]
-    one_day = [Fill(f"act_{n}", "backfill", TODAY, TODAY) for n in range(3)]
-    assert [len(group) for group in shared_backfills(one_day)] == [1, 1, 1]
+    assert len(requests) == -(-len(linked) // FIRST_DATA_ACCOUNTS_PER_RUN)
+    syncs = [
+        sync
+        for request in requests
+        for sync in request.run_config["ops"]["sync_wave"]["config"]["syncs"]
+    ]
+    assert {sync["ad_account_id"] for sync in syncs} == set(linked)
+    newest = (str(TODAY - timedelta(days=29)), str(TODAY))
+    assert {(sync["kind"], sync["since"], sync["until"]) for sync in syncs} == {
+        ("backfill", *newest)
+    }
+    assert all(WAVE_TAG not in request.tags for request in requests)
+
+    # Read, their older days start as one fill backfill, cut into runs of many accounts.
+    for account in linked:
+        record_ok(warehouse, account, TODAY - timedelta(days=29), TODAY, NOW)
+    [fill] = evaluate(meta_accounts_sensor, instance, rastro).run_requests
+    assert target_accounts(fill) == set(linked)
+    subset = fill.asset_graph_subset.get_partitions_subset(fill_key(0))
+    with dg.partition_loading_context(dynamic_partitions_store=instance):
+        ranges = subset.get_partition_key_ranges(shard_account_partitions(0))
+    assert len(ranges) == 1  # contiguous in link order: Dagster chunks it by the policy
+    assert not [
+        request
+        for request in evaluate(meta_cadence_sensor, instance, rastro).run_requests
+        if FIRST_DATA_TAG in request.tags
+    ]
+
+
+def test_a_few_accounts_go_straight_to_one_fill_run():
+    fills = [
+        Fill(f"act_{n}", "backfill", TODAY - timedelta(days=89), TODAY)
+        for n in range(FILL_ACCOUNTS_PER_RUN)
+    ]
+    assert first_data(fills, {}) == []
+    more = [*fills, Fill("act_x", "gap", TODAY - timedelta(days=10), TODAY)]
+    assert [(r.fill.ad_account_id, r.since, r.until) for r in first_data(more, {})][-1] == (
+        "act_x",
+        TODAY - timedelta(days=10),
+        TODAY,
+    )
 
 
 def test_the_date_axis_starts_where_this_deployment_can_need_a_day():
@@ -143,10 +174,8 @@ def test_days_before_the_reach_are_left_out_of_the_backfill(instance, rastro, wa
     backfilled(warehouse, "act_202")
     link(warehouse, "act_303", NOW - timedelta(days=200))  # its 90 days end before the axis
     [request] = evaluate(meta_accounts_sensor, instance, rastro).run_requests
-    days = sorted(key.split("|")[1] for key in target_keys(request))
-    assert {key.split("|")[0] for key in target_keys(request)} == {"act_303"}
-    assert (days[0], days[-1]) == (str(AXIS_START), str(TODAY))
-    assert len(days) == (TODAY - AXIS_START).days + 1
+    assert target_accounts(request) == {"act_303"}
+    # The run reads from the axis on (`spend_backfill`); the sensor's log says so.
 
 
 def test_an_account_owing_only_days_before_its_reach_is_skipped_not_failed(

@@ -98,10 +98,8 @@ def test_new_accounts_become_partitions_of_their_shard_and_backfill_there(
             keys = subset.get_partitions_subset(asset_key).get_partition_keys()
             targets[asset_key.to_user_string()] = {str(key).split("|")[0] for key in keys}
     assert targets == {
-        "ad_spend_daily_shard_1": {"act_101"},
-        "site_spend_daily_shard_1": {"act_101"},
-        "ad_spend_daily_shard_2": {"act_202"},
-        "site_spend_daily_shard_2": {"act_202"},
+        "spend_backfill_shard_1": {"act_101"},
+        "spend_backfill_shard_2": {"act_202"},
     }
 
     apply(instance, result)

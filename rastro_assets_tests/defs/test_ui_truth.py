@@ -24,13 +24,7 @@ from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 from dagster_graphql.test.utils import execute_dagster_graphql
 
 from rastro_assets.defs.cadence.sensors import meta_accounts_sensor, meta_cadence_sensor
-from rastro_assets.defs.spend.assets import (
-    AD_SPEND_DAILY,
-    MAX_DAYS_PER_RUN,
-    SYNC_KIND_TAG,
-    meta_spend,
-)
-from rastro_assets.defs.spend.checks import accounts_fresh, site_spend_equals_ad_sums
+from rastro_assets.defs.spend.fill import FILL_ACCOUNTS_PER_RUN, build_spend_fill
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -190,36 +184,24 @@ def tick(sensor, instance, rastro, cursor=None):
 
 
 def run_backfill(instance, rastro, request, on_each_run) -> None:
-    """The backfill's runs as Dagster cuts them: 30 days of one account each, in order."""
-    subset = request.asset_graph_subset.get_partitions_subset(AD_SPEND_DAILY)
-    by_account: dict[str, list[str]] = {}
-    for key in sorted(map(str, subset.get_partition_keys())):
-        by_account.setdefault(key.split("|")[0], []).append(key)
-    for keys in by_account.values():
-        for first in range(0, len(keys), MAX_DAYS_PER_RUN):
-            block = keys[first : first + MAX_DAYS_PER_RUN]
-            result = dg.materialize(
-                [meta_spend, site_spend_equals_ad_sums, accounts_fresh],
-                instance=instance,
-                resources={"rastro": rastro},
-                tags={
-                    **request.tags,
-                    # What Dagster gives a backfill's runs: its daemon fails the backfill on
-                    # a materialization of a target asset of no partition from one of them.
-                    "dagster/backfill": "first-backfills",
-                    "dagster/asset_partition_range_start": str(block[0]),
-                    "dagster/asset_partition_range_end": str(block[-1]),
-                    SYNC_KIND_TAG: "backfill",
-                },
-            )
-            assert result.success
-            unpartitioned = [
-                event.asset_key
-                for event in result.get_asset_materialization_events()
-                if event.partition is None
-            ]
-            assert AD_SPEND_DAILY not in unpartitioned, unpartitioned
-            on_each_run()
+    """The fill backfill's runs as Dagster cuts them (25 accounts a run), in order."""
+    [fill] = request.asset_graph_subset.asset_keys
+    accounts = sorted(request.asset_graph_subset.get_partitions_subset(fill).get_partition_keys())
+    for first in range(0, len(accounts), FILL_ACCOUNTS_PER_RUN):
+        chunk = accounts[first : first + FILL_ACCOUNTS_PER_RUN]
+        result = dg.materialize(
+            [build_spend_fill(0, 1)],
+            instance=instance,
+            resources={"rastro": rastro},
+            tags={
+                **request.tags,
+                "dagster/backfill": "first-backfills",
+                "dagster/asset_partition_range_start": chunk[0],
+                "dagster/asset_partition_range_end": chunk[-1],
+            },
+        )
+        assert result.success
+        on_each_run()
 
 
 def test_after_first_backfills_every_asset_holding_rows_is_materialized_and_no_check_failed(
@@ -257,24 +239,7 @@ def test_after_first_backfills_every_asset_holding_rows_is_materialized_and_no_c
                 stats = node["partitionStats"]
                 assert stats["numMaterialized"] > 0, f"{name} reads as never materialized"
                 assert stats["numFailed"] == 0, name
-            if name in ("ad_spend_daily", "site_spend_daily"):
-                # A backfill's runs may not materialize a target asset with no partition
-                # (Dagster fails the backfill), so after backfills alone the table's figures
-                # are the latest observation; the next wave that records a day makes them a
-                # materialization, which the overview shows (test_wave).
-                [observed] = node["assetObservations"]
-                [rows] = [
-                    entry["intValue"]
-                    for entry in observed["metadataEntries"]
-                    if entry["label"] == "dagster/row_count"
-                ]
-                assert rows == held[name], name
-                # The overview's Row count falls back to it: a partition's event carries its
-                # day's figures under day_ names, never `dagster/row_count`.
-                assert overview_row_count(node) == held[name], name
-                [latest] = node["assetMaterializations"]
-                assert latest["partition"] is not None, name
-            elif name in held:
+            if name in held:
                 # The overview shows its latest materialization's row count and metadata as the
                 # asset's: the whole table's, on an event of no partition, never one partition's.
                 assert overview_row_count(node) == held[name], name

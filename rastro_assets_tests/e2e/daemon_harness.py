@@ -189,14 +189,20 @@ def runs(warehouse: Warehouse, kind: str) -> list[tuple]:
 
 
 def wait_for_the_backfill(warehouse: Warehouse, world: FakeWorld, timeout_seconds: float):
-    """The new account's 90-day backfill, once done: 30-day runs, all ok, equal to Meta.
+    """The new account's 90-day backfill, once done and published: 30-day blocks, all ok,
+    equal to Meta.
+
+    Published too: the run publishes the snapshot after its last block, and an analyst
+    opening the snapshot before then opens the file an earlier session may hold.
 
     Returns its sync runs.
     """
     wait_for(
-        "the 90-day backfill",
+        "the 90-day backfill, published",
         lambda: (
-            account_status(warehouse).state == "live" and len(runs(warehouse, "backfill")) >= 3
+            account_status(warehouse).state == "live"
+            and len(runs(warehouse, "backfill")) >= 3
+            and published_after_backfill(warehouse)
         ),
         timeout_seconds=timeout_seconds,
     )
@@ -209,6 +215,16 @@ def wait_for_the_backfill(warehouse: Warehouse, world: FakeWorld, timeout_second
             con, world, ACCOUNT, today - timedelta(days=89), today - timedelta(days=2)
         )
     return backfill
+
+
+def published_after_backfill(warehouse: Warehouse) -> bool:
+    """A snapshot was published after the last backfill block finished."""
+    with warehouse.connect() as con:
+        [[published, finished]] = con.execute(
+            "SELECT (SELECT max(published_at) FROM analytics_snapshot_state),"
+            " (SELECT max(finished_at) FROM meta_sync_runs WHERE kind = 'backfill')"
+        ).fetchall()
+    return published is not None and finished is not None and published >= finished
 
 
 def wave_outcome_after(warehouse: Warehouse, instant: datetime) -> str | None:

@@ -115,7 +115,8 @@ def test_the_scaled_config_backfills_and_runs_live_waves_on_postgres(postgres_wo
             timeout_seconds=120,
         )
         assert (status, is_asset_backfill) == ("COMPLETED_SUCCESS", True)
-        assert len(run_states) >= 3 and set(run_states) == {"SUCCESS"}
+        # One run reads the account's 90 days, block by block.
+        assert len(run_states) >= 1 and set(run_states) == {"SUCCESS"}
         backfilled_days = {
             f"{ACCOUNT}|{since + timedelta(days=offset)}"
             for since, until, _ in backfill

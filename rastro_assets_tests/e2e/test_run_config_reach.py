@@ -16,18 +16,10 @@ victim file show what it reached.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -45,22 +37,15 @@ from rastro_assets_tests.e2e.daemon_harness import (
     linked_warehouse,
     one_account_world,
 )
+from rastro_assets_tests.e2e.webserver_harness import LOCATION, graphql, webserver
 from rastro_fake_graph.server import serve
 
 pytestmark = pytest.mark.slow
 
-LOCATION = "rastro_assets"
 JOB = "meta_sync_wave"
-STARTUP_SECONDS = 60
 RUN_END_SECONDS = 60
 VICTIM_BYTES = b"an operator's file that no run may replace\n"
 FROM_UI = {"key": "dagster/from_ui", "value": "true"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launch_mutation() -> str:
@@ -106,69 +91,6 @@ class Listener:
     def __exit__(self, *exc) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-@contextlib.contextmanager
-def webserver(env: dict[str, str], log: Path) -> Iterator[str]:
-    """`dagster-webserver` on a free loopback port from the repo root; yields its GraphQL
-    URL once it answers, and stops it with everything it started."""
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "dagster-webserver"),
-            "-h", "127.0.0.1", "-p", str(port), "-w", "workspace.yaml",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}/graphql"
-    try:
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while not location_loaded(url):
-            assert process.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=20)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=20)
-
-
-def graphql(url: str, query: str, variables: dict | None = None) -> dict:
-    request = urllib.request.Request(
-        url,
-        data=json.dumps({"query": query, "variables": variables or {}}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        answer = json.load(response)
-    assert not answer.get("errors"), answer["errors"]
-    return answer["data"]
-
-
-def location_loaded(url: str) -> bool:
-    try:
-        data = graphql(
-            url,
-            """{ workspaceOrError { ... on Workspace { locationEntries {
-                 name locationOrLoadError { __typename } } } } }""",
-        )
-    except (urllib.error.URLError, ConnectionError):
-        return False
-    entries = data["workspaceOrError"].get("locationEntries") or []
-    loaded = [e for e in entries if e["name"] == LOCATION]
-    if loaded and loaded[0]["locationOrLoadError"]:
-        assert loaded[0]["locationOrLoadError"]["__typename"] == "RepositoryLocation", loaded
-        return True
-    return False
 
 
 def runs(url: str) -> list[dict]:

@@ -251,8 +251,9 @@ def seed_catalog(con, account: str, ad_id: str, now: datetime) -> None:
         [ad_id, b"\x89PNG", now],
     )
     con.execute(
-        "INSERT INTO meta_sync_runs (run_id, ad_account_id, kind, started_at) VALUES (?, ?, ?, ?)",
-        [f"run-{ad_id}", account, "backfill", now],
+        "INSERT INTO meta_sync_runs (run_id, ad_account_id, kind, since, started_at)"
+        " VALUES (?, ?, ?, ?, ?)",
+        [f"run-{ad_id}", account, "backfill", now.date(), now],
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from datetime import date
 from pathlib import Path
 
 import duckdb
@@ -102,7 +103,8 @@ PRIMARY_KEYS = {
     "site_spend_daily": ["site_id", "ad_account_id", "day"],
     "ad_catalog": ["ad_id"],
     "ad_thumbnails": ["ad_id"],
-    "meta_sync_runs": ["run_id", "ad_account_id"],
+    # One row per account sync; a run reads an account's backfill in blocks, one sync each.
+    "meta_sync_runs": ["run_id", "ad_account_id", "since"],
 }
 
 
@@ -149,6 +151,39 @@ def test_migrating_again_changes_nothing(warehouse: Warehouse, con: duckdb.DuckD
         (migration.version,) for migration in schema.MIGRATIONS
     ]
     assert con.execute("SELECT name FROM sites").fetchall() == [("kept",)]
+
+
+def test_a_file_of_one_row_per_run_and_account_keeps_its_rows(duckdb_path: Path):
+    duckdb_path.parent.mkdir(parents=True)
+    with duckdb.connect(str(duckdb_path)) as old:
+        old.execute(schema._VERSION_TABLE)
+        for migration in schema.MIGRATIONS[:3]:
+            for statement in migration.statements:
+                old.execute(statement)
+            old.execute(
+                "INSERT INTO schema_version (version, description) VALUES (?, ?)",
+                [migration.version, migration.description],
+            )
+        old.execute(
+            "INSERT INTO meta_sync_runs (run_id, ad_account_id, kind, since, until, started_at,"
+            " finished_at, outcome) VALUES ('r1', 'act_1', 'backfill', DATE '2026-10-01',"
+            " DATE '2026-10-30', TIMESTAMPTZ '2026-11-01 10:00:00+00',"
+            " TIMESTAMPTZ '2026-11-01 10:01:00+00', 'ok')"
+        )
+    with Warehouse(duckdb_path).connect() as con:
+        assert schema.current_version(con) == schema.LATEST_VERSION
+        assert con.execute(
+            "SELECT run_id, ad_account_id, since, outcome FROM meta_sync_runs"
+        ).fetchall() == [("r1", "act_1", date(2026, 10, 1), "ok")]
+        con.execute(
+            "INSERT INTO meta_sync_runs (run_id, ad_account_id, kind, since, started_at)"
+            " VALUES ('r1', 'act_1', 'backfill', DATE '2026-09-01', now())"
+        )
+        assert con.execute("SELECT count(*) FROM meta_sync_runs").fetchone() == (2,)
+        indexes = con.execute(
+            "SELECT expressions FROM duckdb_indexes() WHERE table_name = 'meta_sync_runs'"
+        ).fetchall()
+        assert any("started_at" in str(row) for row in indexes)
 
 
 def test_migrate_through_a_new_warehouse_object_is_idempotent(duckdb_path: Path):

@@ -1,5 +1,6 @@
-"""What `meta_accounts` asks of Dagster: each shard's account partitions, and the owed
-backfills and gap fills as partition backfills of the account's own spend pair."""
+"""What the sensors ask of Dagster for owed backfills and gap fills: each shard's account
+partitions, a partition backfill of the shard's `spend_backfill` over the accounts owing
+days, and, when many accounts owe their newest days at once, first-data runs for those."""
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -8,24 +9,29 @@ from datetime import date, datetime
 import dagster as dg
 
 from rastro_assets import shards
+from rastro_assets.defs.cadence.wave import sync_wave_job
 from rastro_assets.defs.dagster_private import AssetGraphSubset
 from rastro_assets.defs.keys import (
-    ACCOUNT_TAG,
+    FILL_ACCOUNTS_TAG,
+    FIRST_DATA_TAG,
     MAX_RUNTIME_TAG,
     PARTITION_RUN_MAX_RUNTIME_SECONDS,
     SYNC_KIND_TAG,
+    WAVE_MAX_RUNTIME_SECONDS,
 )
 from rastro_assets.defs.partitions import (
     ACCOUNT_PARTITIONS_NAME,
     all_accounts_partitions_name,
     reach_start,
-    spend_partition_key,
+    shard_account_partitions,
 )
-from rastro_assets.defs.spend.assets import spend_shard
+from rastro_assets.defs.spend.fill import FILL_ACCOUNTS_PER_RUN, fill_key
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount
-from rastro_assets.planner.state import AccountState
-from rastro_assets.timekeeping import days_between, local_date
+from rastro_assets.planner.state import AccountState, SyncRun
+from rastro_assets.timekeeping import local_date
+
+WAVE_JOB = sync_wave_job.name
 
 BACKFILL_KINDS = ("backfill", "gap")
 
@@ -58,65 +64,101 @@ def reachable_fill(plan: cadence.Plan, state: AccountState, now: datetime) -> Fi
     return Fill(plan.ad_account_id, plan.kind, since, plan.until)
 
 
-def shared_backfills(fills: Sequence[Fill]) -> list[list[Fill]]:
-    """Fills grouped into shared backfills: one kind each, fewer accounts than days.
+FIRST_DATA_ACCOUNTS_PER_RUN = 100
+"""Accounts a first-data run reads: their newest block each, side by side."""
 
-    Dagster cuts a backfill of a multi-partition subset into ranges along the
-    dimension with fewer distinct keys. With fewer accounts than days, each
-    range is one account's days, so the 30-day runs never mix accounts.
+
+@dataclass(frozen=True)
+class FirstData:
+    """An account's newest owed block, read before any account's older ones."""
+
+    fill: Fill
+    since: date
+    until: date
+
+
+def first_data(fills: Sequence[Fill], runs_of: Mapping[str, Sequence[SyncRun]]) -> list[FirstData]:
+    """The fills whose newest block (the one reaching today) is unread, when more are owed
+    together than one fill run reads (`FILL_ACCOUNTS_PER_RUN`); otherwise none.
+
+    A fill run reads its own accounts' newest blocks first, but a backfill's runs go a few
+    at a time: with hundreds of accounts linked together, the last run's accounts would
+    wait for every other account's 90 days. Their newest blocks are read first instead,
+    by `meta_cadence` in runs of their own, and `meta_accounts` then starts the older
+    blocks as the fill backfill. Both sensors decide with this one rule.
     """
-    groups: list[list[Fill]] = []
-    for kind in BACKFILL_KINDS:
-        group: list[Fill] = []
-        days: set[date] = set()
-        for fill in sorted((f for f in fills if f.kind == kind), key=lambda f: f.since):
-            own_days = set(days_between(fill.since, fill.until))
-            if group and len(group) + 1 >= len(days | own_days):
-                groups.append(group)
-                group, days = [], set()
-            group.append(fill)
-            days |= own_days
-        if group:
-            groups.append(group)
-    return groups
-
-
-def backfill_request(
-    fills: Sequence[Fill], shard_of: Mapping[str, int] | None = None
-) -> dg.RunRequest:
-    """One partition backfill over the fills' days, each account's in its own shard's pair
-    (`shard_of`; shard 0 for an account it does not name).
-
-    Dagster cuts the runs per spend pair (each shard's pair has partitions of its own),
-    so one backfill may span shards; `meta_accounts` asks one per shard all the same, which
-    its daemon iterates faster (bench/README.md).
-
-    Every run of a backfill carries the backfill's tags; the run queue
-    (`run_queue.AccountRunCoordinator`) then sets each range run's `meta_account`
-    tag to the one account its range covers, so its limit of one run at a time
-    (`dagster.yaml`) keeps an account's 30-day runs from running together, where
-    the spend writer would refuse the older run's writes (`RUN_TIMEOUT: ... holds
-    the account`), while the group's other accounts run beside it.
-    """
-    shard_of = shard_of or {}
-    keys_by_shard: dict[int, list[dg.MultiPartitionKey]] = {}
+    newest = []
     for fill in fills:
-        keys_by_shard.setdefault(shard_of.get(fill.ad_account_id, 0), []).extend(
-            spend_partition_key(fill.ad_account_id, day)
-            for day in days_between(fill.since, fill.until)
+        blocks = cadence.unread_blocks(runs_of.get(fill.ad_account_id, ()), fill.since, fill.until)
+        if blocks and blocks[0][1] == fill.until:
+            newest.append(FirstData(fill, *blocks[0]))
+    return newest if len(newest) > FILL_ACCOUNTS_PER_RUN else []
+
+
+def first_data_requests(reads: Sequence[FirstData], now: datetime) -> list[dg.RunRequest]:
+    """`meta_sync_wave` runs of `FIRST_DATA_ACCOUNTS_PER_RUN` newest blocks each, tagged
+    `FIRST_DATA_TAG`: the run queue starts them before the fill backfills queued after."""
+    requests = []
+    for start in range(0, len(reads), FIRST_DATA_ACCOUNTS_PER_RUN):
+        chunk = reads[start : start + FIRST_DATA_ACCOUNTS_PER_RUN]
+        requests.append(
+            dg.RunRequest(
+                run_key=f"first-data:{now.isoformat()}:{start}",
+                job_name=WAVE_JOB,
+                run_config={
+                    "ops": {
+                        "sync_wave": {
+                            "config": {
+                                "syncs": [
+                                    {
+                                        "ad_account_id": read.fill.ad_account_id,
+                                        "kind": read.fill.kind,
+                                        "since": read.since.isoformat(),
+                                        "until": read.until.isoformat(),
+                                    }
+                                    for read in chunk
+                                ]
+                            }
+                        }
+                    }
+                },
+                tags={
+                    FIRST_DATA_TAG: str(len(chunk)),
+                    SYNC_KIND_TAG: "+".join(sorted({read.fill.kind for read in chunk})),
+                    MAX_RUNTIME_TAG: str(WAVE_MAX_RUNTIME_SECONDS),
+                },
+            )
         )
-    subsets = {}
-    for shard, keys in sorted(keys_by_shard.items()):
-        spend = spend_shard(shard)
-        subset = spend.partitions.empty_subset().with_partition_keys(keys)
-        subsets[spend.ad_key] = subsets[spend.site_key] = subset
+    return requests
+
+
+def first_data_accounts(run_config: Mapping) -> set[str]:
+    """The accounts a first-data run (or any `meta_sync_wave` run) reads, from its config."""
+    try:
+        syncs = run_config["ops"]["sync_wave"]["config"]["syncs"]
+        return {str(sync["ad_account_id"]) for sync in syncs}
+    except (KeyError, TypeError):
+        return set()
+
+
+def fill_request(fills: Sequence[Fill], shard: int) -> dg.RunRequest:
+    """One partition backfill of the shard's `spend_backfill` over the fills' accounts.
+
+    Dagster cuts it into runs of `FILL_ACCOUNTS_PER_RUN` accounts (the asset's backfill
+    policy), each reading its accounts' owed blocks side by side. No `meta_account` tag:
+    the queue's limit of one run per value would hold the backfill's runs to one at a
+    time, and each run's accounts are its own (the backfill stays requested, so the
+    sensors start nothing else for them, and the leases fence off anything else).
+    """
+    key = fill_key(shard)
     accounts = sorted(fill.ad_account_id for fill in fills)
+    subset = shard_account_partitions(shard).empty_subset().with_partition_keys(accounts)
     group = accounts[0] if len(accounts) == 1 else f"{accounts[0]} and {len(accounts) - 1} more"
     return dg.RunRequest.for_asset_graph_subset(
-        AssetGraphSubset(partitions_subsets_by_asset_key=subsets),
+        AssetGraphSubset(partitions_subsets_by_asset_key={key: subset}),
         tags={
-            ACCOUNT_TAG: group,
-            SYNC_KIND_TAG: fills[0].kind,
+            FILL_ACCOUNTS_TAG: group,
+            SYNC_KIND_TAG: "+".join(sorted({fill.kind for fill in fills})),
             MAX_RUNTIME_TAG: str(PARTITION_RUN_MAX_RUNTIME_SECONDS),
         },
     )

@@ -2,14 +2,13 @@
 
 `meta_accounts` keeps the `meta_ad_account` partitions equal to the linked
 accounts and starts the owed backfills (a new account's 90 days, or the gap
-after a long pause) as real partition backfills: 30-day runs, visible under
-Backfills. Accounts that fall due in the same tick share one backfill, because
-the backfill daemon lists every key of the spend assets (accounts x dates) for
-each backfill it takes up (6 s and 300 MB at 3,000 accounts): twenty accounts
-linked together cost one listing, not twenty. `meta_cadence` asks the planner
-about every account each tick and starts one wave run for all the live, daily
-and weekly syncs that are due. Both read `meta_sync_runs` through the planner:
-their cursors only remember what
+after a long pause) as real partition backfills of `spend_backfill`, visible
+under Backfills: one per shard and tick, whose runs each read many accounts'
+30-day blocks (`defs/spend/fill.py`). When more accounts owe their newest days
+at once than one such run reads, `meta_cadence` reads those first, in first-data
+runs of their own. `meta_cadence` asks the planner about every account each tick
+and starts one wave run for all the live, daily and weekly syncs that are due.
+Both read `meta_sync_runs` through the planner: their cursors only remember what
 they last reported (freshness, the accounts' health), never what is owed.
 """
 
@@ -22,10 +21,12 @@ import dagster as dg
 from rastro_assets import shards
 from rastro_assets.defs.cadence.backfills import (
     BACKFILL_KINDS,
-    backfill_request,
+    fill_request,
+    first_data,
+    first_data_accounts,
+    first_data_requests,
     reachable_fill,
     shard_partition_changes,
-    shared_backfills,
 )
 from rastro_assets.defs.cadence.health import (
     health_due,
@@ -38,11 +39,13 @@ from rastro_assets.defs.dagster_private import (
     BulkActionStatus,
     PartitionBackfill,
 )
+from rastro_assets.defs.ended_runs import close_syncs_of_ended_runs
 from rastro_assets.defs.keys import (
     ACCOUNT_DIMENSION_TAG,
     ACCOUNT_TAG,
     AD_SPEND_DAILY,
     DEFAULT_MAX_RUNTIME_SECONDS,
+    FIRST_DATA_TAG,
     IN_FLIGHT_STATUSES,
     MAX_RUNTIME_TAG,
     RANGE_START_TAG,
@@ -56,6 +59,7 @@ from rastro_assets.defs.partitions import (
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend.assets import spend_shard
 from rastro_assets.defs.spend.checks import freshness, freshness_evaluation
+from rastro_assets.defs.spend.fill import fill_key, is_fill_key
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS
@@ -91,7 +95,10 @@ def busy_accounts(
         limit = float(run.tags.get(MAX_RUNTIME_TAG) or DEFAULT_MAX_RUNTIME_SECONDS)
         if record.start_time is not None and now - record.start_time > limit:
             continue
-        if run.tags.get(WAVE_TAG) == "true":
+        if run.tags.get(FIRST_DATA_TAG):
+            # A wave job's run, but no cadence wave: live syncs of the others go on.
+            busy.update(first_data_accounts(run.run_config))
+        elif run.tags.get(WAVE_TAG) == "true":
             wave_in_flight = True
         account = _run_account(run.tags)
         if account:
@@ -119,23 +126,31 @@ def is_ad_spend_key(asset_key: dg.AssetKey) -> bool:
 
 
 def backfill_accounts(backfill: PartitionBackfill) -> set[str]:
-    """The accounts whose spend partitions (in any shard) the backfill targets."""
+    """The accounts whose spend or fill partitions (in any shard) the backfill targets."""
     data = backfill.asset_backfill_data
     target = data.target_subset if data else None
-    spend_keys = [key for key in target.asset_keys if is_ad_spend_key(key)] if target else []
-    if not spend_keys:
+    keys = (
+        [key for key in target.asset_keys if is_ad_spend_key(key) or is_fill_key(key)]
+        if target
+        else []
+    )
+    if not keys:
         account = backfill.tags.get(ACCOUNT_TAG)
         return {account} if account else set()
     return {
         str(key).split("|", 1)[0]
-        for asset_key in spend_keys
+        for asset_key in keys
         for key in target.get_partitions_subset(asset_key).get_partition_keys()
     }
 
 
 def build_meta_accounts_sensor(shard_count: int) -> dg.SensorDefinition:
     """`meta_accounts` over the spend pairs of `shard_count` shards."""
-    selection = [key for shard in range(shard_count) for key in spend_shard(shard).keys]
+    selection = [
+        key
+        for shard in range(shard_count)
+        for key in (*spend_shard(shard).keys, fill_key(shard))
+    ]
     which = "meta_ad_account" if shard_count == 1 else "each shard's meta_ad_account"
 
     @dg.sensor(
@@ -144,8 +159,11 @@ def build_meta_accounts_sensor(shard_count: int) -> dg.SensorDefinition:
         asset_selection=selection,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Keeps {which} partitions equal to the linked accounts and starts "
-        "the owed backfills and gap fills of a tick as one partition backfill"
-        + ("." if shard_count == 1 else " per shard."),
+        "the owed backfills and gap fills of a tick as one partition backfill of "
+        "spend_backfill" + ("" if shard_count == 1 else " per shard")
+        + ", runs of many accounts each. When more accounts owe their newest days at once "
+        "than one run reads, meta_cadence reads those first and this sensor then starts "
+        "their older days.",
     )
     def meta_accounts_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
         return _meta_accounts_tick(context, rastro, shard_count)
@@ -157,6 +175,9 @@ def _meta_accounts_tick(
     context: dg.SensorEvaluationContext, rastro: RastroResource, shard_count: int
 ):
     try:
+        warehouse = rastro.warehouse()
+        warehouse.lock_wait_seconds = SENSOR_LOCK_WAIT_SECONDS
+        close_syncs_of_ended_runs(context.instance, warehouse, rastro.clock()())
         accounts = load_accounts(rastro)
     except WarehouseLocked as exc:
         return dg.SkipReason(f"the warehouse is busy: {exc}")
@@ -187,25 +208,38 @@ def _meta_accounts_tick(
             )
         else:
             fills.append(fill)
+    newest_first = {read.fill.ad_account_id for read in first_data(fills, _runs_of(accounts))}
+    if newest_first:
+        waiting.append(
+            f"{len(newest_first)} accounts owe their newest days: meta_cadence reads those "
+            "first, then their older days start here"
+        )
+        fills = [fill for fill in fills if fill.ad_account_id not in newest_first]
     requests = []
-    # A backfill per shard: one backfill over several shards' pairs costs the backfill
+    # A backfill per shard: one backfill over several shards' assets costs the backfill
     # daemon more each iteration than one per shard (bench/README.md, 5,000 accounts).
     for shard in sorted({shard_of[fill.ad_account_id] for fill in fills}):
         in_shard = [fill for fill in fills if shard_of[fill.ad_account_id] == shard]
-        for group in shared_backfills(in_shard):
-            requests.append(backfill_request(group, shard_of))
-            context.log.info(
-                f"one {group[0].kind} backfill of {len(group)} accounts"
-                + (f" in shard {shard}" if shard_count > 1 else "")
-                + ": "
-                + ", ".join(f"{fill.ad_account_id} {fill.since}..{fill.until}" for fill in group)
-            )
+        requests.append(fill_request(in_shard, shard))
+        context.log.info(
+            f"one fill backfill of {len(in_shard)} accounts"
+            + (f" in shard {shard}" if shard_count > 1 else "")
+            + ": "
+            + ", ".join(f"{f.ad_account_id} {f.kind} {f.since}..{f.until}" for f in in_shard[:10])
+            + (f" and {len(in_shard) - 10} more" if len(in_shard) > 10 else "")
+        )
     if not requests and not changes:
         return dg.SkipReason("; ".join(waiting) or "no backfill owed and partitions up to date")
     return dg.SensorResult(run_requests=requests, dynamic_partitions_requests=changes)
 
 
 meta_accounts_sensor = build_meta_accounts_sensor(SHARD_COUNT)
+
+
+def _runs_of(accounts: list[PlannedAccount]):
+    return {account.state.ad_account_id: account.state.runs for account in accounts}
+
+
 
 
 CATALOG_JOB = "meta_catalog_sync"
@@ -236,8 +270,8 @@ def cadence_asset_jobs(shard_count: int) -> list:
         CATALOG_JOB,
         selection=["ad_catalog", "ad_thumbnails"],
         description="The account's full catalog and its thumbnails. The daily wave of "
-        "meta_cadence and a backfill's last block keep them fresh; launch this job for an "
-        "account to read them by hand.",
+        "meta_cadence and a backfill's block reaching today keep them fresh; launch this job "
+        "for an account to read them by hand.",
     )
     return [*spend, catalog, meta_account_health_job]
 
@@ -275,10 +309,18 @@ def _meta_cadence_tick(
     except WarehouseLocked as exc:
         return dg.SkipReason(f"the warehouse is busy: {exc}")
     now = rastro.clock()()
-    due, skipped = [], {}
+    due, skipped, fills = [], {}, []
     statuses = {}
     for account in accounts:
         plan, statuses[plan.ad_account_id] = cadence.plan_and_status(account.state, now)
+        if (
+            plan.kind in BACKFILL_KINDS
+            and account.shard < shard_count
+            and plan.ad_account_id not in busy
+            and plan.is_due(now)
+            and (fill := reachable_fill(plan, account.state, now)) is not None
+        ):
+            fills.append(fill)
         if account.shard >= shard_count:
             skipped["outside the configured shards"] = (
                 skipped.get("outside the configured shards", 0) + 1
@@ -303,15 +345,22 @@ def _meta_cadence_tick(
         context.cursor, cursor, accounts, now, shard_count, statuses
     )
     freshness_events += health_events
-    if not due:
+    first = first_data_requests(first_data(fills, _runs_of(accounts)), now)
+    if first:
+        context.log.info(
+            f"{sum(int(r.tags[FIRST_DATA_TAG]) for r in first)} accounts owe their newest days "
+            f"together: {len(first)} first-data runs read those before any older block"
+        )
+    if not due and not first:
         summary = ", ".join(f"{count} {why}" for why, count in sorted(skipped.items()))
         return dg.SensorResult(
             skip_reason=f"nothing due ({summary or 'no linked accounts'})",
             asset_events=freshness_events,
             cursor=cursor,
         )
+    waves = [wave_request(due, now)] if due else []
     return dg.SensorResult(
-        run_requests=[wave_request(due, now)], asset_events=freshness_events, cursor=cursor
+        run_requests=[*waves, *first], asset_events=freshness_events, cursor=cursor
     )
 
 

@@ -25,7 +25,7 @@ from rastro_assets.defs.spend.assets import (
     spend_shard,
     table_materializations,
 )
-from rastro_assets.defs.spend.checks import failing_sum_check_partitions, sum_check_evaluations
+from rastro_assets.defs.spend.checks import evaluate_sum_checks
 from rastro_assets.planner import cadence
 from rastro_assets.sync.types import SyncOutcome, SyncRequest
 from rastro_assets.timekeeping import zone
@@ -139,7 +139,7 @@ def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: Rastro
         shard_of = account_shards(con, [request.ad_account_id for request in requests])
     tally = _record_outcomes(context, outcomes, shard_of)
     if tally.checked:
-        _evaluate_sum_checks(context, rastro, tally.checked, shard_of)
+        evaluate_sum_checks(context, rastro, tally.checked, shard_of)
     if tally.recorded:
         # Each table's figures after the partitions: the overview shows the latest event's.
         shards = sorted({shard_of.get(o.request.ad_account_id, 0) for o in outcomes})
@@ -217,28 +217,6 @@ def _record_outcomes(
     log_materialization_batches(context, recorded)
     tally.recorded = len(recorded)
     return tally
-
-
-def _evaluate_sum_checks(
-    context: dg.OpExecutionContext,
-    rastro: RastroResource,
-    checked: Sequence[tuple[str, date]],
-    shard_of: Mapping[str, int],
-) -> None:
-    failing: set[str] = set()
-    for shard in sorted({shard_of.get(account, 0) for account, _ in checked}):
-        failing |= failing_sum_check_partitions(
-            context.instance,
-            [
-                spend_partition_key(account, day)
-                for account, day in checked
-                if shard_of.get(account, 0) == shard
-            ],
-            shard,
-        )
-    with rastro.warehouse().connect(read_only=True) as con:
-        for evaluation in sum_check_evaluations(con, checked, failing, shard_of):
-            context.log_event(evaluation)
 
 
 def _report(

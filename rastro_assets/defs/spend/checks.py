@@ -1,6 +1,6 @@
 """Asset checks: invariants proven per partition, visible in the UI."""
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date
 
@@ -84,6 +84,30 @@ def failing_sum_check_partitions(
         if latest and latest[0].status == AssetCheckExecutionRecordStatus.FAILED:
             failing.add(partition)
     return failing
+
+
+def evaluate_sum_checks(
+    context: dg.OpExecutionContext | dg.AssetExecutionContext,
+    rastro: RastroResource,
+    checked: Sequence[tuple[str, date]],
+    shard_of: Mapping[str, int],
+) -> None:
+    """`equals_sum_of_ad_spend` for account-days a run recorded without running the check
+    (a wave, a fill), each in its account's shard."""
+    failing: set[str] = set()
+    for shard in sorted({shard_of.get(account, 0) for account, _ in checked}):
+        failing |= failing_sum_check_partitions(
+            context.instance,
+            [
+                spend_partition_key(account, day)
+                for account, day in checked
+                if shard_of.get(account, 0) == shard
+            ],
+            shard,
+        )
+    with rastro.warehouse().connect(read_only=True) as con:
+        for evaluation in sum_check_evaluations(con, checked, failing, shard_of):
+            context.log_event(evaluation)
 
 
 def _sum_evaluation(site_key: dg.AssetKey, partition, mismatches: list) -> dg.AssetCheckEvaluation:

@@ -1,0 +1,277 @@
+"""End to end: a backfill launched from the UI, as its asset page launches it, equals the truth
+(issue 35).
+
+Five accounts of the fake Graph in five timezones are linked as `rastro link` links them (the
+registry, and the account partitions at DAGSTER_HOME) and are live: each one's 90-day backfill
+is recorded as done a minute ago, so the cadence owes none of them a read during the test. A
+real `dagster-webserver` serves the code location over the repo's `dagster.yaml` (storage
+moved to a temporary home). "Materialize..." on `ad_spend_daily`'s page is then done word for
+word: the UI's `LaunchAssetLoaderQuery` for the asset, the target its
+`stateForLaunchingAssets` picks from the answer, and the `LaunchPartitionBackfill` mutation
+with the variables `LaunchAssetChoosePartitionsDialog`'s `onLaunchAsBackfill` builds for the
+picked rectangle: 5 accounts x the 7 account-local days ending 3 days ago, keys like
+`act_101|2026-11-24`. Both operations are read from the installed dagster-webserver bundle
+(`bench/_ui.py`).
+
+A real `dagster-daemon` starts once the backfill is launched: its backfill daemon takes the
+backfill up on its first iteration instead of up to 30 s later (its fixed interval), and its
+sensors run all along. The backfill must complete successfully in 5 runs (Dagster cuts the
+rectangle into one run per account, `docs/operations.md`, "Backfills from the UI"), each
+account's insights read in one Meta call; the warehouse must hold the fake's truth for the 35
+account-days with exact site sums, and every one of the 35 partitions must be materialized.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import time
+from collections import Counter
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+
+from rastro_assets.defs.instance import add_account_partitions
+from rastro_assets.defs.keys import (
+    ACCOUNT_TAG,
+    AD_SPEND_DAILY,
+    BACKFILL_ID_TAG,
+    MAX_DAYS_PER_RUN,
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    SITE_SPEND_DAILY,
+)
+from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
+from rastro_assets.timekeeping import local_date
+from rastro_assets.warehouse import registry
+from rastro_assets_tests.conftest import TOKEN, record_sync_run
+from rastro_assets_tests.e2e.daemon_harness import (
+    REPO,
+    Daemon,
+    instance_yaml,
+    linked_warehouse,
+    wait_for,
+)
+from rastro_assets_tests.e2e.webserver_harness import graphql, webserver
+from rastro_assets_tests.truth import assert_equals_truth, truth_rows
+from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
+from rastro_fake_graph.server import serve
+from rastro_fake_graph.world import FakeWorld, MutableClock
+
+pytestmark = pytest.mark.slow
+
+ACCOUNTS = {  # linked in this order: adjacent in the picker, so no run holds two accounts
+    "act_101": ("America/Sao_Paulo", "BRL"),
+    "act_202": ("Asia/Tokyo", "JPY"),
+    "act_303": ("Pacific/Auckland", "NZD"),
+    "act_404": ("America/Los_Angeles", "USD"),
+    "act_505": ("Europe/Berlin", "EUR"),
+}
+DAYS = 7
+NEWEST_DAYS_AGO = 3
+BACKFILL_SECONDS = 180
+UI_OPERATIONS = ("LaunchAssetLoaderQuery", "LaunchPartitionBackfill")
+FROM_UI = {"key": "dagster/from_ui", "value": "true"}  # uiExecutionTags.tsx, UI_EXECUTION_TAGS
+HIDDEN_JOB_PREFIXES = ("__ASSET_JOB", "__anonymous_asset_job")  # isHiddenAssetGroupJob
+INSIGHTS_ENDPOINTS = ("insights", "async", "report", "report_insights")
+ENDED = ("COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED")
+
+
+@functools.cache
+def ui_operations() -> dict[str, str]:
+    """The UI's own operations, each with its fragments, from the installed bundle."""
+    spec = importlib.util.spec_from_file_location("bench_ui", REPO / "bench" / "_ui.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    texts, _, notes = module.extract_operations(UI_OPERATIONS)
+    assert set(texts) == set(UI_OPERATIONS), notes
+    return texts
+
+
+def picked_days(now: datetime) -> dict[str, list[date]]:
+    """Each account's 7 local days ending `NEWEST_DAYS_AGO` before its local today."""
+    picked = {}
+    for account, (timezone, _) in ACCOUNTS.items():
+        newest = local_date(now, timezone) - timedelta(days=NEWEST_DAYS_AGO)
+        picked[account] = [newest - timedelta(days=n) for n in reversed(range(DAYS))]
+    return picked
+
+
+def dialog_backfill_params(loaded: dict, keys: list[str]) -> dict:
+    """What "Launch backfill" sends for `keys` from the asset's page.
+
+    `stateForLaunchingAssets` (LaunchAssetExecutionButton.tsx) targets the job `getCommonJob`
+    picks: the asset page passes no preferred job, so the asset's first. Then
+    `onLaunchAsBackfill` (LaunchAssetChoosePartitionsDialog.tsx) sends, for a hidden asset
+    job, `tags`, `assetSelection`, `partitionNames` and `fromFailure`; `runConfigData` is
+    undefined without a saved launchpad config, so JSON leaves it out. With a job of our own
+    first it would add a `selector`: a job backfill, which the run queue refuses.
+    """
+    assert loaded["assetNodeAdditionalRequiredKeys"] == []
+    assert loaded["assetNodeDefinitionCollisions"] == []
+    (node,) = loaded["assetNodes"]
+    assert node["isMaterializable"] and node["isExecutable"] and not node["isObservable"]
+    assert node["configField"] is None or not node["configField"]["isRequired"]
+    assert node["backfillPolicy"]["maxPartitionsPerRun"] == MAX_DAYS_PER_RUN
+    job = node["jobNames"][0]
+    assert job.startswith(HIDDEN_JOB_PREFIXES), node["jobNames"]
+    return {
+        "tags": [FROM_UI],
+        "assetSelection": [{"path": node["assetKey"]["path"]}],
+        "partitionNames": keys,
+        "fromFailure": False,
+    }
+
+
+def link_live_accounts(directory: Path, home: Path, now: datetime):
+    """The accounts linked to site `s1` in a new warehouse and added to the instance's
+    account partitions, as `rastro link` does; each with its 90-day backfill done a minute
+    ago, which counts as its live, daily and weekly reads: the cadence owes none a read for
+    45 minutes, but a daily whose local 04:00 falls within the test. That one waits for the
+    backfill (its accounts are busy while it is requested) and would start after the
+    Meta calls are counted."""
+    warehouse, snapshot_path = linked_warehouse(directory, [], "UTC", "USD")
+    with warehouse.connect() as con:
+        for account, (timezone, currency) in ACCOUNTS.items():
+            registry.link_account(
+                con, "s1", account, "c1", timezone, currency, now - timedelta(minutes=2)
+            )
+            today = local_date(now, timezone)
+            record_sync_run(
+                con, "linked-earlier", account, "backfill", today - timedelta(days=89), today,
+                now - timedelta(minutes=1), catalog=True,
+            )
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        add_account_partitions(instance, dict.fromkeys(ACCOUNTS, 0))
+        assert instance.get_dynamic_partitions(ACCOUNT_PARTITIONS_NAME) == list(ACCOUNTS)
+    return warehouse, snapshot_path
+
+
+def backfill_status(home: Path, backfill_id: str) -> str | None:
+    """The backfill's status once it has ended, else None."""
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        status = instance.get_backfill(backfill_id).status.value
+    return status if status in ENDED else None
+
+
+def test_a_ui_backfill_of_5_accounts_by_7_days_equals_the_truth(tmp_path, secrets_key):
+    started = time.monotonic()
+    now = datetime.now(UTC)
+    # The product keeps the wall clock; the fake's stops here, so a local midnight during
+    # the test moves none of the figures the truth is asked for later.
+    world = FakeWorld(clock=MutableClock(now), seed=35)
+    for account, (timezone, currency) in ACCOUNTS.items():
+        world.add_account(account, timezone=timezone, currency=currency, n_ads=3, token=TOKEN)
+    requests = world.record_requests()
+    days = picked_days(now)
+    keys = [f"{account}|{day}" for account, picked in days.items() for day in picked]
+    assert len(keys) == len(ACCOUNTS) * DAYS
+
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(yaml.safe_dump(instance_yaml(home)))
+    warehouse, snapshot_path = link_live_accounts(tmp_path, home, now)
+
+    with serve(world) as graph:
+        env = {key: value for key, value in os.environ.items() if not key.startswith("RASTRO_")}
+        env.update(
+            {
+                "DAGSTER_HOME": str(home),
+                # docs/operations.md, "Planned events": set on every install.
+                "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "true",
+                "RASTRO_SECRETS_KEY": secrets_key,
+                "RASTRO_DUCKDB_PATH": str(warehouse.path),
+                "RASTRO_ANALYTICS_PATH": str(snapshot_path),
+                "RASTRO_META_GRAPH_URL": graph.base_url,
+            }
+        )
+        daemon = Daemon(env, tmp_path / "daemon.log")
+        try:
+            with webserver(env, tmp_path / "webserver.log") as url:
+                webserver_up = time.monotonic()
+                operations = ui_operations()
+                loaded = graphql(
+                    url,
+                    operations["LaunchAssetLoaderQuery"],
+                    {"assetKeys": [{"path": AD_SPEND_DAILY.path}]},
+                )
+                params = dialog_backfill_params(loaded, keys)
+                answer = graphql(
+                    url, operations["LaunchPartitionBackfill"], {"backfillParams": params}
+                )["launchPartitionBackfill"]
+                assert "backfillId" in answer, answer
+                backfill_id = answer["backfillId"]
+                launched = time.monotonic()
+                daemon.start()
+                status = wait_for(
+                    "the backfill to end",
+                    lambda: backfill_status(home, backfill_id),
+                    BACKFILL_SECONDS,
+                )
+                ended = time.monotonic()
+                insights_calls = Counter(
+                    request.account
+                    for request in list(requests)
+                    if request.endpoint in INSIGHTS_ENDPOINTS
+                )
+                endpoints = Counter(request.endpoint for request in list(requests))
+        except AssertionError:
+            log = daemon.log.read_text()[-6000:] if daemon.log.exists() else ""
+            print(log)
+            raise
+        finally:
+            daemon.stop()
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        backfill = instance.get_backfill(backfill_id)
+        runs = instance.get_runs(dg.RunsFilter(tags={BACKFILL_ID_TAG: backfill_id}))
+        materialized = {
+            asset_key: instance.get_materialized_partitions(asset_key)
+            for asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY)
+        }
+        every_backfill = [each.backfill_id for each in instance.get_backfills()]
+
+    print(
+        f"webserver up in {webserver_up - started:.0f} s; backfill ended"
+        f" {ended - launched:.0f} s after its launch with {len(runs)} runs;"
+        f" {time.monotonic() - started:.0f} s in all; Meta calls {dict(endpoints)}"
+    )
+    assert status == "COMPLETED_SUCCESS", status
+    assert backfill.tags.get(FROM_UI["key"]) == FROM_UI["value"]
+    assert backfill.asset_selection == [AD_SPEND_DAILY]
+    assert every_backfill == [backfill_id]  # the cadence started none of its own
+
+    # One run per account over its 7 days, each tagged with its account by the run queue.
+    assert len(runs) == len(ACCOUNTS)
+    assert {run.status for run in runs} == {dg.DagsterRunStatus.SUCCESS}
+    ranges = sorted((run.tags[RANGE_START_TAG], run.tags[RANGE_END_TAG]) for run in runs)
+    assert ranges == [
+        (f"{account}|{picked[0]}", f"{account}|{picked[-1]}") for account, picked in days.items()
+    ]
+    assert sorted(run.tags[ACCOUNT_TAG] for run in runs) == list(ACCOUNTS)
+    assert all(run.tags.get(FROM_UI["key"]) == FROM_UI["value"] for run in runs)
+
+    # Each account's 7 days in one Meta read, and no report job.
+    assert insights_calls == dict.fromkeys(ACCOUNTS, 1), insights_calls
+    assert not endpoints.keys() & {"async", "report", "report_insights"}, endpoints
+
+    with warehouse.connect(read_only=True) as con:
+        for account, picked in days.items():
+            assert truth_rows(world, account, picked[0], picked[-1]), account
+            assert_equals_truth(con, world, account, picked[0], picked[-1])
+        assert_site_spend_exact(con)
+        synced = con.execute(
+            "SELECT ad_account_id, since, until, outcome FROM meta_sync_runs"
+            " WHERE kind = 'manual' ORDER BY ad_account_id"
+        ).fetchall()
+    assert synced == [
+        (account, picked[0], picked[-1], "ok") for account, picked in days.items()
+    ]
+
+    # Every one of the 35 account-days materialized, in both tables' assets, and no other.
+    assert materialized[AD_SPEND_DAILY] == set(keys)
+    assert materialized[SITE_SPEND_DAILY] == set(keys)
