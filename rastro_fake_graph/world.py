@@ -836,11 +836,15 @@ class FakeWorld:
             return self.requests
 
     def record_call(self, endpoint: str, account: str | None, *,
-                    token: str | None = None) -> None:
+                    token: str | None = None, graph: bool = True) -> None:
+        """Count one request; only a Graph API call (`graph`) spends the app's and the
+        account's rate-limit windows: a thumbnail's CDN fetch is no Graph call."""
         now = self.clock()
         self.calls[endpoint] += 1
         if self.requests is not None:
             self.requests.append(RecordedRequest(endpoint, account, token))
+        if not graph:
+            return
         self._app_calls.append(now)
         if account:
             self._account_calls.setdefault(account, deque()).append(now)
