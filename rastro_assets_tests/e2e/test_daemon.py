@@ -12,11 +12,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import dagster as dg
 import pytest
 
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
-from rastro_assets.timekeeping import local_date
+from rastro_assets.timekeeping import days_between, local_date
 from rastro_assets.warehouse import registry
 from rastro_assets_tests.analytics.analyst import Analyst
 from rastro_assets_tests.conftest import TOKEN
@@ -94,6 +95,13 @@ def test_the_daemon_backfills_syncs_pauses_and_resumes_while_analysts_read(daemo
     reader = None
     try:
         wait_for_the_backfill(warehouse, world, timeout_seconds=240)
+        # Each account-day of the 90 shows materialized, recorded as its block was written.
+        today = local_date(datetime.now(UTC), "Pacific/Auckland")
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            grid = instance.get_materialized_partitions(dg.AssetKey("ad_spend_daily"))
+        assert {
+            f"{ACCOUNT}|{day}" for day in days_between(today - timedelta(days=89), today)
+        } - grid <= {f"{ACCOUNT}|{today}"}
         # The backfill's last run read the catalog and counts as the daily and weekly re-sync.
         with warehouse.connect() as con:
             [account] = planned_accounts(con)

@@ -28,12 +28,12 @@ import dagster as dg
 from rastro_assets import shards
 from rastro_assets.defs.analytics import publish_after_writes
 from rastro_assets.defs.ended_runs import close_syncs_of_ended_runs
-from rastro_assets.defs.keys import OWNERS
+from rastro_assets.defs.keys import BACKFILL_ID_TAG, OWNERS
 from rastro_assets.defs.metadata import catalog_materializations
 from rastro_assets.defs.partitions import reach_start, shard_account_partitions
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend.assets import GROUP, materializations, table_materializations
-from rastro_assets.defs.spend.checks import evaluate_sum_checks
+from rastro_assets.defs.spend.checks import evaluate_sum_checks, freshness_evaluation
 from rastro_assets.outcomes import FILL_KINDS
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
@@ -295,11 +295,23 @@ def _finish(
     """
     if checked:
         evaluate_sum_checks(context, rastro, checked, shard_of)
+    if progress.outcomes:
+        # In the run that recorded the days, so the check's latest evaluation is its
+        # asset's latest materialization's, as when the spend pair's own runs ran it.
+        with rastro.warehouse().connect(read_only=True) as con:
+            members = [a for a in planned_accounts(con) if a.shard == shard]
+        context.log_event(freshness_evaluation(members, rastro.clock()(), shard))
     publish_after_writes(context, rastro)
     if progress.outcomes:
-        # Materializations, even in a backfill: the backfill's target is this asset, not the
-        # spend pair, so the pair's figures of no partition are no partition it waits for.
-        yield from table_materializations(rastro, shard, outcomes=progress.outcomes)
+        # Observations in a backfill, as the spend pair's own backfill runs give them: a
+        # materialization of no partition after the sum checks would leave the check's
+        # latest evaluation behind its asset's latest materialization ("not evaluated").
+        yield from table_materializations(
+            rastro,
+            shard,
+            outcomes=progress.outcomes,
+            in_backfill=BACKFILL_ID_TAG in context.run.tags,
+        )
     context.log.info(
         f"{len(progress.done)} accounts hold every owed day; {len(progress.refused)} left owing"
     )
