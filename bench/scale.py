@@ -96,6 +96,10 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import dagster as dg
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -188,13 +192,43 @@ def remove_accounts(instance, homes: dict[str, int], shard_count: int) -> None:
             instance.delete_dynamic_partition(all_accounts_partitions_name(shard_count), account)
 
 
+
+def event_template(
+    asset_key: dg.AssetKey, planned: bool, step: str, metadata: dict, tags: dict | None
+) -> tuple[str, str]:
+    """(event type, the serialized event with @@RUN@@, @@PART@@, @@TS@@ ... to fill in): a
+    materialization of one partition, or its planned event."""
+    import dagster as dg
+    from dagster._core.events import AssetMaterializationPlannedData, StepMaterializationData
+    from dagster_shared.serdes import serialize_value
+
+    if planned:
+        event_type = dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED
+        data = AssetMaterializationPlannedData(asset_key, "@@PART@@")
+    else:
+        event_type = dg.DagsterEventType.ASSET_MATERIALIZATION
+        data = StepMaterializationData(
+            dg.AssetMaterialization(
+                asset_key=asset_key, partition="@@PART@@", metadata=metadata, tags=tags
+            )
+        )
+    entry = dg.EventLogEntry(
+        error_info=None, level="debug", user_message="", run_id="@@RUN@@",
+        timestamp=1.5, step_key=step, job_name="__ASSET_JOB",
+        dagster_event=dg.DagsterEvent(
+            event_type_value=event_type.value, job_name="__ASSET_JOB",
+            step_key=step, event_specific_data=data,
+        ),
+    )
+    template = serialize_value(entry).replace('"timestamp": 1.5', '"timestamp": @@TS@@')
+    assert "@@TS@@" in template, "the event's serialized form changed"
+    return event_type.value, template
+
 class Builder:
     """Writes the rows `store_event` would, from templates Dagster serialized."""
 
     def __init__(self, instance, today: date, shard_count: int = 1):
         import dagster as dg
-        from dagster._core.events import AssetMaterializationPlannedData, StepMaterializationData
-        from dagster_shared.serdes import serialize_value
 
         from rastro_assets.defs.spend.assets import spend_shard
         from rastro_assets.defs.spend.fill import fill_key
@@ -211,76 +245,26 @@ class Builder:
         self.tags: list[dict] = []
         self.runs: list[tuple[str, datetime]] = []
         self.templates = {}
-        for asset_key in self.assets:
-            for planned in (False, True):
-                if planned:
-                    event_type = dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED
-                    data = AssetMaterializationPlannedData(asset_key, "@@PART@@")
-                else:
-                    event_type = dg.DagsterEventType.ASSET_MATERIALIZATION
-                    data = StepMaterializationData(
-                        dg.AssetMaterialization(
-                            asset_key=asset_key,
-                            partition="@@PART@@",
-                            metadata={
-                                "spend": dg.MetadataValue.text("1234.5600 BRL"),
-                                "rows": dg.MetadataValue.int(48),
-                                "ads": dg.MetadataValue.int(12),
-                            },
-                            tags={
-                                "dagster/partition/account": "@@ACC@@",
-                                "dagster/partition/date": "@@DATE@@",
-                            },
-                        )
-                    )
-                entry = dg.EventLogEntry(
-                    error_info=None,
-                    level="debug",
-                    user_message="",
-                    run_id="@@RUN@@",
-                    timestamp=1.5,
-                    step_key="meta_spend",
-                    job_name="__ASSET_JOB",
-                    dagster_event=dg.DagsterEvent(
-                        event_type_value=event_type.value,
-                        job_name="__ASSET_JOB",
-                        step_key="meta_spend",
-                        event_specific_data=data,
-                    ),
+        spend_metadata = {
+            "spend": dg.MetadataValue.text("1234.5600 BRL"),
+            "rows": dg.MetadataValue.int(48),
+            "ads": dg.MetadataValue.int(12),
+        }
+        spend_tags = {"dagster/partition/account": "@@ACC@@", "dagster/partition/date": "@@DATE@@"}
+        fill_metadata = {
+            "blocks_read": dg.MetadataValue.int(3),
+            "days_read": dg.MetadataValue.int(HISTORY_DAYS),
+            "holds": dg.MetadataValue.text("every owed day"),
+        }
+        for planned in (False, True):
+            for asset_key in self.assets:
+                self.templates[(asset_key, planned)] = event_template(
+                    asset_key, planned, "meta_spend", spend_metadata, spend_tags
                 )
-                template = serialize_value(entry).replace('"timestamp": 1.5', '"timestamp": @@TS@@')
-                assert "@@TS@@" in template, "the event's serialized form changed"
-                self.templates[(asset_key, planned)] = (event_type.value, template)
-        for asset_key in self.fills:
-            for planned in (False, True):
-                if planned:
-                    event_type = dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED
-                    data = AssetMaterializationPlannedData(asset_key, "@@PART@@")
-                else:
-                    event_type = dg.DagsterEventType.ASSET_MATERIALIZATION
-                    data = StepMaterializationData(
-                        dg.AssetMaterialization(
-                            asset_key=asset_key,
-                            partition="@@PART@@",
-                            metadata={
-                                "blocks_read": dg.MetadataValue.int(3),
-                                "days_read": dg.MetadataValue.int(HISTORY_DAYS),
-                                "holds": dg.MetadataValue.text("every owed day"),
-                            },
-                        )
-                    )
-                step = asset_key.to_python_identifier()
-                entry = dg.EventLogEntry(
-                    error_info=None, level="debug", user_message="", run_id="@@RUN@@",
-                    timestamp=1.5, step_key=step, job_name="__ASSET_JOB",
-                    dagster_event=dg.DagsterEvent(
-                        event_type_value=event_type.value, job_name="__ASSET_JOB",
-                        step_key=step, event_specific_data=data,
-                    ),
+            for asset_key in self.fills:
+                self.templates[(asset_key, planned)] = event_template(
+                    asset_key, planned, asset_key.to_python_identifier(), fill_metadata, None
                 )
-                template = serialize_value(entry).replace('"timestamp": 1.5', '"timestamp": @@TS@@')
-                assert "@@TS@@" in template, "the event's serialized form changed"
-                self.templates[(asset_key, planned)] = (event_type.value, template)
 
     def add_run(self, run_id: str, at: datetime) -> None:
         self.runs.append((run_id, at))
