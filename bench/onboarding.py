@@ -1,4 +1,4 @@
-"""A first install, measured for real (issue 35, item 5): N accounts linked at once, each
+"""A first install, measured for real: N accounts linked at once, each
 read 90 days back by a real `dagster-daemon run`, Meta at 300 ms a request.
 
 What runs, as the product runs it:

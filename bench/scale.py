@@ -1,4 +1,4 @@
-"""Dagster's own costs at thousands of accounts (issue 16, items 1, 3 and 4; issue 35, item 4).
+"""Dagster's own costs at thousands of accounts.
 
 Builds a Dagster instance, SQLite (the repo's) or Postgres (`docs/dagster.scaled.yaml`'s
 storage on a real server started here), holding N `meta_ad_account` partitions and both

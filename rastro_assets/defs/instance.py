@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from rastro_assets.defs.cadence.sensors import busy_accounts
+from rastro_assets.defs.cadence.busy import busy_accounts
 from rastro_assets.defs.partitions import SHARD_COUNT, all_accounts_partitions_name
 from rastro_assets.defs.spend.assets import spend_shard
 

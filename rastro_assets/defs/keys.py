@@ -29,7 +29,7 @@ FILL_ACCOUNTS_TAG = "rastro/fill_accounts"
 PUBLISH_TAG = "rastro/publish"
 MAX_RUNTIME_TAG = "dagster/max_runtime"
 """Run monitoring (`dagster.yaml`) fails a run that outlives it; the sensors also stop
-waiting for the run then (`cadence.sensors.busy_accounts`)."""
+waiting for the run then (`cadence.busy.busy_accounts`)."""
 BACKFILL_ID_TAG = "dagster/backfill"
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"

@@ -288,7 +288,7 @@ def test_no_wave_while_the_previous_wave_runs(instance, rastro, warehouse):
 
 
 def test_a_run_older_than_its_max_runtime_blocks_nothing(instance):
-    from rastro_assets.defs.cadence.sensors import busy_accounts
+    from rastro_assets.defs.cadence.busy import busy_accounts
 
     for run_id, tags in (
         ("w1", {WAVE_TAG: "true", MAX_RUNTIME_TAG: "900"}),

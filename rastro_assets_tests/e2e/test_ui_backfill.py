@@ -1,5 +1,4 @@
-"""End to end: a backfill launched from the UI, as its asset page launches it, equals the truth
-(issue 35).
+"""End to end: a backfill launched from the UI, as its asset page launches it, equals the truth.
 
 Five accounts of the fake Graph in five timezones are linked as `rastro link` links them (the
 registry, and the account partitions at DAGSTER_HOME) and are live: each one's 90-day backfill

@@ -2,7 +2,7 @@
 partitions, a partition backfill of the shard's `spend_backfill` over the accounts owing
 days, and, when many accounts owe their newest days at once, first-data runs for those."""
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 
@@ -22,46 +22,46 @@ from rastro_assets.defs.keys import (
 from rastro_assets.defs.partitions import (
     ACCOUNT_PARTITIONS_NAME,
     all_accounts_partitions_name,
-    reach_start,
     shard_account_partitions,
 )
-from rastro_assets.defs.spend.fill import FILL_ACCOUNTS_PER_RUN, fill_key
+from rastro_assets.defs.spend.fill import FILL_ACCOUNTS_PER_RUN, Fill, fill_key, reachable_fill
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount
-from rastro_assets.planner.state import AccountState, SyncRun
-from rastro_assets.timekeeping import local_date
+from rastro_assets.planner.state import SyncRun
 
 WAVE_JOB = sync_wave_job.name
 
 BACKFILL_KINDS = ("backfill", "gap")
 
 
-@dataclass(frozen=True)
-class Fill:
-    """The days of an account's backfill or gap fill that can be read and be partitions."""
+def startable_fill(
+    account: PlannedAccount, plan: cadence.Plan, busy: Collection[str], now: datetime,
+    shard_count: int,
+) -> Fill | str | None:
+    """The fill a sensor may start for `account` now (`plan` is its plan at `now`); why not,
+    when one is owed but cannot start; None when none is owed.
 
-    ad_account_id: str
-    kind: str
-    since: date
-    until: date
-
-
-def reachable_fill(plan: cadence.Plan, state: AccountState, now: datetime) -> Fill | None:
-    """The plan's owed days from the account's reach on, or None when none are owed there.
-
-    Days before `reach_start` (the date axis, or Meta's 37 months) are left
-    out: a backfill targeting a day that is no partition fails, and Meta
-    refuses a range starting beyond its 37 months. When the plan starts
-    before the reach, the first day still unread from the reach on starts
-    the fill, so days already read are not read again.
-    """
-    first = reach_start(local_date(now, state.timezone))
-    since = plan.since
-    if since < first:
-        since = cadence.first_unread_day(state.runs, first, plan.until)
-        if since is None:
-            return None
-    return Fill(plan.ad_account_id, plan.kind, since, plan.until)
+    Both sensors ask this, so `first_data` splits the same fills in each."""
+    account_id = account.state.ad_account_id
+    if account.shard >= shard_count:
+        # Never moved silently: the operator lowered the count below this shard.
+        return (
+            f"{account_id}: its shard {account.shard} is not among the"
+            f" {shard_count} of {shards.SHARDS_SETTING}; raise it again"
+        )
+    if plan.kind not in BACKFILL_KINDS:
+        return None
+    if account_id in busy:
+        return f"{account_id}: a run or backfill is in flight"
+    if not plan.is_due(now):
+        return f"{account_id}: {plan.reason}"
+    fill = reachable_fill(plan, account.state, now)
+    if fill is None:
+        return (
+            f"{account_id}: every owed day from {plan.since} is before the "
+            "account's reach (the date axis or Meta's 37 months); nothing to read"
+        )
+    return fill
 
 
 FIRST_DATA_ACCOUNTS_PER_RUN = 100

@@ -13,42 +13,29 @@ they last reported (freshness, the accounts' health), never what is owed.
 """
 
 import json
-import time
 from collections.abc import Mapping
 
 import dagster as dg
 
 from rastro_assets import shards
 from rastro_assets.defs.cadence.backfills import (
-    BACKFILL_KINDS,
+    Fill,
     fill_request,
     first_data,
-    first_data_accounts,
     first_data_requests,
-    reachable_fill,
     shard_partition_changes,
+    startable_fill,
 )
+from rastro_assets.defs.cadence.busy import busy_accounts
 from rastro_assets.defs.cadence.health import (
     health_due,
     health_materialization,
     meta_account_health_job,
 )
 from rastro_assets.defs.cadence.wave import sync_wave_job
-from rastro_assets.defs.dagster_private import (
-    BulkActionsFilter,
-    BulkActionStatus,
-    PartitionBackfill,
-)
 from rastro_assets.defs.ended_runs import close_syncs_of_ended_runs
 from rastro_assets.defs.keys import (
-    ACCOUNT_DIMENSION_TAG,
-    ACCOUNT_TAG,
-    AD_SPEND_DAILY,
-    DEFAULT_MAX_RUNTIME_SECONDS,
     FIRST_DATA_TAG,
-    IN_FLIGHT_STATUSES,
-    MAX_RUNTIME_TAG,
-    RANGE_START_TAG,
     SENSOR_LOCK_WAIT_SECONDS,
     SYNC_KIND_TAG,
     WAVE_TAG,
@@ -59,7 +46,7 @@ from rastro_assets.defs.partitions import (
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend.assets import spend_shard
 from rastro_assets.defs.spend.checks import freshness, freshness_evaluation
-from rastro_assets.defs.spend.fill import fill_key, is_fill_key
+from rastro_assets.defs.spend.fill import fill_key
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS
@@ -75,73 +62,6 @@ def load_accounts(rastro: RastroResource) -> list[PlannedAccount]:
     warehouse.lock_wait_seconds = SENSOR_LOCK_WAIT_SECONDS
     with warehouse.connect() as con:
         return planned_accounts(con)
-
-
-def busy_accounts(
-    instance: dg.DagsterInstance, now: float | None = None
-) -> tuple[set[str], bool]:
-    """Accounts with a run or backfill in flight, and whether a wave is in flight.
-
-    A run started longer ago than its maximum runtime (`MAX_RUNTIME_TAG`) is
-    dead, whatever its status says: a killed run worker leaves its run
-    `STARTED`, and run monitoring fails it only at its next poll, or never
-    when monitoring is off. It must not stop the cadence meanwhile.
-    """
-    now = time.time() if now is None else now
-    busy: set[str] = set()
-    wave_in_flight = False
-    for record in instance.get_run_records(filters=dg.RunsFilter(statuses=IN_FLIGHT_STATUSES)):
-        run = record.dagster_run
-        limit = float(run.tags.get(MAX_RUNTIME_TAG) or DEFAULT_MAX_RUNTIME_SECONDS)
-        if record.start_time is not None and now - record.start_time > limit:
-            continue
-        if run.tags.get(FIRST_DATA_TAG):
-            # A wave job's run, but no cadence wave: live syncs of the others go on.
-            busy.update(first_data_accounts(run.run_config))
-        elif run.tags.get(WAVE_TAG) == "true":
-            wave_in_flight = True
-        account = _run_account(run.tags)
-        if account:
-            busy.add(account)
-    requested = BulkActionsFilter(statuses=[BulkActionStatus.REQUESTED])
-    for backfill in instance.get_backfills(filters=requested):
-        busy.update(backfill_accounts(backfill))
-    return busy, wave_in_flight
-
-
-def _run_account(tags) -> str | None:
-    # A range run of a shared backfill names its account only in its range.
-    range_start = tags.get(RANGE_START_TAG)
-    if range_start:
-        return range_start.split("|", 1)[0]
-    return tags.get(ACCOUNT_DIMENSION_TAG) or tags.get(ACCOUNT_TAG)
-
-
-def is_ad_spend_key(asset_key: dg.AssetKey) -> bool:
-    """`ad_spend_daily` of any shard."""
-    name = asset_key.to_user_string()
-    return name == AD_SPEND_DAILY.to_user_string() or name.startswith(
-        shards.ad_spend_name(0) + "_shard_"
-    )
-
-
-def backfill_accounts(backfill: PartitionBackfill) -> set[str]:
-    """The accounts whose spend or fill partitions (in any shard) the backfill targets."""
-    data = backfill.asset_backfill_data
-    target = data.target_subset if data else None
-    keys = (
-        [key for key in target.asset_keys if is_ad_spend_key(key) or is_fill_key(key)]
-        if target
-        else []
-    )
-    if not keys:
-        account = backfill.tags.get(ACCOUNT_TAG)
-        return {account} if account else set()
-    return {
-        str(key).split("|", 1)[0]
-        for asset_key in keys
-        for key in target.get_partitions_subset(asset_key).get_partition_keys()
-    }
 
 
 def build_meta_accounts_sensor(shard_count: int) -> dg.SensorDefinition:
@@ -187,27 +107,11 @@ def _meta_accounts_tick(
     fills, waiting = [], []
     shard_of = {account.state.ad_account_id: account.shard for account in accounts}
     for account in accounts:
-        if account.shard >= shard_count:
-            # Never moved silently: the operator lowered the count below this shard.
-            waiting.append(
-                f"{account.state.ad_account_id}: its shard {account.shard} is not among the"
-                f" {shard_count} of {shards.SHARDS_SETTING}; raise it again"
-            )
-            continue
-        plan = cadence.plan(account.state, now)
-        if plan.kind not in BACKFILL_KINDS:
-            continue
-        if plan.ad_account_id in busy:
-            waiting.append(f"{plan.ad_account_id}: a run or backfill is in flight")
-        elif not plan.is_due(now):
-            waiting.append(f"{plan.ad_account_id}: {plan.reason}")
-        elif (fill := reachable_fill(plan, account.state, now)) is None:
-            waiting.append(
-                f"{plan.ad_account_id}: every owed day from {plan.since} is before the "
-                "account's reach (the date axis or Meta's 37 months); nothing to read"
-            )
-        else:
-            fills.append(fill)
+        found = startable_fill(account, cadence.plan(account.state, now), busy, now, shard_count)
+        if isinstance(found, Fill):
+            fills.append(found)
+        elif found is not None:
+            waiting.append(found)
     newest_first = {read.fill.ad_account_id for read in first_data(fills, _runs_of(accounts))}
     if newest_first:
         waiting.append(
@@ -313,14 +217,8 @@ def _meta_cadence_tick(
     statuses = {}
     for account in accounts:
         plan, statuses[plan.ad_account_id] = cadence.plan_and_status(account.state, now)
-        if (
-            plan.kind in BACKFILL_KINDS
-            and account.shard < shard_count
-            and plan.ad_account_id not in busy
-            and plan.is_due(now)
-            and (fill := reachable_fill(plan, account.state, now)) is not None
-        ):
-            fills.append(fill)
+        if isinstance(found := startable_fill(account, plan, busy, now, shard_count), Fill):
+            fills.append(found)
         if account.shard >= shard_count:
             skipped["outside the configured shards"] = (
                 skipped.get("outside the configured shards", 0) + 1

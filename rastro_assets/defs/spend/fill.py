@@ -37,6 +37,7 @@ from rastro_assets.defs.spend.checks import evaluate_sum_checks, freshness_evalu
 from rastro_assets.outcomes import FILL_KINDS
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
+from rastro_assets.planner.state import AccountState
 from rastro_assets.sync.syncer import Syncer
 from rastro_assets.sync.types import SyncOutcome, SyncRequest
 from rastro_assets.timekeeping import local_date
@@ -50,6 +51,34 @@ FILL_CONCURRENCY = 16
 MAX_ROUNDS = 12
 """Blocks a run reads of one account at most: three for a new account's 90 days; more
 only when days left incomplete split them."""
+
+
+@dataclass(frozen=True)
+class Fill:
+    """The days of an account's backfill or gap fill that can be read and be partitions."""
+
+    ad_account_id: str
+    kind: str
+    since: date
+    until: date
+
+
+def reachable_fill(plan: cadence.Plan, state: AccountState, now: datetime) -> Fill | None:
+    """The plan's owed days from the account's reach on, or None when none are owed there.
+
+    Days before `reach_start` (the date axis, or Meta's 37 months) are left
+    out: a backfill targeting a day that is no partition fails, and Meta
+    refuses a range starting beyond its 37 months. When the plan starts
+    before the reach, the first day still unread from the reach on starts
+    the fill, so days already read are not read again.
+    """
+    first = reach_start(local_date(now, state.timezone))
+    since = plan.since
+    if since < first:
+        since = cadence.first_unread_day(state.runs, first, plan.until)
+        if since is None:
+            return None
+    return Fill(plan.ad_account_id, plan.kind, since, plan.until)
 
 
 def fill_key(shard: int) -> dg.AssetKey:
@@ -212,8 +241,8 @@ def _newest_unread_block(planned: PlannedAccount, now: datetime):
         return plan.reason
     if plan.kind not in FILL_KINDS:
         return None
-    first = max(plan.since, reach_start(local_date(now, state.timezone)))
-    blocks = cadence.unread_blocks(state.runs, first, plan.until)
+    fill = reachable_fill(plan, state, now)
+    blocks = cadence.unread_blocks(state.runs, fill.since, fill.until) if fill else []
     if not blocks:
         return None
     if not plan.is_due(now):
