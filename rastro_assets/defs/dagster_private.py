@@ -6,7 +6,9 @@ to filter and read backfills (`BulkActionsFilter`, `BulkActionStatus`,
 `PartitionBackfill`), nor to delete single superseded events (retention
 reads and deletes rows of the event log's tables through its SQL storage),
 nor to ask for a partitioned check's latest evaluations
-(`AssetCheckExecutionRecordStatus`, `PartitionKeyFilter`), nor to log an op's
+(`AssetCheckExecutionRecordStatus`, `PartitionKeyFilter`), nor to name the
+materialization a check evaluated outside a run belongs to
+(`AssetCheckEvaluationTargetMaterializationData`), nor to log an op's
 materializations as one event batch (`log_materialization_batches`).
 Dagster is pinned to 1.13.*; after an upgrade, check these imports first
 (`rastro_assets_tests/defs/test_sensors.py`, `test_retention.py` and
@@ -16,6 +18,9 @@ Dagster is pinned to 1.13.*; after an upgrade, check these imports first
 from collections.abc import Iterable
 
 import dagster as dg
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
 from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraphSubset
 from dagster._core.event_api import PartitionKeyFilter
 from dagster._core.events import DagsterEvent, DagsterEventBatchMetadata, generate_event_batch_id
@@ -25,6 +30,7 @@ from dagster._core.storage.event_log.schema import AssetEventTagsTable, SqlEvent
 from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
 
 __all__ = [
+    "AssetCheckEvaluationTargetMaterializationData",
     "AssetCheckExecutionRecordStatus",
     "AssetEventTagsTable",
     "AssetGraphSubset",

@@ -376,6 +376,10 @@ def test_freshness_is_reported_again_once_its_asset_is_materialized_since(
     second = meta_cadence_sensor(context)
     [again] = check_evaluations(second)
     assert again.passed
+    # It names the materialization it follows: the UI's fallback compares whole seconds,
+    # and would read an evaluation made in the materialization's second as not evaluated.
+    latest = instance.get_asset_records([AD_SPEND_DAILY])[0].asset_entry
+    assert again.target_materialization_data.storage_id == latest.last_materialization_storage_id
     context.update_cursor(second.cursor)
     assert check_evaluations(meta_cadence_sensor(context)) == []
 

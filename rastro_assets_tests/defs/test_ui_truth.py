@@ -279,6 +279,7 @@ def test_after_first_backfills_every_asset_holding_rows_is_materialized_and_no_c
                 assert [label for label in own_labels if label.startswith("day_spend_")], own
             for check in node["assetChecksOrError"]["checks"]:
                 latest = check["executionForLatestMaterialization"]
+                assert latest, (name, check)
                 shown = check_statuses(check) or {latest["status"]}
                 assert shown == {"SUCCEEDED"}, (name, check["name"], shown)
                 assert latest["status"] == "SUCCEEDED", (name, check["name"], latest)

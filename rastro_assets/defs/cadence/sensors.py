@@ -266,14 +266,16 @@ CURSOR_KEY = "accounts_fresh as last reported, per shard"
 MATERIALIZED_CURSOR_KEY = "ad_spend_daily's latest materialization when reported, per shard"
 
 
-def _latest_materializations(instance: dg.DagsterInstance, shard_count: int) -> list[int]:
-    """The storage id of each shard's `ad_spend_daily` latest materialization (0: none)."""
+def _latest_materializations(
+    instance: dg.DagsterInstance, shard_count: int
+) -> list[dg.EventLogRecord | None]:
+    """Each shard's `ad_spend_daily` latest materialization, if any."""
     keys = [spend_shard(shard).ad_key for shard in range(shard_count)]
     latest = {
-        record.asset_entry.asset_key: record.asset_entry.last_materialization_storage_id
+        record.asset_entry.asset_key: record.asset_entry.last_materialization_record
         for record in instance.get_asset_records(keys)
     }
-    return [latest.get(key) or 0 for key in keys]
+    return [latest.get(key) for key in keys]
 
 
 def _freshness_change(
@@ -282,15 +284,17 @@ def _freshness_change(
     now,
     shard_count: int = 1,
     statuses: Mapping[str, cadence.AccountStatus] | None = None,
-    materialized: list[int] | None = None,
+    latest: list[dg.EventLogRecord | None] | None = None,
 ):
     """A freshness check evaluation for each shard whose stale, paused or backfilling
     accounts changed since the cursor, or whose asset was materialized since.
 
     The UI counts a check's latest evaluation only while no materialization of its
     asset is newer; otherwise it reads "Not evaluated". So a shard recorded since its
-    last evaluation (`materialized`: each shard's latest materialization's storage
-    id) is evaluated again.
+    last evaluation (`latest`: each shard's latest materialization) is evaluated again,
+    naming that materialization as its target: the UI's fallback compares the
+    evaluation's whole-second creation time with the materialization's, and so would
+    read one made in the same second as "Not evaluated".
 
     The cursor is the JSON the UI shows on the sensor's page: for each shard, the
     accounts its last reported `accounts_fresh` evaluation named stale and paused,
@@ -298,7 +302,8 @@ def _freshness_change(
     an older format reads as nothing reported, so the first tick after an upgrade
     reports once.
     """
-    materialized = materialized or [0] * shard_count
+    latest = latest or [None] * shard_count
+    materialized = [record.storage_id if record else 0 for record in latest]
     if shard_count == 1:
         by_shard = [accounts]
     else:
@@ -309,7 +314,7 @@ def _freshness_change(
     seen = _reported(cursor, MATERIALIZED_CURSOR_KEY)
     changed = len(before) != len(entries) or len(seen) != len(materialized)
     events = [
-        freshness_evaluation(members, now, shard, found[shard])
+        freshness_evaluation(members, now, shard, found[shard], target=latest[shard])
         for shard, members in enumerate(by_shard)
         if changed or before[shard] != entries[shard] or seen[shard] != materialized[shard]
     ]

@@ -6,7 +6,11 @@ from datetime import UTC, date
 
 import dagster as dg
 
-from rastro_assets.defs.dagster_private import AssetCheckExecutionRecordStatus, PartitionKeyFilter
+from rastro_assets.defs.dagster_private import (
+    AssetCheckEvaluationTargetMaterializationData,
+    AssetCheckExecutionRecordStatus,
+    PartitionKeyFilter,
+)
 from rastro_assets.defs.keys import SITE_SPEND_DAILY
 from rastro_assets.defs.partitions import SHARD_COUNT, spend_partition_key
 from rastro_assets.defs.resources import RastroResource
@@ -291,12 +295,17 @@ def freshness(
 
 
 def freshness_evaluation(
-    accounts: list[PlannedAccount], now, shard: int = 0, found: Freshness | None = None
+    accounts: list[PlannedAccount],
+    now,
+    shard: int = 0,
+    found: Freshness | None = None,
+    target: dg.EventLogRecord | None = None,
 ) -> dg.AssetCheckEvaluation:
     """Which accounts' today is older than the freshness limit, with every account's health.
 
     The evaluation belongs to `shard`'s check; `accounts` are that shard's, and
-    `found` their `freshness` when the caller has it.
+    `found` their `freshness` when the caller has it; `target` the asset's latest
+    materialization when the evaluation is reported outside a run.
 
     A paused account (its token is dead) syncs nothing until someone connects a
     new token, so it is an ERROR; stale accounts that retry on their own, a WARN.
@@ -310,6 +319,10 @@ def freshness_evaluation(
         passed=found.passed,
         severity=dg.AssetCheckSeverity.ERROR if found.paused else dg.AssetCheckSeverity.WARN,
         description=found.line(),
+        target_materialization_data=target
+        and AssetCheckEvaluationTargetMaterializationData(
+            storage_id=target.storage_id, run_id=target.run_id, timestamp=target.timestamp
+        ),
         metadata={
             "accounts": len(accounts),
             "stale_accounts": len(found.stale),
