@@ -66,6 +66,8 @@ class AccountHealth(StrEnum):
     LIVE = "live"
     ERROR = "error"
     PAUSED = "paused"
+    # A new token replaced the one its last sync died on; no sync has ended since.
+    WAITING = "waiting"
 
 
 ERROR_CODES: dict[Outcome, str] = {
@@ -81,6 +83,9 @@ MAX_ERROR_CHARS = 300
 """An error line is cut here: it is stored, shown by `rastro status` and in run logs."""
 
 RUN_TIMEOUT_ERROR = "RUN_TIMEOUT: the previous sync did not finish"
+
+# How a sync or catalog read refused for an already invalid token words its error.
+RESTATED_INVALID = "the connection's token is invalid"
 
 _CODE_PREFIX = re.compile(r"^[A-Z][A-Z0-9_]*: ")
 

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from rastro_assets import shards
 from rastro_assets.accounts import normalize_account_id
 from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
+from rastro_assets.outcomes import AccountHealth
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.timekeeping import zone
@@ -114,18 +115,7 @@ def _status(args: argparse.Namespace, ctx: Context) -> int:
             ],
         )
         return EXIT_OK
-    rows = [
-        [
-            status.ad_account_id,
-            ",".join(account.sites),
-            status.state,
-            _ago(status.last_sync_at, now),
-            _next(status, now),
-            _progress(status.backfill),
-            _truncate(status.last_error, MAX_ERROR_CHARS),
-        ]
-        for account, status in entries
-    ]
+    rows = [_status_row(account, status, now) for account, status in entries]
     header = ["ACCOUNT", "SITES", "STATE", "LAST SYNC", "NEXT SYNC", "BACKFILL", "LAST ERROR"]
     if _sharded(accounts, shard_count):
         header.append("SPEND ASSET")
@@ -133,6 +123,27 @@ def _status(args: argparse.Namespace, ctx: Context) -> int:
             row.append(shards.ad_spend_name(account.shard))
     _say_table(ctx, header, rows)
     return EXIT_OK
+
+
+def _status_row(account: PlannedAccount, status: cadence.AccountStatus, now: datetime) -> list[str]:
+    return [
+        status.ad_account_id,
+        ",".join(account.sites),
+        status.state,
+        _ago(status.last_sync_at, now),
+        _next(status, now),
+        _progress(status.backfill),
+        _error_cell(account, status, now),
+    ]
+
+
+def _error_cell(account: PlannedAccount, status: cadence.AccountStatus, now: datetime) -> str:
+    """LAST ERROR; a waiting account has none, since its error was the replaced token's, so
+    the cell says what it waits on."""
+    sealed_at = account.state.token_sealed_at
+    if status.state == AccountHealth.WAITING and sealed_at is not None:
+        return f"new token {_ago(sealed_at, now)}; no sync finished since"
+    return _truncate(status.last_error, MAX_ERROR_CHARS)
 
 
 # plan -----------------------------------------------------------------------

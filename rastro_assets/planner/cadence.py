@@ -20,6 +20,8 @@ from datetime import date, datetime, timedelta
 
 from rastro_assets.outcomes import (
     ERROR_CODES,
+    MAX_ERROR_CHARS,
+    RESTATED_INVALID,
     RUN_TIMEOUT_ERROR,
     AccountHealth,
     ConnectionStatus,
@@ -130,7 +132,13 @@ class Plan:
 
 @dataclass(frozen=True)
 class AccountStatus:
-    """How an account is doing. Instants in UTC; `timezone` is for the JSON."""
+    """How an account is doing. Instants in UTC; `timezone` is for the JSON.
+
+    `state` is one of `STATES`: `backfilling`, `live`, `error`, `paused`, or
+    `waiting`: the last sync ended on a dead token, a new token has been
+    connected since and no sync has ended with it yet (its `last_error` is
+    None: the old token's error is no longer the account's).
+    """
 
     ad_account_id: str
     state: str
@@ -171,6 +179,7 @@ class _Assessment:
     progress: tuple[int, int] | None
     last_concluded: SyncRun | Failure | None
     last_ok_finished_at: datetime | None
+    failures: Sequence[Failure] = ()  # since the last good run
 
 
 def plan(
@@ -201,27 +210,61 @@ def _status(state: AccountState, now: datetime, assessment: _Assessment) -> Acco
     owed_plan = assessment.plan
     concluded = assessment.last_concluded
     if owed_plan.kind == "paused":
-        state_name = "paused"
-        last_error = coded(
-            ERROR_CODES[Outcome.TOKEN], state.connection_error, "the token is no longer valid"
-        )
+        state_name = AccountHealth.PAUSED
+        last_error = _token_error(state, assessment.failures)
     else:
-        if _answered_by_new_token(concluded, state):
+        answered = _answered_by_new_token(concluded, state)
+        if answered:
             # The dead token's error is no longer the account's: a new token
             # was sealed after that sync started, and the next sync uses it.
             concluded = None
-        failed = isinstance(concluded, Failure)
-        state_name = "error" if failed else "backfilling" if assessment.progress else "live"
+        if isinstance(concluded, Failure):
+            state_name = AccountHealth.ERROR
+        elif assessment.progress:
+            state_name = AccountHealth.BACKFILLING
+        elif answered:
+            # Not `live` yet: nothing has shown the new token works.
+            state_name = AccountHealth.WAITING
+        else:
+            state_name = AccountHealth.LIVE
         last_error = _shown_error(concluded, owed_plan, state, now)
     return AccountStatus(
         ad_account_id=state.ad_account_id,
-        state=state_name,
+        state=state_name.value,
         last_sync_at=assessment.last_ok_finished_at,
         next_sync_at=owed_plan.due_at,
         backfill=assessment.progress,
         last_error=last_error,
         timezone=state.timezone,
     )
+
+
+# A sync refused before asking Meta (its connection already marked dead) begins its error
+# so; the Meta request its error quotes was another one's.
+_RESTATED_TOKEN_ERROR = f"{ERROR_CODES[Outcome.TOKEN]}: {RESTATED_INVALID}"
+
+
+def _token_error(state: AccountState, failures: Sequence[Failure]) -> str:
+    """A paused account's error: its own sync's, which names the Meta request that found
+    the token dead, else the connection's, said to be another request's."""
+    code = ERROR_CODES[Outcome.TOKEN]
+    sealed = utc_or_none(state.token_sealed_at)
+    for failure in reversed(failures):
+        run = failure.run
+        if (
+            failure.outcome == Outcome.TOKEN
+            and run.error
+            and not run.error.startswith(_RESTATED_TOKEN_ERROR)
+            and (sealed is None or run.started_at >= sealed)
+        ):
+            return coded(code, run.error, "the token is no longer valid")[:MAX_ERROR_CHARS]
+    line = coded(code, state.connection_error, "the token is no longer valid")
+    if not state.connection_error or state.connection_id is None:
+        return line
+    note = f" (seen by another request on connection {state.connection_id})"
+    if len(note) > MAX_ERROR_CHARS // 2:
+        note = " (seen by another request on its connection)"
+    return line[: MAX_ERROR_CHARS - len(note)] + note
 
 
 def _shown_error(
@@ -278,7 +321,13 @@ def _assess(
             state.ad_account_id, read.kind, read.since, read.until, read.catalog, due_at, reason,
             state.timezone,
         )
-    return _Assessment(answer, read.progress, history.last_concluded, history.last_ok_finished_at)
+    return _Assessment(
+        answer,
+        read.progress,
+        history.last_concluded,
+        history.last_ok_finished_at,
+        history.failures,
+    )
 
 
 def _paused(state: AccountState) -> Plan:

@@ -87,6 +87,7 @@ def planned_accounts(
                 sync_requested_at=requested_at,
                 runs=history.get(account, []),
                 delivery=delivery.get(account, _NO_DELIVERY),
+                connection_id=connection_id if status else None,
             ),
             sites=tuple(sites),
             connection_id=connection_id,

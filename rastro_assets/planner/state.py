@@ -57,3 +57,6 @@ class AccountState:
     runs: Sequence[SyncRun]
     # None: not known, so the account is read like one that delivers.
     delivery: Delivery | None = None
+    # None when not known (or the connection row is missing): a paused account's
+    # status then cannot say which connection the error it shows belongs to.
+    connection_id: str | None = None

@@ -28,7 +28,7 @@ import duckdb
 from rastro_assets.meta.client import MetaClient
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.meta.models import Ad
-from rastro_assets.outcomes import ConnectionStatus, Outcome, SyncKind, error_line
+from rastro_assets.outcomes import RESTATED_INVALID, ConnectionStatus, Outcome, SyncKind, error_line
 from rastro_assets.sync.types import (
     CatalogOutcome,
     CatalogRefused,
@@ -331,7 +331,7 @@ class CatalogSyncer(Wiring):
         """A client with the connection's token, or `_Stop` with the outcome set."""
         if connection is None or connection.status != ConnectionStatus.ACTIVE:
             reason = (connection.last_error if connection else None) or "no valid token"
-            self._fail(result, Outcome.TOKEN, f"{registry.RESTATED_INVALID}: {reason}")
+            self._fail(result, Outcome.TOKEN, f"{RESTATED_INVALID}: {reason}")
             raise _Stop
         try:
             token = self.vault_factory().open(connection.connection_id, connection.sealed_token)

@@ -15,7 +15,7 @@ from enum import StrEnum
 import duckdb
 
 from rastro_assets.accounts import normalize_account_id
-from rastro_assets.outcomes import ConnectionStatus
+from rastro_assets.outcomes import RESTATED_INVALID, ConnectionStatus
 from rastro_assets.settings import DEFAULT_SHARD_ACCOUNTS
 from rastro_assets.shards import shard_for_new_account
 from rastro_assets.warehouse.connection import in_transaction, transaction
@@ -33,8 +33,6 @@ MAX_LINKS_PER_CONNECTION = 500
 """Site-account links one connection may hold: the reference product's limit, which an
 agency's Business Manager reaches before its token's rate limits hurt."""
 MARK_CONFLICT_ATTEMPTS = 5
-# How a sync or catalog read refused for an already invalid token words its error.
-RESTATED_INVALID = "the connection's token is invalid"
 MARK_CONFLICT_PAUSE_SECONDS = 0.01
 
 

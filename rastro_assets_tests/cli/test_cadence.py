@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -347,3 +348,117 @@ def test_help_lists_the_cadence_commands(rastro, capsys: pytest.CaptureFixture[s
     assert code == 0
     for name in ("sync-now", "status", "plan"):
         assert name in out
+
+
+# a dead token replaced ------------------------------------------------------
+
+NEW_TOKEN = "EAAnewTOKENq4Wc82NsYpT7rLm05"
+
+
+def test_status_after_connect_replaced_a_dead_token_waits_for_a_first_good_sync(
+    rastro, fake_world, fake_graph, fake_clock, secrets_key, warehouse: Warehouse, now
+):
+    """Over the fake Graph: both accounts synced, the token dies on their next syncs, and
+    `rastro connect` seals a new one: waiting (not live) until a sync with it succeeds."""
+    from rastro_assets.meta.client import MetaClient
+    from rastro_assets.planner.cadence import split_blocks
+    from rastro_assets.sync.syncer import Syncer
+    from rastro_assets.sync.types import SyncRequest
+    from rastro_assets_tests.conftest import TOKEN
+    from rastro_fake_graph.app import FakeGraphTransport
+
+    environ = {"RASTRO_META_GRAPH_URL": fake_graph.base_url, "RASTRO_SECRETS_KEY": secrets_key}
+
+    def cli(*args: str, at: datetime, stdin: str = "") -> tuple[int, str, str]:
+        code, out, err = rastro(*args, stdin=stdin, at=at, environ=environ)
+        assert TOKEN not in out + err and NEW_TOKEN not in out + err
+        return code, out, err
+
+    def client(token: str) -> MetaClient:
+        return MetaClient(
+            token, base_url="https://graph.facebook.com/v25.0",
+            transport=FakeGraphTransport(fake_world), sleep=lambda seconds: None,
+            async_poll_seconds=0, page_size=10,
+        )
+
+    syncer = Syncer(warehouse, client, clock=fake_clock)
+
+    def planned(at: datetime, *accounts: str) -> list[SyncRequest]:
+        """The accounts' reads as `rastro plan` says them at `at`, in blocks."""
+        fake_clock.set(at)
+        requests = []
+        for owed in json.loads(cli("plan", "--json", at=at)[1]):
+            if owed["ad_account_id"] not in accounts:
+                continue
+            first, last = date.fromisoformat(owed["since"]), date.fromisoformat(owed["until"])
+            requests += [
+                SyncRequest(
+                    owed["ad_account_id"], since, until, kind=owed["kind"],
+                    run_id=f"{owed['kind']}-{at:%H%M}", catalog=owed["catalog"] and until == last,
+                )
+                for since, until in split_blocks(first, last)
+            ]
+        return requests
+
+    def sync_as_planned(at: datetime, *accounts: str) -> list[str]:
+        return [syncer.sync(request).outcome for request in planned(at, *accounts)]
+
+    def status_json(at: datetime) -> dict[str, dict]:
+        code, out, err = cli("status", "--json", at=at)
+        assert (code, err) == (0, "")
+        entries = json.loads(out)
+        assert all(set(entry) == STATUS_KEYS for entry in entries)
+        return {entry["ad_account_id"]: entry for entry in entries}
+
+    assert cli("site", "add", "s1", at=now)[0] == 0
+    assert cli("connect", "c1", stdin=TOKEN, at=now)[0] == 0
+    assert cli("link", "s1", "act_101", "act_202", "--connection", "c1", at=now)[0] == 0
+    assert set(sync_as_planned(now + timedelta(minutes=1), "act_101", "act_202")) == {"ok"}
+    assert {e["state"] for e in status_json(now + timedelta(minutes=10)).values()} == {"live"}
+
+    fake_world.kill_token(TOKEN)
+    # One wave, one account at a time: act_101 asks Meta and is refused; act_202 is
+    # refused before asking, the wave having seen the token die.
+    wave_at = now + timedelta(minutes=50)
+    syncer.sync_wave(planned(wave_at, "act_101", "act_202"), synced_at=wave_at, concurrency=1)
+    with warehouse.connect(read_only=True) as con:
+        errors = dict(con.execute(
+            "SELECT ad_account_id, error FROM meta_sync_runs WHERE outcome = 'token'"
+        ).fetchall())
+        [(connection_error,)] = con.execute(
+            "SELECT last_error FROM meta_connections WHERE connection_id = 'c1'"
+        ).fetchall()
+    own_error = errors["act_101"]
+    assert "fbtrace_id" in own_error and own_error in errors["act_202"]
+    paused = status_json(now + timedelta(minutes=55))
+    assert {entry["state"] for entry in paused.values()} == {"paused"}
+    assert paused["act_101"]["last_error"] == own_error
+    assert paused["act_202"]["last_error"] == (
+        f"{connection_error} (seen by another request on connection c1)"
+    )
+
+    for account in ("act_101", "act_202"):
+        fake_world.grant(NEW_TOKEN, account)
+    connected = now + timedelta(hours=1)
+    assert cli("connect", "c1", stdin=NEW_TOKEN, at=connected)[0] == 0
+
+    looked = connected + timedelta(minutes=5)
+    waiting = status_json(looked)
+    for entry in waiting.values():
+        assert (entry["state"], entry["last_error"], entry["backfill"]) == ("waiting", None, None)
+        assert datetime.fromisoformat(entry["next_sync_at"]) == looked
+    code, out, err = cli("status", at=looked)
+    assert (code, err) == (0, "")
+    header, *rows = out.splitlines()
+    assert header.split("  ")[0] == "ACCOUNT"
+    for row in rows:
+        cells = re.split(r" {2,}", row)
+        assert cells[2:] == [
+            "waiting", "1 h 4 min ago", "now", "-", "new token 5 min ago; no sync finished since",
+        ]
+    assert "META_TOKEN_INVALID" not in out
+
+    assert sync_as_planned(looked + timedelta(minutes=1), "act_101") == ["ok"]
+    after = status_json(looked + timedelta(minutes=10))
+    assert (after["act_101"]["state"], after["act_101"]["last_error"]) == ("live", None)
+    assert after["act_202"]["state"] == "waiting"

@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from rastro_assets.outcomes import ERROR_CODES
+from rastro_assets.outcomes import ERROR_CODES, MAX_ERROR_CHARS
 from rastro_assets.planner import cadence
 from rastro_assets.planner.cadence import (
     covered_days,
@@ -83,9 +83,11 @@ def account(
     connection_error: str | None = None,
     sealed: datetime | None = SEALED,
     requested: datetime | None = None,
+    ad_account_id: str = "act_1",
+    connection_id: str | None = None,
 ) -> AccountState:
     return AccountState(
-        ad_account_id="act_1",
+        ad_account_id=ad_account_id,
         timezone=tz,
         linked_at=linked,
         connection_status=connection_status,
@@ -93,6 +95,7 @@ def account(
         token_sealed_at=sealed,
         sync_requested_at=requested,
         runs=tuple(runs),
+        connection_id=connection_id,
     )
 
 
@@ -555,6 +558,118 @@ def test_a_new_token_resumes_a_paused_account_that_did_not_fail():
     history = live_history()
     owed = plan(account(history, sealed=utc(2026, 1, 2, 10, 20)), utc(2026, 1, 2, 10, 25))
     assert owed.due_at == utc(2026, 1, 2, 10, 25)
+
+
+def meta_token_error(trace: str) -> str:
+    """A sync's error when Meta refused its token, as the sync records it."""
+    return (
+        "META_TOKEN_INVALID: Error validating access token: Session has expired on Friday, "
+        f"02-Jan-26 02:00:00 PST. (code 190/463, HTTP 400, fbtrace_id {trace})"
+    )
+
+
+def test_paused_accounts_show_their_own_request_then_wait_for_the_new_token():
+    # Two accounts of c1 each asked Meta with the dead token; c1 kept a third request's error.
+    own = {"act_1": "AAA111", "act_2": "BBB222"}
+    dead = {
+        name: failed(FAIL_AT + index * MIN, "token", error=meta_token_error(trace))
+        for index, (name, trace) in enumerate(own.items())
+    }
+
+    def state(name: str, *later: SyncRun, **connection) -> AccountState:
+        return account(
+            [*live_history(), dead[name], *later], ad_account_id=name, connection_id="c1",
+            **connection,
+        )
+
+    dead_connection = {
+        "connection_status": "invalid",
+        "connection_error": meta_token_error("CCC333"),
+    }
+    now = FAIL_AT + HOUR
+    for name, trace in own.items():
+        report = status(state(name, **dead_connection), now)
+        assert (report.state, report.next_sync_at) == ("paused", None)
+        assert report.last_error == meta_token_error(trace)
+        assert "CCC333" not in report.last_error
+
+    # `rastro connect` seals a new token: active, no stored error, a new sealed_at.
+    sealed = FAIL_AT + 2 * HOUR
+    now = sealed + 5 * MIN
+    for name in own:
+        report = status(state(name, sealed=sealed), now)
+        assert (report.state, report.last_error, report.next_sync_at, report.backfill) == (
+            "waiting", None, now, None,
+        )
+        assert report.to_json(["s1"])["state"] == "waiting"
+        assert plan(state(name, sealed=sealed), now).reason.endswith("a new token was connected")
+
+    # A sync running with the new token has not shown it works yet.
+    running = run(None, None, now, outcome=None, finished=None)
+    assert status(state("act_1", running, sealed=sealed), now + MIN).state == "waiting"
+
+    good = live_on(now)
+    report = status(state("act_1", good, sealed=sealed), now + 10 * MIN)
+    assert (report.state, report.last_error) == ("live", None)
+    assert report.last_sync_at == good.finished_at
+
+    # The new token dies too: paused again, with the new run's request, not the old one's.
+    again = failed(now, "token", error=meta_token_error("DDD444"))
+    report = status(
+        state("act_1", again, sealed=sealed, connection_status="invalid",
+              connection_error=meta_token_error("DDD444")),
+        now + 10 * MIN,
+    )
+    assert (report.state, report.last_error) == ("paused", meta_token_error("DDD444"))
+    # An account whose own failure was the old token's shows the connection's error, marked.
+    report = status(
+        state("act_2", sealed=sealed, connection_status="invalid",
+              connection_error=meta_token_error("EEE555")),
+        now + 10 * MIN,
+    )
+    assert report.last_error == (
+        f"{meta_token_error('EEE555')} (seen by another request on connection c1)"
+    )
+
+
+def test_a_paused_account_without_its_own_token_failure_shows_the_connections_marked():
+    connection_error = meta_token_error("CCC333")
+    never_failed = account(
+        live_history(), connection_status="invalid", connection_error=connection_error,
+        connection_id="c1",
+    )
+    expected = f"{connection_error} (seen by another request on connection c1)"
+    assert status(never_failed, FAIL_AT + HOUR).last_error == expected
+
+    # Refused before asking Meta: its error quotes the request that found the token dead.
+    refused = failed(
+        FAIL_AT, "token",
+        error=f"META_TOKEN_INVALID: the connection's token is invalid: {connection_error}",
+    )
+    restated = account(
+        [*live_history(), refused], connection_status="invalid",
+        connection_error=connection_error, connection_id="c1",
+    )
+    assert status(restated, FAIL_AT + HOUR).last_error == expected
+
+    # A long error is cut so the note stays, within the stored error's length.
+    long_error = meta_token_error("FFF666") + " " + "x" * 400
+    report = status(
+        account(live_history(), connection_status="invalid", connection_error=long_error,
+                connection_id="c1"),
+        FAIL_AT + HOUR,
+    )
+    assert len(report.last_error) == MAX_ERROR_CHARS
+    assert report.last_error.startswith("META_TOKEN_INVALID: Error validating access token")
+    assert report.last_error.endswith(" (seen by another request on connection c1)")
+
+
+def test_a_new_token_during_a_backfill_keeps_backfilling():
+    # Brand new: never synced, so it owes its backfill, not a first good sync.
+    assert status(account(), LINKED + MIN).state == "backfilling"
+    dead = failed(LINKED + MIN, "token")
+    report = status(account([dead], sealed=LINKED + HOUR), LINKED + HOUR + MIN)
+    assert (report.state, report.backfill, report.last_error) == ("backfilling", (0, 90), None)
 
 
 def test_sync_now_overrides_backoff_but_not_a_pause_or_a_running_sync():

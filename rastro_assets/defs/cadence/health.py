@@ -33,14 +33,15 @@ META_ACCOUNT_HEALTH = dg.AssetKey("meta_account_health")
 HEALTH_REFRESH_MINUTES = 30
 HEALTH_JOB = "meta_account_health_refresh"
 SIGNATURE_FIELDS = ("ad_account_id", "state", "backfill", "last_error", "today_fresh")
-STATES = ("backfilling", "error", "live", "paused")
+STATES = ("backfilling", "error", "live", "paused", "waiting")
 
 HEALTH_COLUMNS = [
     dg.TableColumn("account", "string", description="the Meta ad account"),
     dg.TableColumn(
         "state",
         "string",
-        description="backfilling | live | error | paused; \", stale\" when its local today "
+        description="backfilling | live | error | paused | waiting (for the first sync with a "
+        "new token); \", stale\" when its local today "
         "was not read within its limit (50 min; idle: 3 h 5 min)",
     ),
     dg.TableColumn("synced", "string", description="last good sync's end, UTC (MM-DD HH:MM)"),
@@ -53,7 +54,8 @@ HEALTH_COLUMNS = [
 
 meta_account_health_description = (
     "One row per linked account, the least healthy first: its state (backfilling | live | "
-    "error | paused, \", stale\" when its local today is not fresh), its last good sync, when "
+    "error | paused | waiting, \", stale\" when its local today is not fresh), its last good "
+    "sync, when "
     "the cadence reads it next (both UTC), its backfill progress and its last error; the "
     "same as `rastro status` (the accounts_fresh check's table adds Meta's usage). The table "
     "is the `health` row under Metadata. The meta_cadence sensor keeps it fresh: it records "

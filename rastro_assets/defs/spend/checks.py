@@ -213,7 +213,7 @@ HEALTH_SCHEMA = dg.TableSchema(
         dg.TableColumn("meta_usage_pct", "float", description="Meta's usage after its last sync"),
     ]
 )
-_STATE_RANK = {"paused": 0, "error": 1, "backfilling": 2, "live": 3}
+_STATE_RANK = {"paused": 0, "error": 1, "waiting": 2, "backfilling": 3, "live": 4}
 
 
 @dataclass(frozen=True)
