@@ -8,6 +8,7 @@ from rastro_assets.defs.analytics import (
     publish_snapshot_job,
 )
 from rastro_assets.defs.cadence.health import meta_account_health
+from rastro_assets.defs.cadence.incidents import meta_incidents_sensor, no_open_incidents
 from rastro_assets.defs.cadence.sensors import (
     build_meta_accounts_sensor,
     build_meta_cadence_sensor,
@@ -56,9 +57,9 @@ def build_defs(shard_count: int = SHARD_COUNT) -> dg.Definitions:
         sensors = [build_meta_accounts_sensor(shard_count), build_meta_cadence_sensor(shard_count)]
     return dg.Definitions(
         assets=[*spend, *fills, *catalog, snapshot, *external_specs, meta_account_health],
-        asset_checks=checks,
+        asset_checks=[*checks, no_open_incidents],
         jobs=[sync_wave_job, publish_snapshot_job],
-        sensors=[*sensors, retention_sensor, analytics_publisher_sensor],
+        sensors=[*sensors, meta_incidents_sensor, retention_sensor, analytics_publisher_sensor],
         resources={"rastro": RastroResource()},
         # Every run is one step's worth of work; a process per step would double its cost.
         executor=dg.in_process_executor,

@@ -429,3 +429,57 @@ def _lag_seconds(raw: str | None) -> int:
         least=30,
         refusal="RASTRO_ANALYTICS_LAG_SECONDS must be a whole number of seconds, 30 or more",
     )
+
+
+@dataclass(frozen=True)
+class AlertThresholds:
+    """When a condition becomes an incident, and how often an open one is said again.
+
+    The defaults follow the cadence: an active account's today is read every 45 minutes,
+    so 3 hours without it is several missed reads, not one slow run.
+    """
+
+    stale: timedelta = timedelta(hours=3)
+    """An account's today older than this (longer for an idle account, by as much as its
+    live interval is longer) is stale."""
+    stuck: timedelta = timedelta(hours=1)
+    """A backfill or gap fill with no block read for this long is stuck."""
+    rate_limited: timedelta = timedelta(hours=2)
+    """An account refused by Meta's rate limits for this long, every try in between."""
+    snapshot: timedelta = timedelta(hours=1)
+    """Changes left out of the analytics snapshot for this long."""
+    run_failures: int = 3
+    """This many failed runs of one job in a row, with none succeeding in between."""
+    sensor: timedelta = timedelta(minutes=10)
+    """A cadence sensor, or the daemon's incident check itself, silent for this long."""
+    remind: timedelta = timedelta(hours=4)
+    """How often an open incident is said again."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> AlertThresholds:
+        """From the environment; a SettingsError names the first variable with a bad value."""
+        env = os.environ if environ is None else environ
+
+        def minutes(name: str, default: timedelta) -> timedelta:
+            value = _whole_number(
+                env.get(name),
+                int(default.total_seconds() // 60),
+                least=1,
+                refusal=f"{name} must be a whole number of minutes, 1 or more",
+            )
+            return timedelta(minutes=value)
+
+        return cls(
+            stale=minutes("RASTRO_ALERT_STALE_MINUTES", cls.stale),
+            stuck=minutes("RASTRO_ALERT_STUCK_MINUTES", cls.stuck),
+            rate_limited=minutes("RASTRO_ALERT_RATE_LIMITED_MINUTES", cls.rate_limited),
+            snapshot=minutes("RASTRO_ALERT_SNAPSHOT_MINUTES", cls.snapshot),
+            run_failures=_whole_number(
+                env.get("RASTRO_ALERT_RUN_FAILURES"),
+                cls.run_failures,
+                least=1,
+                refusal="RASTRO_ALERT_RUN_FAILURES must be a whole number of runs, 1 or more",
+            ),
+            sensor=minutes("RASTRO_ALERT_SENSOR_MINUTES", cls.sensor),
+            remind=minutes("RASTRO_ALERT_REMIND_MINUTES", cls.remind),
+        )

@@ -6,7 +6,8 @@ last tests can plant a bad import in a copy of the tree and watch the rule catch
 - Every module belongs to one layer (`LAYERS`), a leaf, `definitions.py` or the fake Graph.
 - A layer imports only the leaves, itself and the layers it names: `meta/` (the Graph client)
   is the bottom; `warehouse/` adds `meta/`; `planner/` and `sync/` add `warehouse/`;
-  `analytics/` adds `planner/`; `defs/` adds the pure core and `analytics/`; `demo.py` (which
+  `analytics/` adds `planner/`; `alerts/` (incidents and their channels) adds `planner/`;
+  `defs/` adds the pure core, `alerts/` and `analytics/`; `demo.py` (which
   reads the planner and the snapshot to say the backfills' progress) and `cli/` sit on top
   (the CLI may reach `defs` lazily).
 - The leaves (settings, time, vault, shared vocabulary, account ids, token shape, shards, the
@@ -49,6 +50,7 @@ _WAREHOUSE = f"{PRODUCT}.warehouse"
 _PLANNER = f"{PRODUCT}.planner"
 _SYNC = f"{PRODUCT}.sync"
 _ANALYTICS = f"{PRODUCT}.analytics"
+_ALERTS = f"{PRODUCT}.alerts"
 _DEFS = f"{PRODUCT}.defs"
 _DEMO = f"{PRODUCT}.demo"
 _CLI = f"{PRODUCT}.cli"
@@ -60,9 +62,10 @@ LAYERS: dict[str, tuple[str, ...]] = {
     _PLANNER: (_WAREHOUSE, _META),
     _SYNC: (_WAREHOUSE, _META),
     _ANALYTICS: (_PLANNER, _WAREHOUSE, _META),
-    _DEFS: (_ANALYTICS, _SYNC, _PLANNER, _WAREHOUSE, _META),
+    _ALERTS: (_PLANNER, _WAREHOUSE, _META),
+    _DEFS: (_ALERTS, _ANALYTICS, _SYNC, _PLANNER, _WAREHOUSE, _META),
     _DEMO: (_ANALYTICS, _PLANNER, _WAREHOUSE, _META, FAKE),
-    _CLI: (_DEFS, _DEMO, _ANALYTICS, _SYNC, _PLANNER, _WAREHOUSE, _META, FAKE),
+    _CLI: (_DEFS, _DEMO, _ALERTS, _ANALYTICS, _SYNC, _PLANNER, _WAREHOUSE, _META, FAKE),
     f"{PRODUCT}.definitions": (_DEFS,),
     FAKE: (_META,),
 }

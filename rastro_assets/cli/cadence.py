@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 from rastro_assets import shards
 from rastro_assets.accounts import normalize_account_id
+from rastro_assets.cli.check import status_check
 from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
 from rastro_assets.outcomes import AccountHealth
 from rastro_assets.planner import cadence
@@ -93,9 +94,17 @@ def add_status(subparsers: Subparsers) -> None:
         "how every linked ad account is doing: state, last and next sync, backfill, last error",
     )
     parser.add_argument("--json", action="store_true", help="one JSON array, for scripts")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="for machines (cron, systemd, probes): exit 0 when nothing needs a person, 1 with"
+        " one line per open incident, 2 when it cannot tell",
+    )
 
 
 def _status(args: argparse.Namespace, ctx: Context) -> int:
+    if args.check:
+        return status_check(ctx, args.json)
     now = ctx.now()
     accounts = _read_accounts(ctx)
     if accounts is None:

@@ -221,11 +221,60 @@ _V4 = (
     """,
 )
 
+_V5 = (
+    # The incidents the daemon found, so a restart neither forgets an open one nor says it
+    # again. A cause found again after it cleared is a new incident: its own row.
+    """
+    CREATE TABLE IF NOT EXISTS alert_incidents (
+        incident_key VARCHAR NOT NULL,
+        opened_at TIMESTAMPTZ NOT NULL,
+        kind VARCHAR NOT NULL,
+        summary VARCHAR NOT NULL,
+        detail VARCHAR,
+        fix VARCHAR,
+        accounts VARCHAR[],
+        last_seen_at TIMESTAMPTZ NOT NULL,
+        notified_at TIMESTAMPTZ,
+        resolved_at TIMESTAMPTZ,
+        PRIMARY KEY (incident_key, opened_at)
+    )
+    """,
+    # Each notice to each channel, kept until delivered or given up: a channel that is down
+    # is tried again, with back-off, by the next checks. `channel_id` is a digest, never the
+    # channel's URL (a secret).
+    """
+    CREATE TABLE IF NOT EXISTS alert_notices (
+        incident_key VARCHAR NOT NULL,
+        opened_at TIMESTAMPTZ NOT NULL,
+        event VARCHAR NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL,
+        channel_id VARCHAR NOT NULL,
+        subject VARCHAR NOT NULL,
+        body VARCHAR NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at TIMESTAMPTZ NOT NULL,
+        delivered_at TIMESTAMPTZ,
+        abandoned_at TIMESTAMPTZ,
+        last_error VARCHAR,
+        PRIMARY KEY (incident_key, opened_at, event, created_at, channel_id)
+    )
+    """,
+    # When the daemon last checked: `rastro status --check` tells a stopped daemon from a
+    # quiet one by it.
+    """
+    CREATE TABLE IF NOT EXISTS alert_checks (
+        checker VARCHAR PRIMARY KEY,
+        checked_at TIMESTAMPTZ NOT NULL
+    )
+    """,
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "sites, connections, accounts, links, spend, catalog, thumbnails, runs", _V1),
     Migration(2, "analytics snapshot publish state", _V2),
     Migration(3, "the Dagster shard of each ad account", _V3),
     Migration(4, "one sync row per run, account and block", _V4),
+    Migration(5, "incidents, their notices and the daemon's last check", _V5),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

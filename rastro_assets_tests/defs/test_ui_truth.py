@@ -23,6 +23,7 @@ from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 from dagster_graphql.test.utils import execute_dagster_graphql
 
+from rastro_assets.defs.cadence.incidents import meta_incidents_sensor
 from rastro_assets.defs.cadence.sensors import meta_accounts_sensor, meta_cadence_sensor
 from rastro_assets.defs.spend.fill import FILL_ACCOUNTS_PER_RUN, build_spend_fill
 
@@ -218,6 +219,8 @@ def test_after_first_backfills_every_asset_holding_rows_is_materialized_and_no_c
 
     def cadence_tick():
         cursor[0] = tick(meta_cadence_sensor, instance, rastro, cursor[0]).cursor
+        # The daemon's incident check follows the health the cadence records.
+        tick(meta_incidents_sensor, instance, rastro)
 
     run_backfill(instance, rastro, backfill, cadence_tick)
 

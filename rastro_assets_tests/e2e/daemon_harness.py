@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -145,13 +145,17 @@ def linked_world(
     world: FakeWorld,
     instance_config: dict,
     extra_env: dict[str, str] | None = None,
+    prepare: Callable[[Warehouse], None] | None = None,
 ) -> Iterator[LinkedWorld]:
     """`ACCOUNT` linked to site `s1` in a new warehouse, the fake Graph serving `world`, and a
-    running daemon on a Dagster home holding `instance_config`; the daemon stops on exit."""
+    running daemon on a Dagster home holding `instance_config`; the daemon stops on exit.
+    `prepare` changes the warehouse before the daemon starts."""
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text(yaml.safe_dump(instance_config))
     warehouse, snapshot_path = linked_warehouse(tmp_path, [ACCOUNT], TIMEZONE, "NZD")
+    if prepare is not None:
+        prepare(warehouse)
     vault = Vault.from_env()
     with serve(world) as server:
         env = {

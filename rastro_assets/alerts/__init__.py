@@ -1,0 +1,1 @@
+"""Incidents and where operators hear of them."""

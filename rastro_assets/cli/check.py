@@ -1,0 +1,95 @@
+"""`rastro status --check`: whether anything needs a person, for machines.
+
+Exit 0 when nothing does, 1 with one line per open incident, 2 when it cannot tell (no
+warehouse, an unreadable one, a bad setting). It asks the warehouse the daemon's questions
+itself (`alerts.incidents`), so it is right when the daemon is down, and takes from the
+daemon's stored incidents only what the daemon alone sees (Dagster's runs and sensors);
+the daemon's last check, when it is too old, is an incident of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import duckdb
+
+from rastro_assets.alerts import incidents as found
+from rastro_assets.alerts.channels import channels_from_env
+from rastro_assets.alerts.incidents import DAEMON_KINDS, Incident, IncidentKind
+from rastro_assets.alerts.look import warehouse_incidents
+from rastro_assets.analytics.publish import Publisher
+from rastro_assets.cli.context import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Context
+from rastro_assets.settings import AlertThresholds, SettingsError
+from rastro_assets.warehouse import incidents as store
+from rastro_assets.warehouse.connection import WarehouseLocked
+
+EXIT_CANNOT_TELL = EXIT_USAGE
+CHECK_LOCK_WAIT_SECONDS = 10.0
+
+
+class CannotTell(Exception):
+    """The check could not read what it needs; the message says what and where."""
+
+
+def status_check(ctx: Context, as_json: bool) -> int:
+    try:
+        incidents, accounts = open_incidents(ctx)
+    except (CannotTell, SettingsError) as exc:
+        if as_json:
+            ctx.say("[]")
+        return ctx.fail(f"cannot tell: {exc}", EXIT_CANNOT_TELL)
+    if as_json:
+        ctx.say(json.dumps([incident.to_json() for incident in incidents], indent=2))
+    elif incidents:
+        for incident in incidents:
+            ctx.say(f"{incident.key}: {incident.summary}; {incident.fix}")
+    else:
+        ctx.say(f"ok: {accounts} linked account{'' if accounts == 1 else 's'}, no open incidents")
+    return EXIT_FAILED if incidents else EXIT_OK
+
+
+def open_incidents(ctx: Context) -> tuple[list[Incident], int]:
+    """Every incident open now, and how many accounts are linked."""
+    thresholds = AlertThresholds.from_env(ctx.environ)
+    settings = ctx.settings()
+    warehouse = ctx.warehouse()
+    path = os.path.abspath(warehouse.path)
+    if not os.path.exists(path):
+        raise CannotTell(f"no warehouse at {path} (RASTRO_DUCKDB_PATH names another file)")
+    warehouse.lock_wait_seconds = CHECK_LOCK_WAIT_SECONDS
+    now = ctx.now()
+    publisher = Publisher.from_settings(settings, warehouse, ctx.clock)
+    try:
+        with warehouse.connect(read_only=True) as con:
+            incidents, accounts = warehouse_incidents(con, publisher, now, thresholds)
+            stored = store.open_incidents(con)
+            last_check = store.last_check(con, store.DAEMON_CHECKER)
+    except WarehouseLocked as exc:
+        raise CannotTell(str(exc)) from None
+    except (duckdb.Error, OSError) as exc:
+        raise CannotTell(f"the warehouse at {path} cannot be read: {exc}") from None
+    try:
+        channels_from_env(ctx.environ)
+        problem = None
+    except SettingsError as exc:
+        problem = str(exc)
+    checks = (
+        found.daemon_incident(last_check, now, thresholds),
+        found.channels_incident(problem),
+    )
+    incidents += [item for item in checks if item is not None]
+    incidents += [_from_store(item) for item in stored if item.kind in DAEMON_KINDS]
+    return sorted(incidents, key=lambda incident: incident.key), accounts
+
+
+def _from_store(stored: store.StoredIncident) -> Incident:
+    return Incident(
+        key=stored.key,
+        kind=IncidentKind(stored.kind),
+        summary=stored.summary,
+        detail=stored.detail,
+        fix=stored.fix,
+        since=stored.opened_at,
+        accounts=stored.accounts,
+    )

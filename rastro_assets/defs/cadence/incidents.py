@@ -1,0 +1,359 @@
+"""`meta_incidents`: the daemon's look at what needs a person, and who hears of it.
+
+Each tick finds the incidents (`alerts.incidents`): from the warehouse, each connection's
+dead token, lost permissions, long throttles, stuck backfills and stale accounts, and the
+snapshot left behind; from Dagster, jobs whose runs keep failing and cadence sensors that
+stopped or keep failing. The ledger stores them, owes each channel a notice of each
+change (`alerts.ledger`), and the tick then delivers what is due. The `no_open_incidents`
+check on `meta_account_health` names what is open, and which channel is failing.
+
+Fill runs are left out of the runs counted: one fails whenever an account of it is
+throttled or paused, which its accounts' own incidents say better, and a backfill that
+waits out Meta's budget is healthy.
+"""
+
+import json
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import dagster as dg
+
+from rastro_assets.alerts import incidents as found
+from rastro_assets.alerts.channels import Channel, channels_from_env
+from rastro_assets.alerts.incidents import DAEMON_KINDS, Incident, IncidentKind
+from rastro_assets.alerts.ledger import deliver, reconcile
+from rastro_assets.alerts.look import warehouse_incidents
+from rastro_assets.defs.cadence.health import META_ACCOUNT_HEALTH
+from rastro_assets.defs.dagster_private import AssetCheckEvaluationTargetMaterializationData
+from rastro_assets.defs.keys import SENSOR_LOCK_WAIT_SECONDS
+from rastro_assets.defs.resources import RastroResource
+from rastro_assets.defs.spend.fill import is_fill_key
+from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS, AlertThresholds, SettingsError
+from rastro_assets.warehouse import incidents as store
+from rastro_assets.warehouse.connection import WarehouseLocked
+
+INCIDENTS_SENSOR = "meta_incidents"
+INCIDENTS_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 60
+NO_OPEN_INCIDENTS = "no_open_incidents"
+CADENCE_SENSORS = ("meta_accounts", "meta_cadence")
+RUNS_LOOKED_AT = 300
+RUNS_WINDOW = timedelta(days=1)
+CURSOR_KEY = "no_open_incidents as last reported"
+
+
+def _origin() -> str:
+    return socket.gethostname()
+
+
+# --- what Dagster shows ------------------------------------------------------------------
+
+
+def run_failure_incidents(
+    instance: dg.DagsterInstance, now: datetime, thresholds: AlertThresholds
+) -> list[Incident]:
+    """Jobs whose latest finished runs failed, `run_failures` or more in a row."""
+    records = instance.get_run_records(
+        filters=dg.RunsFilter(
+            statuses=[dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE],
+            updated_after=now - RUNS_WINDOW,
+        ),
+        limit=RUNS_LOOKED_AT,
+    )
+    streaks: dict[str, list[dg.RunRecord]] = {}
+    ended: set[str] = set()
+    for record in records:  # newest first
+        label = _job_label(record.dagster_run)
+        if label is None or label in ended:
+            continue
+        if record.dagster_run.status == dg.DagsterRunStatus.SUCCESS:
+            ended.add(label)
+            continue
+        streaks.setdefault(label, []).append(record)
+    incidents = []
+    for label, failed in sorted(streaks.items()):
+        if len(failed) < thresholds.run_failures:
+            continue
+        first = failed[-1]
+        since = datetime.fromtimestamp(first.create_timestamp.timestamp(), UTC)
+        incident = found.run_failures_incident(
+            label, len(failed), _failure_line(instance, failed[0].dagster_run.run_id), since,
+            thresholds,
+        )
+        if incident is not None:
+            incidents.append(incident)
+    return incidents
+
+
+def _job_label(run: dg.DagsterRun) -> str | None:
+    """The name runs are counted under: the job, or an asset job's assets; None for fills."""
+    if not run.job_name.startswith("__ASSET_JOB"):
+        return run.job_name
+    keys = sorted(key.to_user_string() for key in run.asset_selection or ())
+    if any(is_fill_key(dg.AssetKey.from_user_string(key)) for key in keys) or not keys:
+        return None
+    shown = ", ".join(keys[:2]) + (f" and {len(keys) - 2} more" if len(keys) > 2 else "")
+    return f"materializations of {shown}"
+
+
+def _failure_line(instance: dg.DagsterInstance, run_id: str) -> str:
+    """The first line of the run's step failure (or its own failure)."""
+    for event_type in (dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.RUN_FAILURE):
+        records = instance.get_records_for_run(run_id, of_type=event_type, limit=1).records
+        for record in records:
+            event = record.event_log_entry.dagster_event
+            data = getattr(event, "event_specific_data", None) if event else None
+            error = getattr(data, "error", None)
+            message = error.message if error is not None else record.event_log_entry.message
+            if message:
+                return message.strip().splitlines()[0][:300]
+    return ""
+
+
+def sensor_incidents(
+    instance: dg.DagsterInstance, now: datetime, thresholds: AlertThresholds
+) -> list[Incident]:
+    """The cadence sensors stopped in the UI, silent, or failing tick after tick."""
+    incidents = []
+    states = [
+        state
+        for state in instance.all_instigator_state()
+        if state.instigator_name in CADENCE_SENSORS and state.instigator_type.value == "SENSOR"
+    ]
+    for name in CADENCE_SENSORS:
+        mine = [state for state in states if state.instigator_name == name]
+        if not mine:
+            continue  # never ticked here: nothing to tell
+        state = mine[0]
+        ticks = instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=20)
+        stopped = state.status.value == "STOPPED"
+        good = [tick for tick in ticks if tick.status.value in ("SUCCESS", "SKIPPED")]
+        last_good = datetime.fromtimestamp(good[0].timestamp, UTC) if good else None
+        last_tick = datetime.fromtimestamp(ticks[0].timestamp, UTC) if ticks else None
+        incident = found.sensor_incident(name, last_tick, stopped, now, thresholds)
+        if incident is None and ticks and ticks[0].status.value == "FAILURE":
+            since = last_good or datetime.fromtimestamp(ticks[-1].timestamp, UTC)
+            if now - since >= thresholds.sensor:
+                error = ticks[0].error.message.strip().splitlines()[0] if ticks[0].error else ""
+                incident = Incident(
+                    key=f"{IncidentKind.SENSOR.value}:{name}",
+                    kind=IncidentKind.SENSOR,
+                    summary=f"the sensor {name} fails at every tick",
+                    detail=f"latest error: {error[:300]}" if error else "",
+                    fix=f"open {name} in the Dagster UI (Automation) for the tick's error",
+                    since=since,
+                )
+        if incident is not None:
+            incidents.append(incident)
+    return incidents
+
+
+# --- the tick -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Look:
+    """What one check found, and which kinds it could look at."""
+
+    incidents: list[Incident]
+    checked: set[str]
+    notes: list[str]
+
+
+def look(
+    rastro: RastroResource, instance: dg.DagsterInstance, now: datetime,
+    thresholds: AlertThresholds,
+) -> Look:
+    warehouse = rastro.warehouse()
+    warehouse.lock_wait_seconds = SENSOR_LOCK_WAIT_SECONDS
+    publisher = rastro.publisher()
+    with warehouse.connect(read_only=True) as con:
+        incidents, _ = warehouse_incidents(con, publisher, now, thresholds)
+    _, problem = configured_channels()
+    incidents += [item for item in [found.channels_incident(problem)] if item is not None]
+    checked = {kind.value for kind in IncidentKind if kind not in DAEMON_KINDS}
+    # The daemon's own silence is the probe's to see, never the daemon's.
+    checked.discard(IncidentKind.DAEMON.value)
+    notes = []
+    for kind, finder in (
+        (IncidentKind.RUN_FAILURES, run_failure_incidents),
+        (IncidentKind.SENSOR, sensor_incidents),
+    ):
+        try:
+            incidents += finder(instance, now, thresholds)
+            checked.add(kind.value)
+        except Exception as exc:  # Dagster's storage unreadable: that kind stays as it was
+            notes.append(f"could not read {kind.value} from Dagster: {type(exc).__name__}")
+    return Look(incidents, checked, notes)
+
+
+def configured_channels() -> tuple[list[Channel], str | None]:
+    """The channels of the environment, or none and why (never a secret)."""
+    try:
+        return channels_from_env(), None
+    except SettingsError as exc:
+        return [], str(exc)
+
+
+def check_evaluation(
+    open_incidents: Sequence[store.StoredIncident],
+    troubles: Sequence[store.ChannelTrouble],
+    labels: dict[str, str],
+    channel_problem: str | None,
+    target: dg.EventLogRecord | None,
+) -> dg.AssetCheckEvaluation:
+    """`no_open_incidents`: each open incident, a line each, and each failing channel."""
+    # By key, as `rastro status --check` names them: two connections' dead tokens are two
+    # incidents of one kind.
+    lines = [f"{incident.key}: {incident.summary}" for incident in open_incidents]
+    channel_lines = [
+        f"{labels.get(t.channel_id, 'a removed channel')}: {t.waiting} notices not delivered "
+        f"since {t.failing_since:%Y-%m-%d %H:%M} UTC ({t.last_error})"
+        for t in troubles
+    ]
+    if channel_problem:
+        channel_lines.append(f"no alert is sent: {channel_problem}")
+    description = f"{len(lines)} open: " + "; ".join(lines) if lines else "no open incidents"
+    if channel_lines:
+        description += ". Channels: " + "; ".join(channel_lines)
+    return dg.AssetCheckEvaluation(
+        asset_key=META_ACCOUNT_HEALTH,
+        check_name=NO_OPEN_INCIDENTS,
+        passed=not lines,
+        severity=dg.AssetCheckSeverity.ERROR if lines else dg.AssetCheckSeverity.WARN,
+        description=description[:2000],
+        target_materialization_data=target
+        and AssetCheckEvaluationTargetMaterializationData(
+            storage_id=target.storage_id, run_id=target.run_id, timestamp=target.timestamp
+        ),
+        metadata={
+            "open_incidents": len(lines),
+            "incidents": dg.MetadataValue.md(_incident_table(open_incidents)),
+            "channels": len(labels),
+            "channels_failing": len(troubles) + (1 if channel_problem else 0),
+            "channel_status": dg.MetadataValue.text("; ".join(channel_lines) or "all delivered"),
+        },
+    )
+
+
+def _incident_table(open_incidents: Sequence[store.StoredIncident]) -> str:
+    if not open_incidents:
+        return "No open incidents."
+    rows = ["| incident | open since | what | what to do |", "| --- | --- | --- | --- |"]
+    for incident in open_incidents:
+        cells = [
+            incident.key,
+            f"{incident.opened_at:%Y-%m-%d %H:%M} UTC",
+            incident.summary,
+            incident.fix,
+        ]
+        rows.append("| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |")
+    return "\n".join(rows)
+
+
+def _latest_health(instance: dg.DagsterInstance) -> dg.EventLogRecord | None:
+    records = instance.get_asset_records([META_ACCOUNT_HEALTH])
+    return records[0].asset_entry.last_materialization_record if records else None
+
+
+@dg.sensor(
+    name=INCIDENTS_SENSOR,
+    minimum_interval_seconds=INCIDENTS_SENSOR_SECONDS,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Finds what needs a person (a dead token, stale or stuck accounts, lost "
+    "permissions, long throttles, the snapshot left behind, runs failing in a row, cadence "
+    "sensors stopped), stores each incident once, and sends its notices to the channels of "
+    "RASTRO_ALERT_WEBHOOK_URLS and RASTRO_ALERT_SMTP_URL: opened, reminded, resolved. The "
+    "no_open_incidents check on meta_account_health names what is open.",
+)
+def meta_incidents_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
+    now = rastro.clock()()
+    if not os.path.exists(rastro.warehouse().path):
+        return dg.SkipReason("no warehouse yet: nothing is linked")
+    thresholds = AlertThresholds.from_env()
+    channels, channel_problem = configured_channels()
+    labels = {channel.channel_id: channel.label for channel in channels}
+    try:
+        seen = look(rastro, context.instance, now, thresholds)
+    except WarehouseLocked as exc:
+        return dg.SkipReason(f"the warehouse is busy: {exc}")
+    for note in seen.notes:
+        context.log.warning(note)
+    if channel_problem:
+        context.log.error(f"no alert is sent: {channel_problem}")
+    warehouse = rastro.warehouse()
+    warehouse.lock_wait_seconds = SENSOR_LOCK_WAIT_SECONDS
+    try:
+        with warehouse.connect() as con:
+            transitions = reconcile(
+                con, seen.incidents, seen.checked, list(labels), now, thresholds.remind,
+                _origin(),
+                # Settings that cannot be read say nothing of which channels are gone.
+                forget_other_channels=channel_problem is None,
+            )
+    except WarehouseLocked as exc:
+        return dg.SkipReason(f"the warehouse is busy: {exc}")
+    for transition in transitions:
+        incident = transition.incident
+        context.log.info(f"{transition.event} {incident.key}: {incident.summary}")
+    for attempt in deliver(warehouse.connect, channels, now):
+        if attempt.error is None:
+            context.log.info(f"sent to {attempt.channel}: {attempt.subject}")
+        elif attempt.retry_at is not None:
+            context.log.warning(
+                f"{attempt.error}; trying again at {attempt.retry_at:%H:%M:%S} UTC"
+            )
+        else:
+            context.log.error(f"{attempt.error}; given up after a day of tries")
+    with warehouse.connect(read_only=True) as con:
+        open_now = store.open_incidents(con)
+        troubles = store.channel_troubles(con)
+    latest = _latest_health(context.instance)
+    signature = json.dumps(
+        {
+            "open": [incident.key for incident in open_now],
+            "troubles": [[t.channel_id, t.last_error] for t in troubles],
+            "problem": channel_problem,
+            "health": latest.storage_id if latest else 0,
+        }
+    )
+    if context.cursor == signature:
+        return dg.SensorResult(skip_reason=_summary(open_now), cursor=signature)
+    return dg.SensorResult(
+        asset_events=[check_evaluation(open_now, troubles, labels, channel_problem, latest)],
+        skip_reason=_summary(open_now),
+        cursor=signature,
+    )
+
+
+def _summary(open_now: Sequence[store.StoredIncident]) -> str:
+    if not open_now:
+        return "no open incidents"
+    return f"{len(open_now)} open incidents: " + ", ".join(i.key for i in open_now[:10])
+
+
+@dg.asset_check(
+    asset=META_ACCOUNT_HEALTH,
+    name=NO_OPEN_INCIDENTS,
+    description="Fails while an incident is open (a dead token, stale or stuck accounts, "
+    "lost permissions, long throttles, the snapshot left behind, failing runs or stopped "
+    "sensors), naming each with what to do; also names any alert channel that fails. The "
+    "meta_incidents sensor evaluates it whenever that changes; Execute reads the incidents "
+    "it last stored.",
+)
+def no_open_incidents(context: dg.AssetCheckExecutionContext, rastro: RastroResource):
+    channels, channel_problem = configured_channels()
+    with rastro.warehouse().connect(read_only=True) as con:
+        open_now = store.open_incidents(con)
+        troubles = store.channel_troubles(con)
+    evaluation = check_evaluation(
+        open_now, troubles, {c.channel_id: c.label for c in channels}, channel_problem, None
+    )
+    return dg.AssetCheckResult(
+        passed=evaluation.passed,
+        severity=evaluation.severity,
+        description=evaluation.description,
+        metadata=evaluation.metadata,
+    )

@@ -1,0 +1,138 @@
+"""`rastro status --check`: exit 0, 1 or 2, for cron, systemd and probes."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, date, datetime, timedelta
+
+import pytest
+
+from rastro_assets.analytics.publish import Publisher
+from rastro_assets.meta.models import Ad
+from rastro_assets.warehouse import incidents as store
+from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.catalog import upsert_catalog
+from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets_tests.conftest import record_sync_run
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+TODAY = date(2026, 11, 30)
+
+
+@pytest.fixture
+def now() -> datetime:
+    return NOW
+
+
+@pytest.fixture
+def healthy(duckdb_path) -> Warehouse:
+    """act_1 of connection c1 (site s1): backfilled, its today read 10 minutes ago, the
+    snapshot published after, and the daemon's last check a minute ago."""
+    warehouse = Warehouse(duckdb_path)
+    linked = NOW - timedelta(hours=2)
+    with warehouse.connect() as con:
+        registry.add_site(con, "s1", None, linked)
+        registry.save_connection(con, "c1", b"\0" * 40, linked)
+        registry.link_account(con, "s1", "act_1", "c1", "America/Sao_Paulo", "BRL", linked)
+        record_sync_run(con, "fill", "act_1", "backfill", TODAY - timedelta(89), TODAY,
+                        linked + timedelta(minutes=5))
+        record_sync_run(con, "live", "act_1", "live", TODAY - timedelta(1), TODAY,
+                        NOW - timedelta(minutes=10))
+        upsert_catalog(con, "act_1", [Ad("ad-1", effective_status="ACTIVE")], linked,
+                       refile=True)
+        store.record_check(con, store.DAEMON_CHECKER, NOW - timedelta(minutes=1))
+    Publisher(warehouse, duckdb_path.parent / "analytics.duckdb").publish()
+    return warehouse
+
+
+def test_exit_0_when_nothing_needs_a_person(rastro, healthy):
+    code, out, err = rastro("status", "--check")
+    assert (code, err) == (0, "")
+    assert out == "ok: 1 linked account, no open incidents\n"
+    code, out, err = rastro("status", "--check", "--json")
+    assert (code, json.loads(out), err) == (0, [], "")
+
+
+def test_exit_1_with_one_line_per_open_incident(rastro, healthy):
+    with healthy.connect() as con:
+        sealed = registry.get_connection(con, "c1").sealed_at
+        registry.mark_connection_invalid(
+            con, "c1", "META_TOKEN_INVALID: Session has expired (fbtrace_id F1)", NOW,
+            token_sealed_at=sealed,
+        )
+        # A write after the last publish, two hours ago by the publisher's own clock: the
+        # snapshot owes it.
+        record_sync_run(con, "live2", "act_1", "live", TODAY - timedelta(1), TODAY,
+                        NOW - timedelta(minutes=5))
+        con.execute("UPDATE analytics_snapshot_state SET published_at = ?",
+                    [datetime.now(UTC) - timedelta(hours=2)])
+    # Five hours on: the token is dead, the snapshot behind, and the daemon stopped checking.
+    later = NOW + timedelta(hours=5)
+    code, out, err = rastro("status", "--check", at=later)
+    assert (code, err) == (1, "")
+    lines = out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["daemon", "snapshot", "token"]
+    token = lines[2]
+    assert token.startswith("token:c1: connection c1's token is invalid: it pauses 1 account")
+    assert "`rastro connect c1`" in token
+
+    code, out, err = rastro("status", "--check", "--json", at=later)
+    assert code == 1
+    incidents = {entry["key"]: entry for entry in json.loads(out)}
+    assert set(incidents) == {"daemon", "snapshot", "token:c1"}
+    assert incidents["token:c1"]["accounts"] == ["act_1"]
+    assert incidents["token:c1"]["kind"] == "token"
+
+
+def test_what_only_the_daemon_sees_comes_from_its_stored_incidents(rastro, healthy):
+    with healthy.connect() as con:
+        store.insert_incident(con, store.StoredIncident(
+            key="run_failures:meta_sync_wave", opened_at=NOW, kind="run_failures",
+            summary="the last 3 runs of meta_sync_wave failed", detail="", fix="look",
+            accounts=(), last_seen_at=NOW, notified_at=NOW,
+        ))
+    code, out, _ = rastro("status", "--check")
+    assert code == 1
+    assert out.startswith("run_failures:meta_sync_wave: the last 3 runs of meta_sync_wave")
+
+
+def test_exit_2_when_it_cannot_tell(rastro, duckdb_path, tmp_path):
+    code, out, err = rastro("status", "--check")
+    assert (code, out) == (2, "")
+    assert err.strip() == (
+        f"rastro: error: cannot tell: no warehouse at {os.path.abspath(duckdb_path)} "
+        "(RASTRO_DUCKDB_PATH names another file)"
+    )
+    assert not duckdb_path.exists()  # looking created nothing
+
+    code, out, err = rastro("status", "--check", "--json")
+    assert (code, json.loads(out)) == (2, [])
+
+    garbage = tmp_path / "garbage.duckdb"
+    garbage.write_bytes(b"not a database" * 100)
+    code, out, err = rastro("status", "--check", environ={"RASTRO_DUCKDB_PATH": str(garbage)})
+    assert code == 2
+    assert err.startswith(f"rastro: error: cannot tell: the warehouse at {garbage}")
+
+    code, _, err = rastro(
+        "status", "--check", environ={"RASTRO_ALERT_STALE_MINUTES": "soon"}
+    )
+    assert code == 2 and "RASTRO_ALERT_STALE_MINUTES" in err
+
+
+def test_a_change_made_just_now_after_a_quiet_spell_is_not_a_late_snapshot(rastro, healthy):
+    wall = datetime.now(UTC)  # publishes are stamped on the publisher's own clock
+    with healthy.connect() as con:
+        con.execute("UPDATE analytics_snapshot_state SET published_at = ?",
+                    [wall - timedelta(hours=3)])
+        record_sync_run(con, "live-now", "act_1", "live", TODAY - timedelta(1), TODAY,
+                        wall - timedelta(minutes=1))
+    code, out, _ = rastro("status", "--check")
+    assert (code, out) == (0, "ok: 1 linked account, no open incidents\n")
+    with healthy.connect() as con:
+        record_sync_run(con, "live-then", "act_1", "live", TODAY - timedelta(1), TODAY,
+                        wall - timedelta(minutes=61))
+    code, out, _ = rastro("status", "--check")
+    assert code == 1
+    assert out.startswith("snapshot: the analytics snapshot is behind the warehouse by 1 h")
