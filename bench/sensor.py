@@ -15,7 +15,9 @@ pinned (`rastro_assets_tests.pinned`): a first tick without a cursor (it also ev
 freshness check), then ticks with the cursor the previous one returned. The figure is the
 slowest of those ticks (wall clock); the CPU seconds the process used (all threads) are
 printed too, as they depend less on what else runs on the machine.
-`meta_accounts_sensor` (the backfill sensor, every 30 s, same loader) is timed too.
+`meta_accounts_sensor` (the backfill sensor, every 30 s, same loader) is timed too, and
+`meta_incidents_sensor` (every minute: the same loader, every account's incidents, the
+ledger's transaction; no channel set), twice: the first tick opens what it finds.
 
 Run: .venv/bin/python bench/sensor.py [--accounts 5000] [--keep PATH] [--full-loader N]
   --keep PATH      build the warehouse at PATH once and reuse it on later runs
@@ -46,6 +48,9 @@ TIMEZONES = [
 ]
 LIVE_PER_DAY = 32  # every 45 minutes
 GOAL_SECONDS = 2.0
+# `meta_incidents` ticks every minute: a tick within a tenth of it leaves the daemon's sensor
+# thread free for the cadence.
+INCIDENTS_GOAL_SECONDS = 6.0
 
 
 def build(path: Path, accounts: int) -> None:
@@ -168,6 +173,7 @@ def main() -> None:
 
     import dagster as dg
 
+    from rastro_assets.defs.cadence.incidents import meta_incidents_sensor
     from rastro_assets.defs.cadence.sensors import meta_accounts_sensor, meta_cadence_sensor
     from rastro_assets.planner import cadence
     from rastro_assets.planner.history import planned_accounts
@@ -207,7 +213,7 @@ def main() -> None:
         # The resource reads its warehouse from the environment only, as a code location does.
         os.environ["RASTRO_DUCKDB_PATH"] = str(path)
         rastro = pinned(NOW)
-        ticks, cpus, cursor = [], [], None
+        ticks, cpus, cursor, incident_ticks = [], [], None, []
         with dg.DagsterInstance.ephemeral() as instance:
             for tick in range(args.ticks):
                 context = dg.build_sensor_context(
@@ -229,9 +235,21 @@ def main() -> None:
             seconds, result = timed(meta_accounts_sensor, context)
             print(f"meta_accounts tick: {seconds:.2f} s "
                   f"({len(result.run_requests or [])} backfills requested)")
+            incident_cursor = None
+            for tick in range(2):
+                context = dg.build_sensor_context(
+                    instance=instance, cursor=incident_cursor, resources={"rastro": rastro}
+                )
+                seconds, cpu, result = timed_cpu(meta_incidents_sensor, context)
+                incident_cursor = result.cursor
+                print(f"meta_incidents tick {tick + 1}: {seconds:.2f} s ({cpu:.2f} CPU s),"
+                      f" {result.skip_reason}")
+                incident_ticks.append(seconds)
     print(f"load average while measuring: {os.getloadavg()[0]:.1f} (2 cores); the slowest tick"
           f" used {max(cpus):.2f} CPU s")
     print(f"sensor: {max(ticks):.2f} s per tick (goal <= {GOAL_SECONDS:g} s)")
+    print(f"incidents sensor: {max(incident_ticks):.2f} s per tick"
+          f" (goal <= {INCIDENTS_GOAL_SECONDS:g} s)")
 
 
 if __name__ == "__main__":

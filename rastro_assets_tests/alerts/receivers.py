@@ -79,6 +79,8 @@ class WebhookReceiver:
     """The JSON bodies it answered with a 2xx status, in order."""
     refused: list[dict[str, Any]] = field(default_factory=list)
     """The JSON bodies it answered with any other status (the sender must try them again)."""
+    content_types: list[str] = field(default_factory=list)
+    """The Content-Type of every POST it recorded, accepted or refused, in order."""
     _changed: threading.Condition = field(default_factory=threading.Condition, repr=False)
 
     @property
@@ -91,9 +93,10 @@ class WebhookReceiver:
               f"{count} webhook posts (got {len(self.bodies)})")
         return list(self.bodies)
 
-    def _record(self, body: dict[str, Any]) -> int:
+    def _record(self, body: dict[str, Any], content_type: str) -> int:
         with self._changed:
             status = self.status
+            self.content_types.append(content_type)
             (self.bodies if 200 <= status < 300 else self.refused).append(body)
             self._changed.notify_all()
         return status
@@ -111,7 +114,8 @@ def webhook_receiver(
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", "0"))
             raw = self.rfile.read(length)
-            answer = receiver._record(json.loads(raw)) if self.path == path else 404
+            content_type = self.headers.get("Content-Type", "")
+            answer = receiver._record(json.loads(raw), content_type) if self.path == path else 404
             self.send_response(answer)
             self.send_header("Content-Length", "2")
             self.end_headers()
@@ -198,11 +202,13 @@ class SmtpReceiver:
     messages: list[Mail] = field(default_factory=list)
     _changed: threading.Condition = field(default_factory=threading.Condition, repr=False)
 
-    def url(self, scheme: str = "smtp") -> str:
-        """The `RASTRO_ALERT_SMTP_URL` reaching this server, with its login when it has one."""
+    def url(self, scheme: str = "smtp", *, password: str | None = None) -> str:
+        """The `RASTRO_ALERT_SMTP_URL` reaching this server, with its login when it has one;
+        `password` puts another one in that login (one the server refuses)."""
         login = ""
         if self.user is not None:
-            login = f"{quote(self.user, safe='')}:{quote(self.password or '', safe='')}@"
+            password = self.password if password is None else password
+            login = f"{quote(self.user, safe='')}:{quote(password or '', safe='')}@"
         return f"{scheme}://{login}{self.host}:{self.port}"
 
     def wait_for(self, count: int, timeout: float = 30.0) -> list[Mail]:

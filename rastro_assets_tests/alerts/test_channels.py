@@ -1,5 +1,6 @@
-"""The delivery channels against real receivers on loopback: an HTTP server for the webhooks,
-aiosmtpd for email (STARTTLS with a certificate made here, TLS from the start, plain SMTP).
+"""The delivery channels against real receivers on loopback (`receivers`): an HTTP server
+for the webhooks, aiosmtpd for email (STARTTLS with a certificate made here, TLS from the
+start, plain SMTP).
 
 Every failure is checked for what it must not say: the webhook's secret path, the URL, the
 SMTP password.
@@ -10,19 +11,15 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import ipaddress
-import json
 import socket
 import ssl
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiosmtpd.controller import Controller
-from aiosmtpd.smtp import AuthResult, LoginPassword
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -36,11 +33,17 @@ from rastro_assets.alerts.channels import (
     channels_from_env,
 )
 from rastro_assets.settings import SettingsError
-
-SECRET_PATH = "/services/T000/B000/s3cr3t-path-xyz"
-USER = "alerts@rastro.test"
-PASSWORD = "pa ss/w0rd@secret"
-SMTP_PASSWORD_IN_URL = "pa%20ss%2Fw0rd%40secret"
+from rastro_assets_tests.alerts.receivers import (
+    SMTP_PASSWORD,
+    SMTP_PASSWORD_IN_URL,
+    SMTP_USER,
+    WEBHOOK_SECRET_PATH,
+    SmtpReceiver,
+    WebhookReceiver,
+    closed_port,
+    smtp_receiver,
+    webhook_receiver,
+)
 
 MESSAGE = Message(
     incident_key="token:conn_a",
@@ -53,42 +56,11 @@ MESSAGE = Message(
 # --- webhooks ---------------------------------------------------------------------------------
 
 
-@dataclass
-class Receiver:
-    url: str
-    bodies: list[dict[str, Any]] = field(default_factory=list)
-    content_types: list[str] = field(default_factory=list)
-    status: int = 200
-
-
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
+def receiver() -> Iterator[WebhookReceiver]:
     """An HTTP server on loopback that records each JSON body and answers `status`."""
-    state = Receiver(url="")
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length", "0"))
-            state.bodies.append(json.loads(self.rfile.read(length)))
-            state.content_types.append(self.headers.get("Content-Type", ""))
-            self.send_response(state.status)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}{SECRET_PATH}"
-    try:
-        yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with webhook_receiver() as hook:
+        yield hook
 
 
 def assert_no_secret(error: BaseException, *secrets: str) -> None:
@@ -97,7 +69,7 @@ def assert_no_secret(error: BaseException, *secrets: str) -> None:
             assert secret not in shown
 
 
-def test_a_webhook_receives_the_text_as_json(receiver: Receiver):
+def test_a_webhook_receives_the_text_as_json(receiver: WebhookReceiver):
     channel = WebhookChannel(receiver.url)
     channel.send(MESSAGE)
     assert len(receiver.bodies) == 1
@@ -108,43 +80,38 @@ def test_a_webhook_receives_the_text_as_json(receiver: Receiver):
     assert receiver.content_types == ["application/json"]
 
 
-def test_a_webhook_is_known_by_a_label_and_a_hash_never_its_url(receiver: Receiver):
+def test_a_webhook_is_known_by_a_label_and_a_hash_never_its_url(receiver: WebhookReceiver):
     channel = WebhookChannel(receiver.url, position=2)
     assert channel.label == "webhook 2 (127.0.0.1)"
     assert channel.channel_id.startswith("webhook:") and len(channel.channel_id) == 20
     assert WebhookChannel(receiver.url).channel_id == channel.channel_id
     for shown in (repr(channel), str(channel), channel.label, channel.channel_id):
-        assert SECRET_PATH not in shown and "s3cr3t" not in shown
+        assert WEBHOOK_SECRET_PATH not in shown and "s3cr3t" not in shown
 
 
-def test_a_webhook_answering_500_is_a_delivery_error_without_the_url(receiver: Receiver):
+def test_a_webhook_answering_500_is_a_delivery_error_without_the_url(receiver: WebhookReceiver):
     receiver.status = 500
     with pytest.raises(DeliveryError) as caught:
         WebhookChannel(receiver.url).send(MESSAGE)
     assert str(caught.value) == "webhook 1 (127.0.0.1): HTTP 500"
-    assert_no_secret(caught.value, receiver.url, SECRET_PATH, "s3cr3t")
+    assert_no_secret(caught.value, receiver.url, WEBHOOK_SECRET_PATH, "s3cr3t")
 
 
-def test_a_webhook_redirect_is_not_followed(receiver: Receiver):
+def test_a_webhook_redirect_is_not_followed(receiver: WebhookReceiver):
     receiver.status = 302
     with pytest.raises(DeliveryError, match="HTTP 302"):
         WebhookChannel(receiver.url).send(MESSAGE)
-    assert len(receiver.bodies) == 1
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    # One POST, and the receiver files a body it answered 302 under `refused`.
+    assert receiver.bodies == [] and len(receiver.refused) == 1
 
 
 def test_a_webhook_on_a_closed_port_is_refused_without_the_url():
-    url = f"http://127.0.0.1:{closed_port()}{SECRET_PATH}"
+    url = f"http://127.0.0.1:{closed_port()}{WEBHOOK_SECRET_PATH}"
     with pytest.raises(DeliveryError) as caught:
         WebhookChannel(url).send(MESSAGE)
     assert "connection refused" in str(caught.value)
     assert str(caught.value).startswith("webhook 1 (127.0.0.1): ")
-    assert_no_secret(caught.value, url, SECRET_PATH, "s3cr3t")
+    assert_no_secret(caught.value, url, WEBHOOK_SECRET_PATH, "s3cr3t")
     # No chained exception carries the URL into a traceback either.
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
 
@@ -154,60 +121,14 @@ def test_a_silent_webhook_times_out_without_the_url():
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
-        url = f"http://127.0.0.1:{listener.getsockname()[1]}{SECRET_PATH}"
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}{WEBHOOK_SECRET_PATH}"
         with pytest.raises(DeliveryError) as caught:
             WebhookChannel(url, timeout=0.2).send(MESSAGE)
     assert str(caught.value) == "webhook 1 (127.0.0.1): timed out"
-    assert_no_secret(caught.value, url, SECRET_PATH)
+    assert_no_secret(caught.value, url, WEBHOOK_SECRET_PATH)
 
 
 # --- email ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Delivered:
-    mail_from: str
-    rcpt_tos: list[str]
-    content: bytes
-    tls: bool
-    authenticated: bool
-
-
-class Collector:
-    def __init__(self) -> None:
-        self.delivered: list[Delivered] = []
-
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
-        self.delivered.append(
-            Delivered(
-                mail_from=envelope.mail_from,
-                rcpt_tos=list(envelope.rcpt_tos),
-                content=envelope.original_content,
-                # Set after STARTTLS and on a TLS listener alike.
-                tls=server.transport.get_extra_info("ssl_object") is not None,
-                authenticated=bool(session.authenticated),
-            )
-        )
-        return "250 OK"
-
-
-def authenticator(
-    server: Any, session: Any, envelope: Any, mechanism: str, auth_data: Any
-) -> AuthResult:
-    good = isinstance(auth_data, LoginPassword) and auth_data == (
-        USER.encode(),
-        PASSWORD.encode(),
-    )
-    # Not handled here: aiosmtpd then answers 535 itself on a failure.
-    return AuthResult(success=good, handled=False)
-
-
-class LoopbackController(Controller):
-    """aiosmtpd's controller on a port the system picks (it would ping port 0 otherwise)."""
-
-    def _trigger_server(self) -> None:
-        self.port = self.server.sockets[0].getsockname()[1]
-        super()._trigger_server()
 
 
 @dataclass
@@ -265,107 +186,83 @@ def certificate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Certificate:
     return paths
 
 
-@pytest.fixture
-def smtp_server() -> Iterator[Any]:
-    """Starts aiosmtpd servers (on loopback unless told) for the test, each with its own
-    collector."""
-    started: list[Controller] = []
-
-    def start(**kwargs: Any) -> tuple[int, Collector]:
-        collector = Collector()
-        kwargs.setdefault("hostname", "127.0.0.1")
-        controller = LoopbackController(collector, port=0, **kwargs)
-        controller.start()
-        started.append(controller)
-        return controller.port, collector
-
-    try:
-        yield start
-    finally:
-        for controller in started:
-            controller.stop()
+def smtp_login_receiver(**tls: Any) -> AbstractContextManager[SmtpReceiver]:
+    """A receiver that checks the login `SMTP_USER` / `SMTP_PASSWORD` when the client offers
+    one but does not require it; `tls` goes to aiosmtpd (`tls_context=` or `ssl_context=`,
+    and `auth_require_tls=`)."""
+    return smtp_receiver(user=SMTP_USER, password=SMTP_PASSWORD, auth_required=False, **tls)
 
 
-def smtp_url(scheme: str, port: int, password: str = SMTP_PASSWORD_IN_URL) -> str:
-    return f"{scheme}://alerts%40rastro.test:{password}@127.0.0.1:{port}"
+def test_email_over_starttls_with_a_login_arrives(certificate: Certificate):
+    with smtp_login_receiver(
+        tls_context=certificate.server_context(), auth_require_tls=True
+    ) as smtp:
+        channel = EmailChannel(smtp.url(), ["a@x.com", "b@y.com"])
+        channel.send(MESSAGE)
 
-
-def test_email_over_starttls_with_a_login_arrives(smtp_server: Any, certificate: Certificate):
-    port, collector = smtp_server(
-        tls_context=certificate.server_context(),
-        authenticator=authenticator,
-        auth_require_tls=True,
-    )
-    channel = EmailChannel(smtp_url("smtp", port), ["a@x.com", "b@y.com"])
-    channel.send(MESSAGE)
-
-    [mail] = collector.delivered
+    [mail] = smtp.messages
     assert mail.tls and mail.authenticated
     # The user is an address, so it is the sender by default.
-    assert mail.mail_from == USER
+    assert mail.mail_from == SMTP_USER
     assert mail.rcpt_tos == ["a@x.com", "b@y.com"]
-    text = mail.content.decode()
+    text = mail.raw.decode()
     assert f"Subject: {MESSAGE.subject}" in text
     assert "To: a@x.com, b@y.com" in text
-    assert f"From: {USER}" in text
+    assert f"From: {SMTP_USER}" in text
     assert MESSAGE.text in text.replace("\r\n", "\n")
 
 
 def test_email_with_a_wrong_password_names_the_refusal_not_the_password(
-    smtp_server: Any, certificate: Certificate
+    certificate: Certificate,
 ):
-    port, collector = smtp_server(
-        tls_context=certificate.server_context(),
-        authenticator=authenticator,
-        auth_require_tls=True,
-    )
-    url = smtp_url("smtp", port, password="wr0ng-s3cret")
-    channel = EmailChannel(url, ["a@x.com"])
-    with pytest.raises(DeliveryError) as caught:
-        channel.send(MESSAGE)
+    with smtp_login_receiver(
+        tls_context=certificate.server_context(), auth_require_tls=True
+    ) as smtp:
+        url = smtp.url(password="wr0ng-s3cret")
+        channel = EmailChannel(url, ["a@x.com"])
+        with pytest.raises(DeliveryError) as caught:
+            channel.send(MESSAGE)
     assert "SMTPAuthenticationError 535" in str(caught.value)
-    assert str(caught.value).startswith(f"email to a@x.com via 127.0.0.1:{port}: ")
+    assert str(caught.value).startswith(f"email to a@x.com via 127.0.0.1:{smtp.port}: ")
     assert_no_secret(caught.value, "wr0ng-s3cret", url)
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
-    assert collector.delivered == []
+    assert smtp.messages == []
 
 
 def test_email_over_an_untrusted_certificate_is_refused(
-    smtp_server: Any, certificate: Certificate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    certificate: Certificate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    port, collector = smtp_server(tls_context=certificate.server_context())
-    # An empty trust store: the server's certificate is no longer trusted.
-    empty = tmp_path / "empty.pem"
-    empty.write_text("")
-    monkeypatch.setenv("SSL_CERT_FILE", str(empty))
-    with pytest.raises(DeliveryError, match="SSLCertVerificationError"):
-        EmailChannel(f"smtp://127.0.0.1:{port}", ["a@x.com"]).send(MESSAGE)
-    assert collector.delivered == []
+    with smtp_receiver(tls_context=certificate.server_context()) as smtp:
+        # An empty trust store: the server's certificate is no longer trusted.
+        empty = tmp_path / "empty.pem"
+        empty.write_text("")
+        monkeypatch.setenv("SSL_CERT_FILE", str(empty))
+        with pytest.raises(DeliveryError, match="SSLCertVerificationError"):
+            EmailChannel(smtp.url(), ["a@x.com"]).send(MESSAGE)
+    assert smtp.messages == []
 
 
-def test_email_over_smtps_arrives(smtp_server: Any, certificate: Certificate):
-    port, collector = smtp_server(
-        ssl_context=certificate.server_context(),
-        authenticator=authenticator,
-        auth_require_tls=False,
-    )
-    channel = EmailChannel(smtp_url("smtps", port), ["a@x.com"], sender="ops@rastro.test")
-    assert channel.label == f"email to a@x.com via 127.0.0.1:{port}"
-    channel.send(MESSAGE)
-    [mail] = collector.delivered
+def test_email_over_smtps_arrives(certificate: Certificate):
+    with smtp_login_receiver(
+        ssl_context=certificate.server_context(), auth_require_tls=False
+    ) as smtp:
+        channel = EmailChannel(smtp.url("smtps"), ["a@x.com"], sender="ops@rastro.test")
+        assert channel.label == f"email to a@x.com via 127.0.0.1:{smtp.port}"
+        channel.send(MESSAGE)
+    [mail] = smtp.messages
     assert mail.tls and mail.authenticated
     assert mail.mail_from == "ops@rastro.test"
     assert mail.rcpt_tos == ["a@x.com"]
 
 
-def test_plain_smtp_on_loopback_without_credentials_delivers(smtp_server: Any):
-    port, collector = smtp_server()
-    channel = EmailChannel(f"smtp://127.0.0.1:{port}", ["a@x.com"])
-    channel.send(MESSAGE)
-    [mail] = collector.delivered
+def test_plain_smtp_on_loopback_without_credentials_delivers():
+    with smtp_receiver() as smtp:
+        channel = EmailChannel(smtp.url(), ["a@x.com"])
+        channel.send(MESSAGE)
+    [mail] = smtp.messages
     assert not mail.tls
     assert mail.mail_from.startswith("rastro@")
-    assert MESSAGE.subject in mail.content.decode()
+    assert MESSAGE.subject in mail.raw.decode()
 
 
 def non_loopback_address() -> str | None:
@@ -379,18 +276,18 @@ def non_loopback_address() -> str | None:
     return None if ipaddress.ip_address(address).is_loopback else address
 
 
-def test_a_password_is_not_sent_in_clear_to_a_remote_server_without_starttls(smtp_server: Any):
+def test_a_password_is_not_sent_in_clear_to_a_remote_server_without_starttls():
     # A server on this machine's own non-loopback address stands for a remote one: it offers
     # no STARTTLS, so the channel must refuse before AUTH.
     address = non_loopback_address()
     if address is None:
         pytest.skip("this machine has no non-loopback address")
-    port, collector = smtp_server(hostname=address)
-    url = f"smtp://user:{SMTP_PASSWORD_IN_URL}@{address}:{port}"
-    with pytest.raises(DeliveryError, match="offers no STARTTLS") as caught:
-        EmailChannel(url, ["a@x.com"]).send(MESSAGE)
-    assert_no_secret(caught.value, SMTP_PASSWORD_IN_URL, PASSWORD, url)
-    assert collector.delivered == []
+    with smtp_receiver(host=address) as smtp:
+        url = f"smtp://user:{SMTP_PASSWORD_IN_URL}@{address}:{smtp.port}"
+        with pytest.raises(DeliveryError, match="offers no STARTTLS") as caught:
+            EmailChannel(url, ["a@x.com"]).send(MESSAGE)
+    assert_no_secret(caught.value, SMTP_PASSWORD_IN_URL, SMTP_PASSWORD, url)
+    assert smtp.messages == []
 
 
 def test_an_smtp_server_on_a_closed_port_is_a_delivery_error():
@@ -398,7 +295,7 @@ def test_an_smtp_server_on_a_closed_port_is_a_delivery_error():
     channel = EmailChannel(url, ["a@x.com"])
     with pytest.raises(DeliveryError, match="connection refused") as caught:
         channel.send(MESSAGE)
-    assert_no_secret(caught.value, SMTP_PASSWORD_IN_URL, PASSWORD, url)
+    assert_no_secret(caught.value, SMTP_PASSWORD_IN_URL, SMTP_PASSWORD, url)
     assert SMTP_PASSWORD_IN_URL not in repr(channel) and "user" not in repr(channel)
 
 

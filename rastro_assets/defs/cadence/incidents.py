@@ -14,6 +14,7 @@ waits out Meta's budget is healthy.
 
 import json
 import os
+import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -99,17 +100,25 @@ def _job_label(run: dg.DagsterRun) -> str | None:
 
 
 def _failure_line(instance: dg.DagsterInstance, run_id: str) -> str:
-    """The first line of the run's step failure (or its own failure)."""
+    """The first line of what made the run fail: its step's own error, under Dagster's
+    wrapper ("Error occurred while executing op ..."), else the run's failure."""
     for event_type in (dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.RUN_FAILURE):
         records = instance.get_records_for_run(run_id, of_type=event_type, limit=1).records
         for record in records:
             event = record.event_log_entry.dagster_event
             data = getattr(event, "event_specific_data", None) if event else None
             error = getattr(data, "error", None)
+            while error is not None and error.cause is not None:
+                error = error.cause
             message = error.message if error is not None else record.event_log_entry.message
-            if message:
-                return message.strip().splitlines()[0][:300]
+            line = (message or "").strip().splitlines()[0] if (message or "").strip() else ""
+            if line:
+                return _EXCEPTION_PREFIX.sub("", line)[:300]
     return ""
+
+
+# "RuntimeError: " or "dagster._core.definitions.events.Failure: " before the message itself.
+_EXCEPTION_PREFIX = re.compile(r"^[\w.]*(?:Error|Exception|Failure): ")
 
 
 def sensor_incidents(
@@ -331,7 +340,9 @@ def meta_incidents_sensor(context: dg.SensorEvaluationContext, rastro: RastroRes
 def _summary(open_now: Sequence[store.StoredIncident]) -> str:
     if not open_now:
         return "no open incidents"
-    return f"{len(open_now)} open incidents: " + ", ".join(i.key for i in open_now[:10])
+    count = len(open_now)
+    shown = ", ".join(i.key for i in open_now[:10]) + (" and more" if count > 10 else "")
+    return f"{count} open incident{'' if count == 1 else 's'}: {shown}"
 
 
 @dg.asset_check(
