@@ -290,7 +290,11 @@ def _sites(found: Iterable[_Found]) -> str:
     for each in found:
         for site in each.account.sites:
             counts[site] = counts.get(site, 0) + 1
-    return ", ".join(f"{site} ({count})" for site, count in sorted(counts.items()))
+    if len(counts) == 1:
+        return f"site {next(iter(counts))}"
+    return "sites " + ", ".join(
+        f"{site} ({_accounts(count)})" for site, count in sorted(counts.items())
+    )
 
 
 def _accounts(count: int) -> str:
@@ -305,7 +309,7 @@ def _token(connection: str, found: list[_Found], stored: object, _now: datetime)
         kind=IncidentKind.TOKEN,
         summary=(
             f"connection {connection}'s token is invalid: it pauses {_accounts(len(found))} "
-            f"of sites {_sites(found)}"
+            f"of {_sites(found)}"
         ),
         detail=(f"Meta said: {error}\n" if error else "") + detail,
         fix=(
@@ -344,7 +348,7 @@ _BUILDERS: dict[IncidentKind, _Builder] = {
         IncidentKind.PERMISSION,
         lambda connection, found, now: (
             f"{_accounts(len(found))} of connection {connection} lost permission at Meta "
-            f"(sites {_sites(found)})"
+            f"({_sites(found)})"
         ),
         "give the connection's Meta user access to the ad account again (Business Manager), "
         f"or `rastro unlink SITE_ID AD_ACCOUNT_ID` ({RUNBOOK}, \"META_PERMISSION\")",

@@ -87,7 +87,7 @@ def test_a_dead_token_is_one_incident_naming_its_connection_sites_accounts_and_c
     assert incident.accounts == ("act_1", "act_2", "act_3")
     assert "connection c1" in incident.summary
     assert "3 accounts" in incident.summary
-    assert "s1 (2), s2 (1)" in incident.summary
+    assert "sites s1 (2 accounts), s2 (1 account)" in incident.summary
     assert "rastro connect c1" in incident.fix
     assert incident.since == NOW - timedelta(minutes=19)
     # c2's account, on another token, is no part of it.

@@ -213,20 +213,14 @@ def check_evaluation(
     channel_problem: str | None,
     target: dg.EventLogRecord | None,
 ) -> dg.AssetCheckEvaluation:
-    """`no_open_incidents`: each open incident, a line each, and each failing channel."""
+    """`no_open_incidents`: each open incident with what to do, and how the channels fare."""
     # By key, as `rastro status --check` names them: two connections' dead tokens are two
-    # incidents of one kind.
-    lines = [f"{incident.key}: {incident.summary}" for incident in open_incidents]
-    channel_lines = [
-        f"{labels.get(t.channel_id, 'a removed channel')}: {t.waiting} notices not delivered "
-        f"since {t.failing_since:%Y-%m-%d %H:%M} UTC ({t.last_error})"
-        for t in troubles
-    ]
-    if channel_problem:
-        channel_lines.append(f"no alert is sent: {channel_problem}")
-    description = f"{len(lines)} open: " + "; ".join(lines) if lines else "no open incidents"
-    if channel_lines:
-        description += ". Channels: " + "; ".join(channel_lines)
+    # incidents of one kind. What to do is in the line itself, where the UI shows it.
+    lines = [f"{incident.key}: {incident.summary}. {incident.fix}" for incident in open_incidents]
+    channels = channel_status(troubles, labels, channel_problem)
+    description = (
+        f"{len(lines)} open. " + " | ".join(lines) if lines else "no open incidents"
+    ) + f". Alerts: {channels}"
     return dg.AssetCheckEvaluation(
         asset_key=META_ACCOUNT_HEALTH,
         check_name=NO_OPEN_INCIDENTS,
@@ -239,27 +233,57 @@ def check_evaluation(
         ),
         metadata={
             "open_incidents": len(lines),
-            "incidents": dg.MetadataValue.md(_incident_table(open_incidents)),
-            "channels": len(labels),
-            "channels_failing": len(troubles) + (1 if channel_problem else 0),
-            "channel_status": dg.MetadataValue.text("; ".join(channel_lines) or "all delivered"),
+            "incidents": _incident_table(open_incidents),
+            "channel_status": dg.MetadataValue.text(channels),
         },
     )
 
 
-def _incident_table(open_incidents: Sequence[store.StoredIncident]) -> str:
-    if not open_incidents:
-        return "No open incidents."
-    rows = ["| incident | open since | what | what to do |", "| --- | --- | --- | --- |"]
-    for incident in open_incidents:
-        cells = [
-            incident.key,
-            f"{incident.opened_at:%Y-%m-%d %H:%M} UTC",
-            incident.summary,
-            incident.fix,
-        ]
-        rows.append("| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |")
-    return "\n".join(rows)
+def channel_status(
+    troubles: Sequence[store.ChannelTrouble], labels: dict[str, str], problem: str | None
+) -> str:
+    """Where notices go, and which channel refuses them; never a URL."""
+    if problem:
+        return f"none is sent: {problem}"
+    if not labels:
+        return (
+            "no channel is set (RASTRO_ALERT_WEBHOOK_URLS, RASTRO_ALERT_SMTP_URL): incidents "
+            "show here and in `rastro status --check` only"
+        )
+    failing = [
+        f"{labels.get(t.channel_id, 'a removed channel')}: {t.waiting} "
+        f"notice{'' if t.waiting == 1 else 's'} not delivered "
+        f"since {t.failing_since:%Y-%m-%d %H:%M} UTC ({t.last_error})"
+        for t in troubles
+    ]
+    if failing:
+        return "; ".join(failing)
+    return f"every notice delivered to {', '.join(sorted(labels.values()))}"
+
+
+INCIDENT_COLUMNS = [
+    dg.TableColumn("incident", "string"),
+    dg.TableColumn("since", "string", description="when it opened, UTC"),
+    dg.TableColumn("what", "string"),
+    dg.TableColumn("do", "string", description="what to do"),
+]
+
+
+def _incident_table(open_incidents: Sequence[store.StoredIncident]) -> dg.TableMetadataValue:
+    return dg.MetadataValue.table(
+        records=[
+            dg.TableRecord(
+                {
+                    "incident": incident.key,
+                    "since": f"{incident.opened_at:%m-%d %H:%M}",
+                    "what": incident.summary,
+                    "do": incident.fix,
+                }
+            )
+            for incident in open_incidents
+        ],
+        schema=dg.TableSchema(columns=INCIDENT_COLUMNS),
+    )
 
 
 def _latest_health(instance: dg.DagsterInstance) -> dg.EventLogRecord | None:
@@ -306,7 +330,13 @@ def meta_incidents_sensor(context: dg.SensorEvaluationContext, rastro: RastroRes
         return dg.SkipReason(f"the warehouse is busy: {exc}")
     for transition in transitions:
         incident = transition.incident
-        context.log.info(f"{transition.event} {incident.key}: {incident.summary}")
+        line = f"{transition.event} {incident.key}: {incident.summary}"
+        context.log.info(line if transition.event == "resolved" else f"{line}. {incident.fix}")
+    if transitions and not labels and channel_problem is None:
+        context.log.warning(
+            "no alert channel is set (RASTRO_ALERT_WEBHOOK_URLS, RASTRO_ALERT_SMTP_URL): "
+            "these incidents show in the UI and in `rastro status --check` only"
+        )
     for attempt in deliver(warehouse.connect, channels, now):
         if attempt.error is None:
             context.log.info(f"sent to {attempt.channel}: {attempt.subject}")
@@ -350,9 +380,11 @@ def _summary(open_now: Sequence[store.StoredIncident]) -> str:
     name=NO_OPEN_INCIDENTS,
     description="Fails while an incident is open (a dead token, stale or stuck accounts, "
     "lost permissions, long throttles, the snapshot left behind, failing runs or stopped "
-    "sensors), naming each with what to do; also names any alert channel that fails. The "
-    "meta_incidents sensor evaluates it whenever that changes; Execute reads the incidents "
-    "it last stored.",
+    "sensors), naming each with what to do, and says where alerts go and which channel "
+    "fails. The meta_incidents sensor (Automation) evaluates it whenever that changes, so "
+    "its own Automation history stays empty; Execute reads the incidents it last stored. "
+    "A failure here turns meta_account_health red: its materialization is fine, the "
+    "incidents are what need a person (docs/operations.md, \"Alerts\").",
 )
 def no_open_incidents(context: dg.AssetCheckExecutionContext, rastro: RastroResource):
     channels, channel_problem = configured_channels()
