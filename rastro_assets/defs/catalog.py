@@ -30,6 +30,7 @@ from rastro_assets.defs.metadata import (
 )
 from rastro_assets.defs.partitions import account_partitions
 from rastro_assets.defs.resources import RastroResource
+from rastro_assets.defs.spend.assets import not_linked
 from rastro_assets.sync.types import CatalogRefused
 
 GROUP = "meta_catalog"
@@ -55,13 +56,13 @@ def _account(context: dg.AssetExecutionContext) -> str:
 Outcome = TypeVar("Outcome")
 
 
-def _succeeded(sync: Callable[[], Outcome]) -> Outcome:
+def _succeeded(account: str, sync: Callable[[], Outcome]) -> Outcome:
     """The sync's outcome, or the run's failure naming why the account was refused or
     the read failed."""
     try:
         outcome = sync()
-    except CatalogRefused as exc:
-        raise dg.Failure(description=str(exc)) from None
+    except CatalogRefused:  # the catalog refuses an account only when no site links it
+        raise dg.Failure(description=not_linked(account)) from None
     if not outcome.ok:
         raise dg.Failure(description=outcome.error)
     return outcome
@@ -101,6 +102,7 @@ def ad_catalog(context: dg.AssetExecutionContext, rastro: RastroResource):
     """Reads the account's whole catalog from Meta and merges it into `ad_catalog`."""
     account = _account(context)
     outcome = _succeeded(
+        account,
         lambda: rastro.syncer().catalog.sync_catalog(
             account, full=True, run_id=context.run_id, own_run=True
         )
@@ -128,6 +130,7 @@ def ad_thumbnails(context: dg.AssetExecutionContext, rastro: RastroResource):
     """Copies every missing or stale thumbnail of the account (at most 300 a run)."""
     account = _account(context)
     outcome = _succeeded(
+        account,
         lambda: rastro.syncer().catalog.sync_thumbnails(account, run_id=context.run_id)
     )
     if outcome.failed:

@@ -124,11 +124,16 @@ def test_a_dead_token_fails_the_catalog(instance, rastro, warehouse, linked_worl
     assert not thumbs.success  # the connection is now marked invalid: nothing reads Meta
 
 
-def test_an_unlinked_account_fails_clearly(instance, rastro):
-    result = materialize(instance, rastro, [ad_catalog], "act_9", raise_on_error=False)
-    assert not result.success
-    description = result.failure_data_for_node("ad_catalog").user_failure_data.description
-    assert "act_9 is not linked" in description
+def test_an_unlinked_account_fails_naming_rastro_link(instance, rastro, linked_world):
+    for asset, node in ((ad_catalog, "ad_catalog"), (ad_thumbnails, "ad_thumbnails")):
+        result = materialize(instance, rastro, [asset], "act_9", raise_on_error=False)
+        assert not result.success
+        assert result.failure_data_for_node(node).user_failure_data.description == (
+            "act_9 is not linked to any site: link it with "
+            "`rastro link SITE_ID act_9 --connection CONNECTION_ID` "
+            "(the meta_accounts sensor removes partitions of accounts that are not linked)"
+        ), node
+    assert sum(linked_world.calls.values()) == 0  # refused before any read of Meta
 
 
 def test_the_definitions_register_both_assets():

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from datetime import date, timedelta
 
 import dagster as dg
 import pytest
+from dagster._core.scheduler.instigation import TickStatus
 
 from rastro_assets.defs.cadence.backfills import (
     FIRST_DATA_ACCOUNTS_PER_RUN,
@@ -201,6 +203,82 @@ def test_unlinked_accounts_lose_their_partition(instance, rastro, warehouse):
     assert isinstance(delete, dg.DeleteDynamicPartitionsRequest)
     assert list(delete.partition_keys) == ["act_303"]
     assert result.run_requests == []
+
+
+@dg.definitions
+def accounts_sensor_alone() -> dg.Definitions:
+    """The code location with `meta_accounts` as its only sensor and its clock at NOW, for
+    a tick of Dagster's own sensor daemon."""
+    from rastro_assets.definitions import defs
+    from rastro_assets_tests.pinned import pinned
+
+    return dg.Definitions(
+        assets=defs.assets,
+        asset_checks=defs.asset_checks,
+        jobs=defs.jobs,
+        sensors=[meta_accounts_sensor],
+        resources={"rastro": pinned(NOW)},
+        executor=defs.executor,
+    )
+
+
+def daemon_tick(instance) -> tuple[object, list[str]]:
+    """One iteration of Dagster's sensor daemon: the tick it stored, as the UI lists it, and
+    the lines of the tick's log, as the UI shows them under the tick."""
+    from dagster._core.definitions.instigation_logger import get_instigation_log_records
+    from dagster._core.log_manager import LOG_RECORD_METADATA_ATTR
+    from dagster._core.remote_origin import InProcessCodeLocationOrigin
+    from dagster._core.scheduler.instigation import InstigatorType
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
+    from dagster._daemon.sensor import execute_sensor_iteration
+
+    origin = InProcessCodeLocationOrigin(
+        LoadableTargetOrigin(module_name=__name__, attribute="accounts_sensor_alone"),
+        location_name="rastro_assets",
+    )
+    with WorkspaceProcessContext(instance, InProcessWorkspaceLoadTarget([origin])) as process:
+        list(execute_sensor_iteration(process, logging.getLogger(__name__), None, None))
+    [state] = instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
+    [tick] = instance.get_ticks(state.instigator_origin_id, state.selector_id)
+    records = get_instigation_log_records(instance, tick.log_key) if tick.log_key else []
+    # The UI shows each record's own message (`get_tick_log_events` in dagster-graphql).
+    return tick, [record[LOG_RECORD_METADATA_ATTR]["orig_message"] for record in records]
+
+
+def test_a_tick_that_removes_a_hand_added_partition_says_so(instance, rastro, warehouse):
+    backfilled(warehouse, "act_101")
+    backfilled(warehouse, "act_202")
+    # The UI's "Add a partition" on meta_ad_account, for an account no site links.
+    instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202", "act_9999"])
+    tick, log = daemon_tick(instance)
+    said = (
+        "removed 1 partition of an account not linked to any site: act_9999 "
+        "(partitions follow the links: add accounts with `rastro link`)"
+    )
+    assert tick.status == TickStatus.SKIPPED
+    assert tick.skip_reason == said  # never "Sensor function returned an empty result"
+    assert said in log
+    assert instance.get_dynamic_partitions(ACCOUNT_PARTITIONS_NAME) == ["act_101", "act_202"]
+
+
+def test_a_tick_that_starts_a_backfill_logs_the_partition_it_removed(
+    instance, rastro, warehouse
+):
+    backfilled(warehouse, "act_101")
+    instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202", "act_9999"])
+    tick, log = daemon_tick(instance)
+    # act_202 owes its backfill: a tick with a run request takes no skip reason, so its
+    # log is where it says what it removed.
+    assert tick.status == TickStatus.SUCCESS and tick.skip_reason is None
+    [backfill] = instance.get_backfills()
+    assert backfill.asset_backfill_data.target_subset.asset_keys == {fill_key(0)}
+    assert (
+        "removed 1 partition of an account not linked to any site: act_9999 "
+        "(partitions follow the links: add accounts with `rastro link`)"
+    ) in log
+    assert "act_9999" not in instance.get_dynamic_partitions(ACCOUNT_PARTITIONS_NAME)
 
 
 def test_no_second_backfill_while_one_is_in_flight(instance, rastro):

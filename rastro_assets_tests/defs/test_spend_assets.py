@@ -160,15 +160,38 @@ def test_rematerializing_reconciles_changed_and_vanished_rows(
         assert_site_spend_exact(con)
 
 
-def test_a_range_past_local_today_is_refused(instance, rastro, warehouse):
+@pytest.mark.parametrize(
+    "selection", [[AD_SPEND_DAILY], [SITE_SPEND_DAILY]], ids=["ad_spend_daily", "site_spend_daily"]
+)
+def test_a_range_past_local_today_reads_to_today_and_records_the_rest_empty_unread(
+    instance, rastro, warehouse, linked_world, selection
+):
+    """A backfill of every missing partition asks for the newest date, which an account west
+    of UTC+14 has not reached: the run succeeds and reads nothing for it."""
+    tomorrow = TODAY + timedelta(days=1)
     result = materialize_range(
-        instance, rastro, "act_101", TODAY, TODAY + timedelta(days=1), raise_on_error=False
+        instance, rastro, "act_101", TODAY, tomorrow, selection=selection
     )
-    assert not result.success
-    failure = result.failure_data_for_node("meta_spend")
-    assert "after the account's local today" in str(failure.user_failure_data.description)
+    assert result.success
     with warehouse.connect() as con:
-        assert con.execute("SELECT count(*) FROM ad_spend_daily").fetchone() == (0,)
+        assert_equals_truth(con, linked_world, "act_101", TODAY, TODAY)
+        assert con.execute(
+            "SELECT count(*) FROM ad_spend_daily WHERE day > ?", [TODAY]
+        ).fetchone() == (0,)
+        # No sync row claims the day not begun.
+        [[until]] = con.execute("SELECT max(until) FROM meta_sync_runs").fetchall()
+        assert until == TODAY
+    for asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY):
+        assert materialized_dates(instance, asset_key) == {str(TODAY), str(tomorrow)}
+        [record] = instance.fetch_materializations(
+            dg.AssetRecordsFilter(
+                asset_key=asset_key,
+                asset_partitions=[str(spend_partition_key("act_101", tomorrow))],
+            ),
+            limit=1,
+        ).records
+        said = record.asset_materialization.metadata["not_begun"].value
+        assert said.startswith(f"{tomorrow} has not begun in America/Sao_Paulo")
 
 
 def test_a_failed_read_fails_the_run_and_writes_nothing(instance, rastro, warehouse, linked_world):

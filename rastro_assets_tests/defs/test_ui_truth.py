@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 
 import dagster as dg
@@ -339,3 +340,47 @@ def test_the_automation_panel_names_the_sensors_that_keep_each_asset_fresh(insta
             found = {instigator["name"] for instigator in node["targetingInstigators"]}
             assert sensors <= found, (name, found)
 
+
+
+@pytest.mark.parametrize("selected", ["ad_spend_daily", "site_spend_daily"])
+def test_a_ui_backfill_of_one_spend_asset_leaves_every_check_of_both_evaluated(
+    instance, rastro, selected
+):
+    """A range run that selects one spend asset writes both: the other's checks, which Dagster
+    runs only for selected assets, are evaluated by the run itself."""
+    from rastro_assets.definitions import defs
+    from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, spend_partition_key
+    from rastro_assets.defs.spend.assets import meta_spend
+    from rastro_assets.defs.spend.checks import accounts_fresh, site_spend_equals_ad_sums
+    from rastro_assets_tests.defs.conftest import TODAY
+
+    instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202"])
+    since = TODAY - timedelta(days=2)
+    result = dg.materialize(
+        [meta_spend, site_spend_equals_ad_sums, accounts_fresh],
+        selection=[selected],
+        instance=instance,
+        resources={"rastro": rastro},
+        tags={
+            "dagster/backfill": "ui-backfill",
+            "dagster/asset_partition_range_start": str(spend_partition_key("act_202", since)),
+            "dagster/asset_partition_range_end": str(spend_partition_key("act_202", TODAY)),
+        },
+    )
+    assert result.success
+    graph = defs.resolve_asset_graph()
+    with ui(instance) as context:
+        for name in ("ad_spend_daily", "site_spend_daily"):
+            key = dg.AssetKey(name)
+            assert instance.get_materialized_partitions(key), name
+            answer = execute_dagster_graphql(context, ASSET_QUERY, {"assetKey": {"path": [name]}})
+            assert not answer.errors, answer.errors
+            checks = answer.data["assetNodeOrError"]["assetChecksOrError"]["checks"]
+            assert {c["name"] for c in checks} == {
+                check.name for check in graph.asset_check_keys if check.asset_key == key
+            }
+            for check in checks:
+                latest = check["executionForLatestMaterialization"]
+                assert latest, (selected, name, check["name"], "reads Not evaluated")
+                shown = check_statuses(check) or {latest["status"]}
+                assert shown == {"SUCCEEDED"}, (selected, name, check["name"], shown)

@@ -176,6 +176,63 @@ def _partition_changes(
     return changes
 
 
+NAMED_ACCOUNTS_MAX = 10
+"""Accounts a tick's note names before it counts the rest."""
+
+
+def partition_change_notes(
+    changes: Sequence[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest],
+    accounts: Sequence[PlannedAccount],
+) -> list[str]:
+    """What `changes` do to the account partitions, in words for the sensor's tick.
+
+    A tick that only changes partitions is otherwise "Sensor function returned an empty
+    result" in the UI: someone who added a partition by hand would see it vanish with no
+    reason. Accounts are counted once, however many shards' sets they enter or leave.
+    """
+    linked = {account.state.ad_account_id for account in accounts}
+    added = _accounts_in(changes, dg.AddDynamicPartitionsRequest)
+    removed = _accounts_in(changes, dg.DeleteDynamicPartitionsRequest)
+    unlinked = sorted(removed - linked)
+    moved = sorted(removed & added)
+    notes = []
+    if unlinked:
+        what = (
+            "1 partition of an account" if len(unlinked) == 1
+            else f"{len(unlinked)} partitions of accounts"
+        )
+        notes.append(
+            f"removed {what} not linked to any site: {_named(unlinked)} "
+            "(partitions follow the links: add accounts with `rastro link`)"
+        )
+    if new := sorted(added - removed):
+        notes.append(f"added partitions of {_count(new, 'linked account')}: {_named(new)}")
+    if moved:
+        notes.append(
+            f"moved partitions of {_count(moved, 'account')} between shards: {_named(moved)}"
+        )
+    if unplaced := sorted((removed & linked) - added):
+        notes.append(
+            f"removed partitions of {_count(unplaced, 'account')} of shards not configured: "
+            + _named(unplaced)
+        )
+    return notes
+
+
+def _accounts_in(changes: Iterable, kind: type) -> set[str]:
+    return {key for change in changes if isinstance(change, kind) for key in change.partition_keys}
+
+
+def _count(accounts: Sequence[str], noun: str) -> str:
+    return f"{len(accounts)} {noun}" + ("" if len(accounts) == 1 else "s")
+
+
+def _named(accounts: Sequence[str]) -> str:
+    named = ", ".join(accounts[:NAMED_ACCOUNTS_MAX])
+    rest = len(accounts) - NAMED_ACCOUNTS_MAX
+    return named + (f" and {rest} more" if rest > 0 else "")
+
+
 def shard_partition_changes(
     instance: dg.DagsterInstance, accounts: Sequence[PlannedAccount], shard_count: int
 ) -> list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest]:

@@ -23,6 +23,7 @@ from rastro_assets.defs.cadence.backfills import (
     fill_request,
     first_data,
     first_data_requests,
+    partition_change_notes,
     shard_partition_changes,
     startable_fill,
 )
@@ -103,6 +104,9 @@ def _meta_accounts_tick(
         return dg.SkipReason(f"the warehouse is busy: {exc}")
     now = rastro.clock()()
     changes = shard_partition_changes(context.instance, accounts, shard_count)
+    notes = partition_change_notes(changes, accounts)
+    for note in notes:
+        context.log.info(note)
     busy, _ = busy_accounts(context.instance)
     fills, waiting = [], []
     shard_of = {account.state.ad_account_id: account.shard for account in accounts}
@@ -134,6 +138,12 @@ def _meta_accounts_tick(
         )
     if not requests and not changes:
         return dg.SkipReason("; ".join(waiting) or "no backfill owed and partitions up to date")
+    if not requests:
+        # Dagster takes a skip reason beside partition changes (never beside run requests);
+        # without one the tick reads "Sensor function returned an empty result".
+        return dg.SensorResult(
+            dynamic_partitions_requests=changes, skip_reason="; ".join(notes + waiting)
+        )
     return dg.SensorResult(run_requests=requests, dynamic_partitions_requests=changes)
 
 

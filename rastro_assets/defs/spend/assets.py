@@ -8,9 +8,7 @@ other asset's partitions as materialized too.
 """
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from datetime import date
-from functools import cache
+from datetime import date, timedelta
 
 import dagster as dg
 
@@ -25,6 +23,7 @@ from rastro_assets.defs.keys import (
     SYNC_KIND_TAG,
 )
 from rastro_assets.defs.metadata import (
+    DAY_ROWS_KEY,
     catalog_materializations,
     catalog_table_materializations,
     day_metadata,
@@ -35,44 +34,32 @@ from rastro_assets.defs.metadata import (
 from rastro_assets.defs.partitions import (
     SHARD_COUNT,
     account_date_ranges,
-    shard_spend_partitions,
     spend_partition_key,
-    spend_partitions,
 )
 from rastro_assets.defs.resources import RastroResource
+from rastro_assets.defs.spend.checks import evaluate_sum_checks, freshness_evaluation
+from rastro_assets.defs.spend.shard import SpendShard, spend_shard
 from rastro_assets.outcomes import FILL_KINDS
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.sync.types import SyncOutcome, SyncRefused, SyncRequest
-from rastro_assets.timekeeping import days_between
+from rastro_assets.timekeeping import days_between, local_date
+from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.figures import spend_table_figures
 
 GROUP = "meta_spend"
 
 
-@dataclass(frozen=True)
-class SpendShard:
-    """One shard of the account axis: its spend pair and the accounts' dynamic partitions."""
+def not_linked(ad_account_id: str) -> str:
+    """The failure of a spend, fill or catalog run of an account no site links.
 
-    index: int
-    ad_key: dg.AssetKey
-    site_key: dg.AssetKey
-    accounts_name: str
-    partitions: dg.MultiPartitionsDefinition
-
-    @property
-    def keys(self) -> tuple[dg.AssetKey, dg.AssetKey]:
-        return (self.ad_key, self.site_key)
-
-
-@cache
-def spend_shard(index: int) -> SpendShard:
-    return SpendShard(
-        index=index,
-        ad_key=dg.AssetKey(shards.ad_spend_name(index)),
-        site_key=dg.AssetKey(shards.site_spend_name(index)),
-        accounts_name=shards.accounts_name(index),
-        partitions=spend_partitions if index == 0 else shard_spend_partitions(index),
+    Anyone may add a partition in the UI; only `rastro link` links an account, and
+    `meta_accounts` removes the partition at its next tick, so the failure names both.
+    """
+    return (
+        f"{ad_account_id} is not linked to any site: link it with "
+        f"`rastro link SITE_ID {ad_account_id} --connection CONNECTION_ID` "
+        "(the meta_accounts sensor removes partitions of accounts that are not linked)"
     )
 
 
@@ -81,10 +68,11 @@ FIGURES_NOTE = (
     "days, spend per currency): each run ends with a materialization of no partition that "
     "holds them. A partition's own event carries only its account-day's "
     "`day_spend_<CURRENCY>` and `day_ad_rows`.\n\n"
-    "Empty partitions are not missing data. An account's history is read from the first day "
-    "of its backfill window (the 90 days up to its link): its days before that are never "
-    "read and stay empty by design. The newest date is today in UTC+14, the first timezone "
-    "to reach it: an account further west shows it empty until its own day begins. See "
+    "Missing counts every empty date, owed or not: one date axis serves accounts with "
+    "different windows and local todays. An account's days before its window (the 90 days up "
+    "to its link) are read only when asked for; the newest date is today in UTC+14, and an "
+    "account further west records it empty, unread, when asked before its own day begins. "
+    "See "
     'docs/operations.md, "The date axis".'
 )
 
@@ -170,8 +158,9 @@ def build_meta_spend(index: int, shard_count: int) -> dg.AssetsDefinition:
     def meta_spend(context: dg.AssetExecutionContext, rastro: RastroResource):
         """Reads Meta for the run's account-days and replaces them in the warehouse."""
         outcomes: list[SyncOutcome] = []
+        not_begun: dict[str, str] = {}
         try:
-            _sync_partitions(context, rastro, shard, outcomes)
+            _sync_partitions(context, rastro, shard, outcomes, not_begun)
         except BaseException:
             # A failed range may follow ranges that were written: they are published all the
             # same, and the good days it recorded are followed by the tables' figures.
@@ -179,7 +168,7 @@ def build_meta_spend(index: int, shard_count: int) -> dg.AssetsDefinition:
                 _record_tables_after_failure(context, rastro, shard.index, shard_count, outcomes)
             publish_after_writes(context, rastro)
             raise
-        yield from _record(context, outcomes, shard)
+        yield from _record(context, rastro, outcomes, shard, not_begun)
         for event in table_materializations(
             rastro, shard.index, shard_count, outcomes, in_backfill=_in_backfill(context)
         ):
@@ -249,7 +238,11 @@ def _record_tables_after_failure(
 
 
 def _record(
-    context: dg.AssetExecutionContext, outcomes: list[SyncOutcome], shard: SpendShard
+    context: dg.AssetExecutionContext,
+    rastro: RastroResource,
+    outcomes: list[SyncOutcome],
+    shard: SpendShard,
+    not_begun: dict[str, str],
 ) -> Iterator[dg.MaterializeResult]:
     """Each partition's own figures, and the run's summary once: on its last event.
 
@@ -276,8 +269,47 @@ def _record(
             if asset_key == selected[-1] and key == keys[-1]:
                 metadata = {**metadata, **run_summary(outcomes)}
             context.add_asset_metadata(metadata, asset_key=asset_key, partition_key=key)
+    # A day not begun is recorded as what it is, an empty day Meta has nothing for: a
+    # backfill of every missing partition asks for them, and it succeeds without a read.
+    empty = [key for key in context.partition_keys if key in not_begun]
+    for asset_key in shard.keys:
+        for key in empty:
+            metadata = {"not_begun": dg.MetadataValue.text(not_begun[key])}
+            if asset_key == shard.ad_key:
+                metadata[DAY_ROWS_KEY] = dg.MetadataValue.int(0)
+            if asset_key in selected:
+                context.add_asset_metadata(metadata, asset_key=asset_key, partition_key=key)
+            else:
+                context.log_event(
+                    dg.AssetMaterialization(asset_key=asset_key, partition=key, metadata=metadata)
+                )
+    unselected = [asset_key for asset_key in shard.keys if asset_key not in selected]
+    if (keys or empty) and unselected:
+        days = [(by_key[key][0].request.ad_account_id, by_key[key][1]) for key in keys] + [
+            (account, date.fromisoformat(day))
+            for account, day in (str(key).split("|") for key in empty)
+        ]
+        _evaluate_checks_of(context, rastro, shard, unselected, days)
     for asset_key in selected:
         yield dg.MaterializeResult(asset_key=asset_key)
+
+
+def _evaluate_checks_of(
+    context: dg.AssetExecutionContext,
+    rastro: RastroResource,
+    shard: SpendShard,
+    unselected: list[dg.AssetKey],
+    days: list[tuple[str, date]],
+) -> None:
+    """The checks of the asset a run wrote without selecting it, evaluated here: Dagster runs
+    only the selected assets' checks, and a partition recorded since a check's evaluation
+    reads "Not evaluated" in the UI, with nothing that can evaluate it there."""
+    if shard.site_key in unselected:
+        evaluate_sum_checks(context, rastro, days, {account: shard.index for account, _ in days})
+    if shard.ad_key in unselected:
+        with rastro.warehouse().connect(read_only=True) as con:
+            members = [a for a in planned_accounts(con) if a.shard == shard.index]
+        context.log_event(freshness_evaluation(members, rastro.clock()(), shard.index))
 
 
 def _sync_partitions(
@@ -285,13 +317,29 @@ def _sync_partitions(
     rastro: RastroResource,
     shard: SpendShard,
     outcomes: list[SyncOutcome],
+    not_begun: dict[str, str],
 ) -> None:
     """Syncs the run's ranges, each outcome appended to `outcomes` as it comes (a failure
-    raises after its range's complete days are recorded)."""
+    raises after its range's complete days are recorded). Days the account's own clock has
+    not reached are read from no one: each goes into `not_begun` with why."""
     syncer = rastro.syncer()
     kind = context.run.tags.get(SYNC_KIND_TAG, "manual")
     for account, ranges in account_date_ranges(context.partition_keys).items():
+        today = _local_today(rastro, account)
         for since, until in ranges:
+            if today is not None and until > today[0]:
+                first = max(since, today[0] + timedelta(days=1))
+                for day in days_between(first, until):
+                    not_begun[spend_partition_key(account, day)] = (
+                        f"{day} has not begun in {today[1]} (today there is {today[0]}): "
+                        "Meta has no figures for it, nothing was read"
+                    )
+                context.log.info(
+                    f"{account}: {first} .. {until} not begun in {today[1]}: nothing to read"
+                )
+                if since > today[0]:
+                    continue
+                until = today[0]
             if kind in FILL_KINDS:
                 _wait_out_back_off(rastro, account)
             request = SyncRequest(account, since, until, kind=kind, run_id=context.run_id)
@@ -302,7 +350,7 @@ def _sync_partitions(
             try:
                 outcome = syncer.sync(request, synced_at=rastro.run_started_at(context))
             except SyncRefused as exc:
-                raise dg.Failure(description=str(exc)) from None
+                raise dg.Failure(description=_refusal(rastro, account, exc)) from None
             outcomes.append(outcome)
             if not outcome.ok:
                 for event in materializations(outcome, shard=shard.index):
@@ -323,6 +371,27 @@ def _sync_partitions(
                 f"{account}: {outcome.rows_written} rows written, {outcome.rows_deleted} deleted, "
                 f"{outcome.api_calls} Meta calls"
             )
+
+
+def _refusal(rastro: RastroResource, account: str, refused: SyncRefused) -> str:
+    """Why the sync refused the range, with the way to link the account when that is why.
+
+    The sync refuses a range past local today too: the registry, not its words, tells
+    the two apart.
+    """
+    with rastro.warehouse().connect(read_only=True) as con:
+        linked = registry.get_account(con, account) is not None
+    return str(refused) if linked else not_linked(account)
+
+
+def _local_today(rastro: RastroResource, account: str) -> tuple[date, str] | None:
+    """The account's local today and its timezone; None when no site links it (the sync
+    then refuses it with its own words)."""
+    with rastro.warehouse().connect(read_only=True) as con:
+        linked = registry.get_account(con, account)
+    if linked is None:
+        return None
+    return local_date(rastro.clock()(), linked.timezone), linked.timezone
 
 
 def _wait_out_back_off(rastro: RastroResource, account: str) -> None:

@@ -14,7 +14,7 @@ from rastro_assets.defs.dagster_private import (
 from rastro_assets.defs.keys import SITE_SPEND_DAILY
 from rastro_assets.defs.partitions import SHARD_COUNT, spend_partition_key
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend.assets import spend_shard
+from rastro_assets.defs.spend.shard import spend_shard
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.warehouse.audit import site_spend_mismatches

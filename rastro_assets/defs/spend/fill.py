@@ -32,7 +32,12 @@ from rastro_assets.defs.keys import BACKFILL_ID_TAG, OWNERS
 from rastro_assets.defs.metadata import catalog_materializations
 from rastro_assets.defs.partitions import reach_start, shard_account_partitions
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend.assets import GROUP, materializations, table_materializations
+from rastro_assets.defs.spend.assets import (
+    GROUP,
+    materializations,
+    not_linked,
+    table_materializations,
+)
 from rastro_assets.defs.spend.checks import evaluate_sum_checks, freshness_evaluation
 from rastro_assets.outcomes import FILL_KINDS
 from rastro_assets.planner import cadence
@@ -137,6 +142,8 @@ class _Progress:
     """Accounts owed nothing more."""
     refused: dict[str, str] = field(default_factory=dict)
     """Accounts left owing, with why: a failure, a back-off, not linked."""
+    unlinked: set[str] = field(default_factory=set)
+    """Of `refused`, the accounts no site links: no back-off ends their refusal."""
     read_days: dict[str, int] = field(default_factory=dict)
     blocks: dict[str, int] = field(default_factory=dict)
     outcomes: list[SyncOutcome] = field(default_factory=list)
@@ -209,7 +216,8 @@ def _next_blocks(
     for account in pending:
         planned = found.get(account)
         if planned is None:
-            progress.refused[account] = "not linked to any site"
+            progress.refused[account] = not_linked(account)
+            progress.unlinked.add(account)
             continue
         shard_of[account] = planned.shard
         block = _newest_unread_block(planned, now)
@@ -345,10 +353,20 @@ def _finish(
         f"{len(progress.done)} accounts hold every owed day; {len(progress.refused)} left owing"
     )
     if progress.refused:
-        lines = [f"{account}: {why}" for account, why in sorted(progress.refused.items())]
+        owing = sorted(set(progress.refused) - progress.unlinked)
+        parts = [progress.refused[account] for account in sorted(progress.unlinked)]
+        if owing:
+            parts.insert(
+                0,
+                f"{len(owing)} of this run's accounts still owe days; the others are "
+                "recorded. Each waits out its own back-off and is started again:\n"
+                + "\n".join(f"{account}: {progress.refused[account]}" for account in owing),
+            )
         raise dg.Failure(
-            description=f"{len(lines)} of this run's accounts still owe days; the others are "
-            "recorded. Each waits out its own back-off and is started again:\n"
-            + "\n".join(lines),
-            metadata={"accounts_left_owing": len(lines), "accounts_done": len(progress.done)},
+            description="\n".join(parts),
+            metadata={
+                "accounts_left_owing": len(owing),
+                "accounts_not_linked": len(progress.unlinked),
+                "accounts_done": len(progress.done),
+            },
         )
