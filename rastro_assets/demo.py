@@ -6,7 +6,10 @@ them. Then it starts `dagster dev` (UI and daemon) on the repo's instance,
 with a persistent Dagster home in `data/dagster_home`, and stays beside it to
 say what Dagster's log does not: what it linked, where the UI is, how far the
 first backfills are, and when the analytics snapshot holds them ("ready").
-Its own lines start with `rastro demo:`.
+Its own lines start with `rastro demo:`. Of Dagster's output it passes on the
+warnings and errors only (`--log-level`, when given after `--`, sets how much):
+a run worker prints every event of its run at DEBUG whatever the flag says,
+and the UI keeps every run's whole log anyway.
 
 It reads the warehouse only briefly and read-only, and gives up a look at once
 when the pipeline's writers hold the file: the demo must never slow them.
@@ -14,24 +17,29 @@ when the pipeline's writers hold the file: the demo must never slow them.
 A `RASTRO_SECRETS_KEY` already in the environment wins over the demo key in
 `data/secrets.key`: whoever keeps real connections in the same warehouse
 keeps them readable. The demo connection is re-sealed whenever the key in use
-does not open it.
+does not open it. `rastro` commands run inside the demo's checkout on its
+warehouse use the same key file when the variable is unset (`demo_key_file`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
+from typing import IO
 
 import duckdb
 
@@ -40,14 +48,15 @@ from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.planner import cadence
 from rastro_assets.planner.coverage import backfill_first_day
 from rastro_assets.planner.history import planned_accounts
-from rastro_assets.settings import Settings
+from rastro_assets.settings import Settings, project_root
 from rastro_assets.timekeeping import local_date
-from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault, generate_key
+from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault, generate_key, read_key_file
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse, WarehouseLocked
 from rastro_fake_graph.world import DEMO_TOKEN, FakeWorld
 
 DEMO_CONNECTION = "demo"
+KEY_FILE_NAME = "secrets.key"
 AXIS_SETTING = "RASTRO_PARTITIONS_START"
 DEMO_SITES = {"demo-shop": "Demo shop", "demo-clinic": "Demo clinic"}
 DEMO_LINKS = {"demo-shop": ("act_1001", "act_1002"), "demo-clinic": ("act_1002", "act_1003")}
@@ -69,8 +78,28 @@ QUIETED_WARNINGS = (
 PLANNED_SUBSET_VARIABLE = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
 # Added to the caller's umask for Dagster: no group or other bits on anything it creates.
 PRIVATE_UMASK = 0o077
+# Dagster's INFO lines (each sensor tick, each backfill iteration) would bury the demo's own
+# and "ready" with them; the UI keeps them. `--log-level` after `--` asks for more.
+DAGSTER_LOG_LEVEL = "warning"
+# A warning the demo answers in its own words before Dagster prints it: `dagster dev` sees
+# the repo's dagster.yaml beside a DAGSTER_HOME elsewhere, where the demo copied it.
+EXPLAINED_WARNINGS = ("Found a dagster instance configuration value (dagster.yaml)",)
+# A Dagster log record as its console formatters print it (colours aside).
+LOG_RECORD = re.compile(
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4} - \S+ - (?P<level>[A-Z]+) - (?P<message>.*)"
+)
+COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+# Lines that start something to read whatever came before: a hidden record's message never
+# swallows them.
+ALARM = re.compile(
+    r"^(Traceback \(most recent call last\)|\S*(Error|Exception|Warning)\b|\S+\.py:\d+: )"
+)
+# Stopping Dagster waits this long for its last lines to be passed on.
+RELAY_DRAIN_SECONDS = 5.0
 TICK_SECONDS = 2.0
 PROGRESS_SECONDS = 20.0
+# An unchanged progress line is said again only this long after it was said.
+PROGRESS_REPEAT_SECONDS = 120.0
 # A look at the warehouse gives way to the pipeline's writers at once: the next tick retries.
 LOOK_LOCK_WAIT_SECONDS = 0.5
 # Stopping Dagster takes a few seconds; after this long the demo gives up waiting.
@@ -91,7 +120,7 @@ class DemoPaths:
 
     @property
     def key_file(self) -> Path:
-        return self.data / "secrets.key"
+        return self.data / KEY_FILE_NAME
 
     @property
     def duckdb(self) -> Path:
@@ -102,16 +131,45 @@ class DemoPaths:
         return self.data / "dagster_home"
 
 
+def demo_key_file(duckdb_path: str | os.PathLike[str], cwd: Path | None = None) -> Path | None:
+    """The demo's key file when `duckdb_path` is the demo's warehouse seen from `cwd` (the
+    checkout's `data/rastro.duckdb`, with `data/secrets.key` beside it); else None.
+
+    What `rastro demo` hands its daemon when RASTRO_SECRETS_KEY is unset, so a token a
+    command seals with it there is one the demo's daemon opens.
+    """
+    root = project_root(cwd)
+    if root is None or not (root / "dagster.yaml").exists():
+        return None
+    paths = DemoPaths(root)
+    if not os.path.lexists(paths.key_file):
+        return None
+    if os.path.realpath(duckdb_path) != os.path.realpath(paths.duckdb):
+        return None
+    return paths.key_file
+
+
+def stray_key_files(duckdb_path: str | os.PathLike[str], cwd: Path | None = None) -> list[Path]:
+    """Demo key files a command might have meant, that `demo_key_file` does not take: the
+    one beside `duckdb_path`, and the one of the checkout around `cwd`."""
+    found = [Path(os.path.abspath(duckdb_path)).parent / KEY_FILE_NAME]
+    root = project_root(cwd)
+    if root is not None:
+        found.append(DemoPaths(root).key_file)
+    return [path for path in dict.fromkeys(found) if os.path.lexists(path)]
+
+
 def demo_key(paths: DemoPaths) -> str:
     """The demo's secrets key, made once and kept in data/ (demo only), readable by its owner."""
     # Private from its creation: it holds the key, the warehouse and Dagster's home.
     paths.data.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not paths.key_file.exists():
+    if not os.path.lexists(paths.key_file):
         # Created with its final mode: the key is never readable by others, not even briefly.
         fd = os.open(paths.key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as file:
             file.write(generate_key() + "\n")
-    return paths.key_file.read_text().strip()
+    # Refused unless private and the user's own, as every command that reads it does.
+    return read_key_file(paths.key_file)
 
 
 def prepare(
@@ -193,8 +251,13 @@ def _demo_token_stored(con: duckdb.DuckDBPyConnection, vault: Vault) -> bool:
         return False
 
 
+# The demo's own lines and Dagster's, passed on from other threads, stay whole lines.
+_OUTPUT = threading.Lock()
+
+
 def say(line: str) -> None:
-    print(f"{PREFIX} {line}", flush=True)
+    with _OUTPUT:
+        print(f"{PREFIX} {line}", flush=True)
 
 
 def linked_lines(paths: DemoPaths) -> list[str]:
@@ -305,6 +368,8 @@ class Watcher:
         self.ready = False
         self.next_look = clock()
         self.last: Progress | None = None
+        self.last_said = ""
+        self.said_at = float("-inf")
 
     def tick(self) -> None:
         if not self.ui_said and ui_up(self.port):
@@ -326,8 +391,74 @@ class Watcher:
             if self.last is None or not self.last.finished:
                 say(f"{progress.line()}; publishing the analytics snapshot")
         else:
-            say(progress.line())
+            self.say_progress(progress.line())
         self.last = progress
+
+    def say_progress(self, line: str) -> None:
+        """`line`, unless it was just said: a slow backfill would otherwise repeat it every
+        look, and push "ready" far down the terminal."""
+        if line == self.last_said and self.clock() - self.said_at < PROGRESS_REPEAT_SECONDS:
+            return
+        say(line)
+        self.last_said, self.said_at = line, self.clock()
+
+
+class DagsterOutput:
+    """Which of Dagster's lines on one stream the demo passes on: records at `threshold` or
+    above (its warnings and errors by default) and every line that is no record (a
+    traceback, a Python warning, a crash's last words), never a warning the demo has
+    already explained. A record's further lines go with it, unless one starts an alarm."""
+
+    def __init__(self, threshold: int = logging.WARNING) -> None:
+        self.threshold = threshold
+        self.hiding = False
+
+    def keep(self, line: str) -> bool:
+        plain = COLOURS.sub("", line)
+        record = LOG_RECORD.match(plain)
+        if record is not None:
+            level = logging.getLevelName(record["level"])
+            below = isinstance(level, int) and level < self.threshold
+            self.hiding = below or record["message"].startswith(EXPLAINED_WARNINGS)
+            return not self.hiding
+        if self.hiding and not ALARM.match(plain):
+            return False
+        self.hiding = False
+        return True
+
+
+def relay(source: IO[bytes], sink: IO[str], output: DagsterOutput) -> None:
+    """Pass `source`'s lines that `output` keeps on to `sink`, until every writer closes it."""
+    with source:
+        for raw in iter(source.readline, b""):
+            if not output.keep(raw.decode(errors="replace")):
+                continue
+            whole = raw if raw.endswith(b"\n") else raw + b"\n"
+            with _OUTPUT, suppress(OSError, ValueError):
+                sink.flush()
+                # As Dagster wrote them: no encoding of the terminal's may mangle or drop them.
+                binary = getattr(sink, "buffer", None)
+                if binary is not None:
+                    binary.write(whole)
+                    binary.flush()
+                else:
+                    sink.write(whole.decode(errors="replace"))
+                    sink.flush()
+
+
+def dagster_log_level(extra_args: list[str]) -> tuple[list[str], int]:
+    """`dagster dev`'s arguments with a log level (the user's, else warnings), and the level
+    of the lines to pass on."""
+    for index, arg in enumerate(extra_args):
+        if arg == "--log-level" and index + 1 < len(extra_args):
+            chosen = extra_args[index + 1]
+        elif arg.startswith("--log-level="):
+            chosen = arg.split("=", 1)[1]
+        else:
+            continue
+        level = logging.getLevelName(chosen.upper())
+        return extra_args, level if isinstance(level, int) else logging.WARNING
+    return [*extra_args, "--log-level", DAGSTER_LOG_LEVEL], logging.WARNING
 
 
 def quiet_warnings(environ: Mapping[str, str]) -> str:
@@ -386,26 +517,56 @@ def run(root: Path, extra_args: list[str], environ: Mapping[str, str] | None = N
     why = "as set" if base.get(AXIS_SETTING) else "the first day these accounts are owed"
     say(f"the partitions' date axis starts on {env[AXIS_SETTING]} ({AXIS_SETTING}, {why})")
     say(
-        'Dagster says the dagster.yaml here "will not be used": the demo copies it to'
-        f" {paths.dagster_home} (DAGSTER_HOME), where it is used"
+        f"Dagster's instance: {paths.dagster_home}/dagster.yaml (DAGSTER_HOME), a copy of the"
+        " dagster.yaml here made at each start"
     )
+    dev_args, threshold = dagster_log_level(extra_args)
+    if threshold >= logging.WARNING:
+        say(
+            "of Dagster's log, only warnings and errors follow; the UI keeps every run's whole"
+            " log (`rastro demo -- --log-level info` shows more here)"
+        )
     watcher = Watcher(
         paths,
         port,
         Path(Settings.from_env(env).snapshot_path),
         rastro_command(paths.root),
     )
-    return supervise([dagster, "dev", "-w", "workspace.yaml", *extra_args], env, watcher)
+    argv = [dagster, "dev", "-w", "workspace.yaml", *dev_args]
+    return supervise(argv, env, watcher, DagsterOutput(threshold))
 
 
-def supervise(argv: list[str], env: Mapping[str, str], watcher: Watcher) -> int:
+def supervise(
+    argv: list[str],
+    env: Mapping[str, str],
+    watcher: Watcher,
+    output: DagsterOutput | None = None,
+) -> int:
     """Run `argv` in a process group of its own, under a umask denying group and others; hand
     it each SIGINT/SIGTERM, watch meanwhile.
 
     Its own group, so that a signal to the demo's group (Ctrl-C in a terminal) reaches
     Dagster once, from here: twice, `dagster dev` aborts its own shutdown halfway.
+    With `output`, its stdout and stderr pass through here, each sifted on its own
+    (`DagsterOutput`); without, they are the demo's own.
     """
-    child = subprocess.Popen(argv, env=env, process_group=0, preexec_fn=_start_child)
+    piped = subprocess.PIPE if output is not None else None
+    child = subprocess.Popen(
+        argv,
+        env=env,
+        process_group=0,
+        preexec_fn=_start_child,
+        stdout=piped,
+        stderr=piped,
+    )
+    relays = []
+    if output is not None:
+        for source, sink in ((child.stdout, sys.stdout), (child.stderr, sys.stderr)):
+            sifter = DagsterOutput(output.threshold)
+            # Daemon threads: a run worker that outlives Dagster may hold the pipe open.
+            thread = threading.Thread(target=relay, args=(source, sink, sifter), daemon=True)
+            thread.start()
+            relays.append(thread)
     stopping: list[int] = []
 
     def hand_on(signum: int, _frame) -> None:
@@ -434,6 +595,9 @@ def supervise(argv: list[str], env: Mapping[str, str], watcher: Watcher) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        drained_by = time.monotonic() + RELAY_DRAIN_SECONDS
+        for thread in relays:
+            thread.join(max(drained_by - time.monotonic(), 0))
     return 128 - code if code < 0 else code
 
 

@@ -79,8 +79,8 @@ def crowded_warning(counts: Mapping[int, int], shards: int, size: int) -> str | 
     else:
         advice = f"{SHARDS_SETTING} is {shards}: run `{MOVE_COMMAND}` to spread them"
     return (
-        f"{which} accounts, more than the {size} ({SHARD_SIZE_SETTING}) its Dagster pages"
-        f" serve fast; {advice}"
+        f"{which} accounts, more than the {size} ({SHARD_SIZE_SETTING}) a shard's Dagster"
+        f" pages serve fast; {advice}"
     )
 
 

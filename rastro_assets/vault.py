@@ -5,6 +5,9 @@ nothing else: no default, no derived fallback, so a missing key fails closed.
 Each ciphertext is bound to its connection id as associated data, so a sealed
 token copied onto another connection does not open. No message or repr built
 here ever contains a token or key material.
+
+`read_key_file` reads a key kept in a file (the demo's `data/secrets.key`),
+and only from a regular file that its owner alone may open.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import stat
 from collections.abc import Mapping
 
 from cryptography.exceptions import InvalidTag
@@ -21,6 +25,8 @@ ENV_VAR = "RASTRO_SECRETS_KEY"
 KEY_BYTES = 32
 NONCE_BYTES = 12
 TAG_BYTES = 16
+# A key file is a line of base64 (44 characters); anything much longer is not one.
+KEY_FILE_MAX_BYTES = 4096
 
 
 class SecretsKeyError(Exception):
@@ -94,3 +100,52 @@ class Vault:
 def generate_key() -> str:
     """A fresh key for `RASTRO_SECRETS_KEY`: base64 of 32 random bytes."""
     return base64.b64encode(os.urandom(KEY_BYTES)).decode()
+
+
+def read_key_file(path: str | os.PathLike[str]) -> str:
+    """The key in `path`: SecretsKeyError (one line naming the file) unless it is a regular
+    file, not a symlink, owned by this user, with no group or other permission (0600).
+
+    Another local user must be unable to read the key, or to swap in one they know: a
+    symlink could point the product at their file, a file they own they could rewrite.
+    """
+    try:
+        # O_NOFOLLOW: the file itself, never what a symlink planted at its name points to.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise SecretsKeyError(
+                f"{path} is a symbolic link: a secrets key file must be a private regular"
+                " file of yours (mode 0600); refusing it"
+            ) from None
+        raise SecretsKeyError(f"cannot read the secrets key file {path}: {exc.strerror}") from None
+    try:
+        # Checked on what was opened, not on the name, which may change meanwhile.
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SecretsKeyError(f"{path} is not a regular file: refusing it as a secrets key")
+        if info.st_uid != os.geteuid():
+            raise SecretsKeyError(
+                f"{path} is owned by uid {info.st_uid}, not by you (uid {os.geteuid()}):"
+                " refusing a secrets key another user controls"
+            )
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & 0o077:
+            raise SecretsKeyError(
+                f"{path} is open to group or others (mode {mode:04o}): refusing a secrets key"
+                f" others may read; `chmod 600 {path}`, and replace the key if anyone could have"
+                " read it"
+            )
+        raw = os.read(fd, KEY_FILE_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        text = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        text = ""
+    if not text or len(raw) > KEY_FILE_MAX_BYTES:
+        raise SecretsKeyError(
+            f"{path} does not hold a secrets key (one line of base64); run `rastro keygen`"
+            " for a fresh one"
+        )
+    return text

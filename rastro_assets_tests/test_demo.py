@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -17,7 +18,7 @@ from rastro_assets import demo
 from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
-from rastro_assets.vault import ENV_VAR, Vault, generate_key
+from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault, generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_fake_graph import DEMO_TOKEN, FakeWorld
@@ -154,17 +155,18 @@ def test_a_paused_demo_connection_is_revived(paths: demo.DemoPaths, now):
 def test_run_prepares_then_supervises_dagster_dev(paths: demo.DemoPaths, monkeypatch, capsys):
     handed = []
 
-    def supervise(argv, env, watcher):
-        handed.append((argv, env, watcher))
+    def supervise(argv, env, watcher, output):
+        handed.append((argv, env, watcher, output))
         return 0
 
     monkeypatch.setattr(demo, "supervise", supervise)
     monkeypatch.chdir(REPO)
     environ = {"KEEP": "me", "PYTHONWARNINGS": "error::ResourceWarning"}
     assert demo.run(paths.root, ["--port", "3001"], environ=environ) == 0
-    [(argv, env, watcher)] = handed
+    [(argv, env, watcher, output)] = handed
     assert Path(argv[0]).name == "dagster"
-    assert argv[1:] == ["dev", "-w", "workspace.yaml", "--port", "3001"]
+    assert argv[1:] == ["dev", "-w", "workspace.yaml", "--port", "3001", "--log-level", "warning"]
+    assert output.threshold == logging.WARNING
     assert env["KEEP"] == "me"
     assert env["DAGSTER_HOME"] == str(paths.root.resolve() / "data" / "dagster_home")
     assert env[ENV_VAR] == paths.key_file.read_text().strip()
@@ -181,7 +183,9 @@ def test_run_prepares_then_supervises_dagster_dev(paths: demo.DemoPaths, monkeyp
         [line] = [line for line in lines if f" {account} " in line]
         assert f"({fake.timezone}, {fake.currency})" in line
     assert any("-> demo-clinic, demo-shop" in line for line in lines)  # act_1002's two sites
-    assert any('"will not be used"' in line for line in lines)
+    home = paths.root.resolve() / "data" / "dagster_home"
+    assert any(f"{home}/dagster.yaml (DAGSTER_HOME)" in line for line in lines)
+    assert any("only warnings and errors follow" in line for line in lines)
 
 
 QUIET_PROBE = """
@@ -354,3 +358,157 @@ def test_the_demos_date_axis_starts_on_the_first_day_its_accounts_are_owed(
 def test_an_axis_start_already_set_wins_over_the_demos(paths: demo.DemoPaths, now):
     env = demo.prepare(paths, now=now, environ={"RASTRO_PARTITIONS_START": "2026-01-01"})
     assert env["RASTRO_PARTITIONS_START"] == "2026-01-01"
+
+
+# Dagster's output, sifted -------------------------------------------------------
+
+# What `dagster dev` and its processes print in the demo, colours included: the run worker's
+# events come at DEBUG whatever `--log-level` says.
+DAGSTER_LINES = [
+    "\x1b[32m2026-12-06 00:11:54 +0000\x1b[0m - dagster - \x1b[34mWARNING\x1b[0m - Found a"
+    " dagster instance configuration value (dagster.yaml) in the current folder, but your"
+    " DAGSTER_HOME environment variable is set to /r/data/dagster_home.",
+    "\x1b[32m2026-12-06 00:11:55 +0000\x1b[0m - dagster - \x1b[34mINFO\x1b[0m - Launching"
+    " Dagster services...",
+    "\x1b[32m2026-12-06 00:12:13 +0000\x1b[0m - dagster - \x1b[34mDEBUG\x1b[0m - __ASSET_JOB"
+    " - 801af1a2 - 28994 - spend_backfill - STEP_START - Started execution of step.",
+    "2026-12-06 00:12:37 +0000 - dagster.daemon.BackfillDaemon - INFO - Backfill iteration"
+    " summary:",
+    "**Assets materialized since last iteration:**",
+    "- spend_backfill: {act_1003, act_1001, act_1002}",
+    "2026-12-06 00:13:00 +0000 - dagster.daemon.SensorDaemon - WARNING - Sensor meta_cadence"
+    " took 31 s",
+    "2026-12-06 00:13:01 +0000 - dagster - ERROR - __ASSET_JOB - 801af1a2 - spend_backfill -"
+    " STEP_FAILURE - Execution of step failed.",
+    "dagster._core.errors.DagsterExecutionStepExecutionError: Error occurred",
+    '  File "/x.py", line 3, in f',
+    "2026-12-06 00:13:02 +0000 - dagster - DEBUG - __ASSET_JOB - 801af1a2 - RUN_FAILURE",
+    "Traceback (most recent call last):",
+    '  File "/y.py", line 1, in <module>',
+    "Killed",
+]
+
+
+def sift(lines: list[str], threshold: int = logging.WARNING) -> list[str]:
+    output = demo.DagsterOutput(threshold)
+    return [line for line in lines if output.keep(line + "\n")]
+
+
+def test_of_dagsters_lines_warnings_errors_and_what_is_no_record_pass():
+    kept = sift(DAGSTER_LINES)
+    assert kept == [
+        DAGSTER_LINES[6],
+        DAGSTER_LINES[7],
+        "dagster._core.errors.DagsterExecutionStepExecutionError: Error occurred",
+        '  File "/x.py", line 3, in f',
+        # A hidden record's lines never swallow a traceback or a crash after it.
+        "Traceback (most recent call last):",
+        '  File "/y.py", line 1, in <module>',
+        "Killed",
+    ]
+    assert not any("DEBUG" in line or "INFO" in line for line in kept)
+
+
+def test_a_log_level_asked_for_shows_more_but_never_the_explained_warning():
+    kept = sift(DAGSTER_LINES, logging.INFO)
+    assert DAGSTER_LINES[1] in kept and "- spend_backfill: {act_1003, act_1001, act_1002}" in kept
+    assert not any("DEBUG" in line for line in kept)
+    assert not any("Found a dagster instance" in line for line in sift(DAGSTER_LINES, 0))
+
+
+@pytest.mark.parametrize(
+    ("extra", "argv", "threshold"),
+    [
+        ([], ["--log-level", "warning"], logging.WARNING),
+        (["--port", "3001"], ["--port", "3001", "--log-level", "warning"], logging.WARNING),
+        (["--log-level", "info"], ["--log-level", "info"], logging.INFO),
+        (["--log-level=debug"], ["--log-level=debug"], logging.DEBUG),
+    ],
+)
+def test_dagster_runs_at_the_users_log_level_else_warnings(extra, argv, threshold):
+    assert demo.dagster_log_level(extra) == (argv, threshold)
+
+
+RELAYED = """
+import sys
+from rastro_assets import demo
+
+class Quiet:
+    def tick(self):
+        pass
+
+child = [sys.executable, "-c", sys.argv[1]]
+sys.exit(demo.supervise(child, {}, Quiet(), demo.DagsterOutput()))
+"""
+NOISY = """
+import sys
+for n in range(300):
+    print(f"2026-12-06 00:12:13 +0000 - dagster - DEBUG - run - STEP_START - step {n}")
+print("2026-12-06 00:12:14 +0000 - dagster - WARNING - out warned")
+print("2026-12-06 00:12:14 +0000 - dagster - ERROR - err failed", file=sys.stderr)
+print("2026-12-06 00:12:14 +0000 - dagster - INFO - err info", file=sys.stderr)
+"""
+
+
+def test_supervise_passes_on_what_dagster_output_keeps_on_the_same_stream():
+    result = subprocess.run(
+        [sys.executable, "-c", RELAYED, NOISY], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    stamp = "2026-12-06 00:12:14 +0000 - dagster"
+    assert result.stdout.splitlines() == [f"{stamp} - WARNING - out warned"]
+    assert result.stderr.splitlines() == [f"{stamp} - ERROR - err failed"]
+
+
+def test_an_unchanged_progress_line_is_not_repeated_at_every_look(
+    paths: demo.DemoPaths, monkeypatch, capsys
+):
+    clock = Clock()
+    monkeypatch.setattr(demo, "read_progress", lambda path: demo.Progress(3, 0, 90, 270))
+    monkeypatch.setattr(demo, "ui_up", lambda port: False)
+    watcher = demo.Watcher(paths, "3001", paths.data / "analytics.duckdb", "rastro", clock)
+    for at in range(0, 200, 2):
+        clock.now = at
+        watcher.tick()
+    line = "rastro demo: backfill: 0 of 3 accounts done, 90/270 account-days"
+    # Said at once, then again once two minutes have passed: alive, and not a flood.
+    assert capsys.readouterr().out.splitlines() == [line, line]
+
+
+# The demo's key file ------------------------------------------------------------
+
+
+def test_a_key_file_open_to_others_is_refused_and_left_as_it_is(paths: demo.DemoPaths, now):
+    demo.prepare(paths, now=now, environ={})
+    key = paths.key_file.read_text()
+    paths.key_file.chmod(0o644)
+    with pytest.raises(SecretsKeyError, match=r"open to group or others \(mode 0644\)"):
+        demo.prepare(paths, now=now, environ={})
+    assert paths.key_file.read_text() == key
+
+
+def test_a_symlink_planted_as_the_key_file_is_refused(paths: demo.DemoPaths, now, tmp_path):
+    planted = tmp_path / "theirs.key"
+    planted.write_text(generate_key() + "\n")
+    planted.chmod(0o600)
+    paths.data.mkdir()
+    paths.key_file.symlink_to(planted)
+    with pytest.raises(SecretsKeyError, match="symbolic link"):
+        demo.prepare(paths, now=now, environ={})
+    assert not paths.duckdb.exists()
+
+
+def test_the_demos_key_file_is_found_only_for_the_demos_warehouse(
+    paths: demo.DemoPaths, now, monkeypatch
+):
+    demo.prepare(paths, now=now, environ={})
+    inside = paths.root / "notebooks"
+    inside.mkdir()
+    monkeypatch.chdir(inside)
+    assert demo.demo_key_file(paths.duckdb) == paths.key_file
+    assert demo.demo_key_file("../data/rastro.duckdb") == paths.key_file
+    assert demo.demo_key_file(paths.data / "other.duckdb") is None
+    assert demo.stray_key_files(paths.data / "other.duckdb") == [paths.key_file]
+    monkeypatch.chdir(paths.root.parent)  # outside the checkout
+    assert demo.demo_key_file(paths.duckdb) is None
+    assert demo.stray_key_files(paths.duckdb) == [paths.key_file]

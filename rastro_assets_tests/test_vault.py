@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import base64
+import os
+from pathlib import Path
 
 import pytest
 
-from rastro_assets.vault import ENV_VAR, NONCE_BYTES, SecretsKeyError, Vault, generate_key
+from rastro_assets.vault import (
+    ENV_VAR,
+    NONCE_BYTES,
+    SecretsKeyError,
+    Vault,
+    generate_key,
+    read_key_file,
+)
 
 TOKEN = "EAAGm0PX4ZCpsBAKZAZBZCSuperSecretToken123"
 
@@ -149,3 +158,77 @@ def test_generate_key_is_32_random_bytes():
     for key in keys:
         assert len(base64.b64decode(key, validate=True)) == 32
         make_vault(key)
+
+
+# A key kept in a file ---------------------------------------------------------
+
+
+def key_file(tmp_path: Path, mode: int = 0o600, text: str | None = None) -> Path:
+    path = tmp_path / "secrets.key"
+    path.write_text(generate_key() + "\n" if text is None else text)
+    path.chmod(mode)
+    return path
+
+
+def test_a_private_key_file_of_ones_own_is_read(tmp_path: Path):
+    path = key_file(tmp_path)
+    key = read_key_file(path)
+    assert key == path.read_text().strip()
+    make_vault(key)
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o644, 0o620, 0o602, 0o660])
+def test_a_key_file_open_to_group_or_others_is_refused(tmp_path: Path, mode: int):
+    path = key_file(tmp_path, mode)
+    with pytest.raises(SecretsKeyError) as refused:
+        read_key_file(path)
+    message = str(refused.value)
+    assert message.startswith(f"{path} is open to group or others (mode {mode:04o})")
+    assert f"chmod 600 {path}" in message
+    assert path.read_text().strip() not in message
+    assert "\n" not in message
+
+
+def test_a_symlink_is_refused_even_to_a_private_key_file(tmp_path: Path):
+    target = key_file(tmp_path)
+    link = tmp_path / "link.key"
+    link.symlink_to(target)
+    with pytest.raises(SecretsKeyError, match=f"^{link} is a symbolic link"):
+        read_key_file(link)
+    dangling = tmp_path / "dangling.key"
+    dangling.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(SecretsKeyError, match="is a symbolic link"):
+        read_key_file(dangling)
+
+
+def test_what_is_no_regular_file_is_refused(tmp_path: Path):
+    directory = tmp_path / "secrets.key"
+    directory.mkdir(mode=0o700)
+    with pytest.raises(SecretsKeyError, match="is not a regular file"):
+        read_key_file(directory)
+    fifo = tmp_path / "fifo.key"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(SecretsKeyError, match="is not a regular file"):
+        read_key_file(fifo)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file away takes root")
+def test_a_key_file_another_user_owns_is_refused(tmp_path: Path):
+    path = key_file(tmp_path)
+    os.chown(path, 4321, -1)
+    with pytest.raises(SecretsKeyError, match=r"owned by uid 4321, not by you"):
+        read_key_file(path)
+
+
+@pytest.mark.parametrize("text", ["", "\n", "\xff\xfe", "k" * 5000])
+def test_a_file_holding_no_key_is_refused(tmp_path: Path, text: str):
+    path = tmp_path / "secrets.key"
+    path.write_bytes(text.encode("latin-1"))
+    path.chmod(0o600)
+    with pytest.raises(SecretsKeyError, match="does not hold a secrets key"):
+        read_key_file(path)
+
+
+def test_a_missing_key_file_says_so(tmp_path: Path):
+    with pytest.raises(SecretsKeyError, match="cannot read the secrets key file .*: No such file"):
+        read_key_file(tmp_path / "absent.key")

@@ -134,8 +134,7 @@ def snapshot_incident(
         detail=f"snapshot: {path}",
         fix=(
             "look at the latest analytics_snapshot run's failure in the Dagster UI; "
-            "`dagster asset materialize -m rastro_assets.definitions --select "
-            f"analytics_snapshot` publishes it by hand ({RUNBOOK}, \"The analytics snapshot\")"
+            f"`rastro publish` publishes it by hand ({RUNBOOK}, \"The analytics snapshot\")"
         ),
         since=since,
     )

@@ -53,7 +53,8 @@ if TYPE_CHECKING:
 CATALOG = "analytics"
 """The name the snapshot is attached under: `analytics.ad_spend_daily` works everywhere."""
 
-PUBLISH_NOW = "dagster asset materialize --select analytics_snapshot -m rastro_assets.definitions"
+# Loads no Dagster, so none of its superseded, preview or beta warnings.
+PUBLISH_NOW = "rastro publish"
 
 
 class SnapshotMissing(FileNotFoundError):

@@ -58,7 +58,7 @@ _FINGERPRINT = """
         (SELECT concat_ws(',', count(*), max(linked_at)) FROM site_ad_accounts),
         (SELECT concat_ws(',', count(*), max(created_at), max(sync_requested_at))
            FROM meta_ad_accounts),
-        (SELECT concat_ws(',', count(*), max(created_at)) FROM sites),
+        (SELECT concat_ws(',', count(*), max(created_at), sum(hash(site_id, name))) FROM sites),
         (SELECT concat_ws(',', count(*), max(updated_at), max(invalid_since))
            FROM meta_connections),
         (SELECT concat_ws(',', count(*), max(updated_at)) FROM ad_catalog),

@@ -2,11 +2,11 @@
 
 - `context`: what every command stands on (`Context`, `command()`,
   `UsageError`, exit codes, the parser, token scrubbing); it imports no command.
-- `registry`: `keygen`, `site add`, `connect`, `link`, `unlink`.
+- `registry`: `keygen`, `site add|list|rename|remove`, `connect`, `link`, `unlink`.
 - `accounts`: `accounts`, and `link` of many accounts at once.
 - `sql`: `sql`, one read-only query on the analytics snapshot.
-- `cadence`: `sync-now`, `status`, `plan`.
-- `shards`: `shard move`.
+- `cadence`: `sync-now`, `status`, `plan`; `check`: `status --check`.
+- `shards`: `shard` (`list`), `shard move`.
 - `tools`: `rotate-key`, `demo`, `fake-meta`.
 
 A new command lives in the module of its group (or a new one), which exposes

@@ -34,7 +34,8 @@ NO_ACCOUNTS = "no linked accounts yet: `rastro link SITE_ID AD_ACCOUNT_ID --conn
 def no_warehouse(path: str) -> str:
     return (
         f"no warehouse at {os.path.abspath(path)}: nothing has been linked there yet"
-        " (`rastro link` or `rastro demo` creates it; RASTRO_DUCKDB_PATH names another file)"
+        " (`rastro site add`, `rastro connect` or `rastro demo` creates it; RASTRO_DUCKDB_PATH"
+        " names another file)"
     )
 
 

@@ -1,4 +1,4 @@
-"""`rastro keygen`, `site add`, `connect`, `link` and `unlink`: keys, sites, connections, links.
+"""`rastro keygen`, `site`, `connect`, `link` and `unlink`: keys, sites, connections, links.
 
 `connect` reads the token from stdin or a named environment variable, never
 argv, and seals it with the secrets key; `link` asks Meta for the account's
@@ -10,20 +10,30 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import json
+import os
+from collections.abc import Sequence
+from datetime import UTC
 from typing import TYPE_CHECKING
 
 from rastro_assets.accounts import normalize_account_id
+from rastro_assets.cli.cadence import NO_VALUE, no_warehouse
 from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
+from rastro_assets.cli.sql import display_width
+from rastro_assets.cli.tools import sealing_vault
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.shards import crowded_warning
 from rastro_assets.tokens import token_problem
 from rastro_assets.vault import generate_key
 from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.registry import LinkResult, RegistryError
 
 if TYPE_CHECKING:
     from rastro_assets.meta.models import AdAccount
+
+NO_SITES = "no sites yet: `rastro site add SITE_ID --name NAME`"
 
 
 # keygen ---------------------------------------------------------------------
@@ -52,6 +62,17 @@ def add_site(subparsers: Subparsers) -> None:
     add = command(actions, "add", _site_add, "add a site, or rename one")
     add.add_argument("site_id", metavar="SITE_ID")
     add.add_argument("--name", help="a human name for the site")
+    listing = command(
+        actions, "list", _site_list, "every site: its id, name, creation and linked accounts"
+    )
+    listing.add_argument("--json", action="store_true", help="one JSON array, for scripts")
+    rename = command(actions, "rename", _site_rename, "give a site a new name")
+    rename.add_argument("site_id", metavar="SITE_ID")
+    rename.add_argument("name", metavar="NAME")
+    remove = command(
+        actions, "remove", _site_remove, "remove a site that links no ad account any more"
+    )
+    remove.add_argument("site_id", metavar="SITE_ID")
 
 
 def _site_add(args: argparse.Namespace, ctx: Context) -> int:
@@ -62,6 +83,111 @@ def _site_add(args: argparse.Namespace, ctx: Context) -> int:
         registry.add_site(con, site_id, name, ctx.now())
     ctx.say(f"site {site_id} {'updated' if existed else 'added'}")
     return EXIT_OK
+
+
+def _site_list(args: argparse.Namespace, ctx: Context) -> int:
+    warehouse = existing_warehouse(ctx)
+    if warehouse is None:
+        return say_no_warehouse(ctx, args.json)
+    with warehouse.connect(read_only=True) as con:
+        sites = registry.list_sites(con)
+    if args.json:
+        entries = [
+            {
+                "site_id": site.site_id,
+                "name": site.name,
+                "created_at": site.created_at.isoformat() if site.created_at else None,
+                "linked_accounts": site.linked_accounts,
+            }
+            for site in sites
+        ]
+        ctx.say(json.dumps(entries, indent=2, ensure_ascii=False))
+        return EXIT_OK
+    if not sites:
+        ctx.say(NO_SITES)
+        return EXIT_OK
+    rows = [
+        [
+            site.site_id,
+            site.name or NO_VALUE,
+            f"{site.created_at.astimezone(UTC):%Y-%m-%d %H:%M}" if site.created_at else NO_VALUE,
+            str(site.linked_accounts),
+        ]
+        for site in sites
+    ]
+    say_table(ctx, ["SITE", "NAME", "CREATED (UTC)", "ACCOUNTS"], rows)
+    return EXIT_OK
+
+
+def _site_rename(args: argparse.Namespace, ctx: Context) -> int:
+    site_id = registry.validate_identifier("site id", args.site_id)
+    if not args.name.strip():
+        # The registry's own complaint about an empty name speaks of `site add --name`.
+        raise UsageError("the new name is empty: give the site a name")
+    name = registry.validate_site_name(args.name)
+    warehouse = _warehouse_holding_site(ctx, site_id)
+    with warehouse.connect() as con:
+        old = registry.rename_site(con, site_id, name)
+    ctx.say(f"site {site_id} renamed: {old or '(no name)'} -> {name}")
+    return EXIT_OK
+
+
+def _site_remove(args: argparse.Namespace, ctx: Context) -> int:
+    site_id = registry.validate_identifier("site id", args.site_id)
+    warehouse = _warehouse_holding_site(ctx, site_id)
+    with warehouse.connect() as con:
+        registry.remove_site(con, site_id)
+    ctx.say(f"site {site_id} removed")
+    return EXIT_OK
+
+
+def _warehouse_holding_site(ctx: Context, site_id: str) -> Warehouse:
+    """The warehouse, when it exists; a warehouse not there yet holds no site, and a
+    refusal must leave no new file behind."""
+    warehouse = existing_warehouse(ctx)
+    if warehouse is None:
+        raise RegistryError(
+            f"unknown site {site_id!r}: no warehouse at {os.path.abspath(ctx.warehouse().path)}"
+            " yet (`rastro site add` creates it; RASTRO_DUCKDB_PATH names another file)"
+        )
+    return warehouse
+
+
+def existing_warehouse(ctx: Context) -> Warehouse | None:
+    """The pipeline's file, or None when it does not exist. Opening it, even read-only,
+    would create and migrate a missing one: a command that only looks asks this first."""
+    warehouse = ctx.warehouse()
+    return warehouse if os.path.exists(warehouse.path) else None
+
+
+def say_no_warehouse(ctx: Context, as_json: bool) -> int:
+    """What a listing says of a warehouse that does not exist, as `rastro status` says it:
+    on stdout for people; on stderr beside an empty array for scripts."""
+    line = no_warehouse(ctx.warehouse().path)
+    if as_json:
+        ctx.warn(line)
+        ctx.say("[]")
+    else:
+        ctx.say(line)
+    return EXIT_OK
+
+
+def say_table(ctx: Context, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Left-aligned columns, measured in terminal columns: a site's name may be any script."""
+    columns = zip(header, *rows, strict=True)
+    widths = [max(display_width(cell) for cell in column) for column in columns]
+    for cells in (header, *rows):
+        ctx.say(
+            "  ".join(
+                cell + " " * (width - display_width(cell))
+                for cell, width in zip(cells, widths, strict=True)
+            ).rstrip()
+        )
+
+
+def counted(count: int, noun: str) -> str:
+    """`1 account`, `2 accounts`: the count with its noun in the right number."""
+    return f"{count} {noun if count == 1 else noun + 's'}"
 
 
 # connect --------------------------------------------------------------------
@@ -86,7 +212,7 @@ def add_connect(subparsers: Subparsers) -> None:
 def _connect(args: argparse.Namespace, ctx: Context) -> int:
     connection_id = registry.validate_identifier("connection id", args.connection_id)
     token = _read_token(args, ctx)
-    vault = ctx.vault()
+    vault = sealing_vault(ctx)
     if not args.no_verify:
         _check_token(ctx, token)
     sealed = vault.seal(connection_id, token)
@@ -99,7 +225,11 @@ def _connect(args: argparse.Namespace, ctx: Context) -> int:
     if before is None:
         ctx.say(f"connection {connection_id} saved")
     elif before.status != ConnectionStatus.ACTIVE:
-        ctx.say(f"connection {connection_id}: token replaced; {waiting} paused account(s) resume")
+        resume = "resumes" if waiting == 1 else "resume"
+        ctx.say(
+            f"connection {connection_id}: token replaced;"
+            f" {counted(waiting, 'paused account')} {resume}"
+        )
     else:
         ctx.say(f"connection {connection_id}: token replaced")
     return EXIT_OK
@@ -194,7 +324,7 @@ def _link_one(args: argparse.Namespace, ctx: Context, raw_account_id: str) -> in
     timezone = registry.validate_timezone(args.timezone) if args.timezone is not None else None
     currency = registry.normalize_currency(args.currency) if args.currency is not None else None
     name = None
-    warehouse = ctx.warehouse()
+    warehouse = _warehouse_holding_site(ctx, site_id)
     with warehouse.connect() as con:
         connection = registry.require_site_and_connection(con, site_id, connection_id)
         known = registry.get_account(con, ad_account_id)
@@ -281,7 +411,13 @@ def add_unlink(subparsers: Subparsers) -> None:
 def _unlink(args: argparse.Namespace, ctx: Context) -> int:
     site_id = registry.validate_identifier("site id", args.site_id)
     ad_account_id = normalize_account_id(args.ad_account_id)
-    with ctx.warehouse().connect() as con:
+    warehouse = existing_warehouse(ctx)
+    if warehouse is None:
+        raise RegistryError(
+            f"site {site_id!r} is not linked to {ad_account_id}:"
+            f" {no_warehouse(ctx.warehouse().path)}"
+        )
+    with warehouse.connect() as con:
         purged = registry.unlink_account(con, site_id, ad_account_id)
     if purged:
         ctx.say(

@@ -1,28 +1,49 @@
-"""`rastro shard move`: spread the accounts over the shards `RASTRO_ACCOUNT_SHARDS` declares.
+"""`rastro shard`: which accounts each shard holds, and `shard move` to spread them.
 
-Run it after raising the setting and restarting the code location (the new
-shards' assets must exist). Each moved account's materialized account-days not yet
-in its new shard's assets are re-recorded there, in the Dagster instance at
-DAGSTER_HOME; then the warehouse stores the new shard; then the account leaves the
-old shard's partitions and joins the new one's (`defs.instance.move_account` says
-why in that order). A move killed at any point is finished by running it again.
+`rastro shard` (or `shard list`) shows every shard `RASTRO_ACCOUNT_SHARDS` declares,
+and any shard still holding accounts beyond them: its spend assets, its partitions and
+its accounts. It only reads, and never creates a warehouse that is not there.
+
+`shard move` spreads the accounts over the declared shards. Run it after raising the
+setting and restarting the code location (the new shards' assets must exist). Each moved
+account's materialized account-days not yet in its new shard's assets are re-recorded
+there, in the Dagster instance at DAGSTER_HOME; then the warehouse stores the new shard;
+then the account leaves the old shard's partitions and joins the new one's
+(`defs.instance.move_account` says why in that order). A move killed at any point is
+finished by running it again.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
+from collections.abc import Sequence
 
 from rastro_assets import shards
 from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
+from rastro_assets.cli.registry import counted, existing_warehouse, say_no_warehouse, say_table
 from rastro_assets.warehouse import registry
+
+ACCOUNTS_SHOWN = 10
+"""Accounts a shard's line names before it says how many more; `--json` names them all."""
 
 
 def add_shard(subparsers: Subparsers) -> None:
     shard = subparsers.add_parser(
-        "shard", help="the accounts' Dagster shards", description="the accounts' Dagster shards"
+        "shard",
+        help="the accounts' Dagster shards: list them (the default) or move accounts",
+        description="the accounts' Dagster shards; with no action, list them",
     )
-    actions = shard.add_subparsers(dest="shard_command", metavar="ACTION", required=True)
+    shard.set_defaults(handler=_list, json=False)
+    actions = shard.add_subparsers(dest="shard_command", metavar="ACTION")
+    listing = command(
+        actions,
+        "list",
+        _list,
+        "each shard's spend assets, partitions and accounts (what `rastro shard` shows)",
+    )
+    listing.add_argument("--json", action="store_true", help="one JSON array, for scripts")
     move = command(
         actions,
         "move",
@@ -35,16 +56,83 @@ def add_shard(subparsers: Subparsers) -> None:
     )
 
 
+def _list(args: argparse.Namespace, ctx: Context) -> int:
+    settings = ctx.settings()
+    warehouse = existing_warehouse(ctx)
+    if warehouse is None:
+        return say_no_warehouse(ctx, args.json)
+    with warehouse.connect(read_only=True) as con:
+        linked = registry.linked_accounts(con)
+    shard_count = settings.account_shards
+    held: dict[int, list[str]] = {shard: [] for shard in range(shard_count)}
+    for account in linked:
+        held.setdefault(account.shard, []).append(account.ad_account_id)
+    counts = {shard: len(accounts) for shard, accounts in held.items() if accounts}
+    if warning := shards.crowded_warning(counts, shard_count, settings.shard_accounts):
+        ctx.warn(warning)
+    if args.json:
+        entries = [_shard_json(shard, held[shard], shard_count) for shard in sorted(held)]
+        ctx.say(json.dumps(entries, indent=2))
+        return EXIT_OK
+    rows = [
+        [
+            str(shard) if shard < shard_count else f"{shard} (undeclared)",
+            f"{shards.ad_spend_name(shard)}, {shards.site_spend_name(shard)}",
+            shards.accounts_name(shard),
+            str(len(held[shard])),
+            _abbreviated(held[shard]),
+        ]
+        for shard in sorted(held)
+    ]
+    say_table(ctx, ["SHARD", "SPEND ASSETS", "PARTITIONS", "ACCOUNTS", "IDS"], rows)
+    ctx.say(
+        f"{counted(len(linked), 'linked account')} over"
+        f" {counted(shard_count, 'shard')} ({shards.SHARDS_SETTING}={shard_count})"
+    )
+    moves = shards.planned_moves({a.ad_account_id: a.shard for a in linked}, shard_count)
+    if moves:
+        ctx.say(
+            f"{counted(len(moves), 'account')} to move to spread them evenly:"
+            f" `{shards.MOVE_COMMAND} --dry-run` shows where"
+        )
+    return EXIT_OK
+
+
+def _shard_json(shard: int, accounts: Sequence[str], shard_count: int) -> dict:
+    return {
+        "shard": shard,
+        "declared": shard < shard_count,
+        "spend_assets": [shards.ad_spend_name(shard), shards.site_spend_name(shard)],
+        "partitions": shards.accounts_name(shard),
+        "account_count": len(accounts),
+        "accounts": list(accounts),
+    }
+
+
+def _abbreviated(accounts: Sequence[str]) -> str:
+    if not accounts:
+        return "-"
+    shown = ", ".join(accounts[:ACCOUNTS_SHOWN])
+    more = len(accounts) - ACCOUNTS_SHOWN
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
 def _move(args: argparse.Namespace, ctx: Context) -> int:
     shard_count = ctx.settings().account_shards
-    with ctx.warehouse().connect(read_only=True) as con:
+    warehouse = existing_warehouse(ctx)
+    if warehouse is None:
+        return say_no_warehouse(ctx, as_json=False)
+    with warehouse.connect(read_only=True) as con:
         linked = {account.ad_account_id for account in registry.linked_accounts(con)}
         shard_of = {
             account: shard
             for account, shard in registry.account_shards(con, linked).items()
         }
     moves = shards.planned_moves(shard_of, shard_count)
-    nothing = f"nothing to move: {len(shard_of)} accounts over {shard_count} shards"
+    nothing = (
+        f"nothing to move: {counted(len(shard_of), 'account')} over"
+        f" {counted(shard_count, 'shard')}"
+    )
     if not moves and (args.dry_run or not ctx.environ.get("DAGSTER_HOME")):
         ctx.say(nothing)
         return EXIT_OK
@@ -108,13 +196,16 @@ def _move(args: argparse.Namespace, ctx: Context) -> int:
             moved += 1
             ctx.say(
                 f"{account}: {shards.ad_spend_name(result.old_shard)} ->"
-                f" {shards.ad_spend_name(result.new_shard)}, {result.partitions} account-days"
-                f" ({result.recorded} events recorded) in {result.seconds:.2f} s"
+                f" {shards.ad_spend_name(result.new_shard)},"
+                f" {counted(result.partitions, 'account-day')}"
+                f" ({counted(result.recorded, 'event')} recorded) in {result.seconds:.2f} s"
             )
     if not moved and not skipped:
         ctx.say(nothing)
         return EXIT_OK
-    ctx.say(f"moved {moved} accounts" + (f"; {skipped} left for later" if skipped else ""))
+    ctx.say(
+        f"moved {counted(moved, 'account')}" + (f"; {skipped} left for later" if skipped else "")
+    )
     return EXIT_OK
 
 

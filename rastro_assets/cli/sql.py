@@ -14,8 +14,9 @@ tried.
 
 Output, all of it exact:
 
-- `table` (default): aligned columns for people; numbers right-aligned, NULL
-  as `NULL`, a blob as `<blob: N bytes>`, a list or struct as JSON.
+- `table` (default): aligned columns for people, in terminal columns (a Japanese
+  character or an emoji takes two); numbers right-aligned, NULL as `NULL`, a blob
+  as `<blob: N bytes>`, a list or struct as JSON, a control character as `\\xNN`.
 - `csv`: a header, then one line per row; NULL is an empty field, a blob is
   its base64, a list or struct is JSON.
 - `json`: one array of objects, one object per row. Decimals (money) are
@@ -54,6 +55,7 @@ from uuid import UUID
 
 import duckdb
 import pyarrow
+import wcwidth
 
 from rastro_assets.analytics.frames import (
     NO_EXTENSIONS,
@@ -334,12 +336,17 @@ def _print_table(ctx: Context, names: Sequence[str], rows: Sequence[tuple]) -> N
 
 
 def display_width(text: str) -> int:
-    """The columns `text` takes in a terminal: wide and full-width characters (Japanese,
-    Chinese, Korean) take two, combining marks none; `len` would misalign them."""
-    return sum(
-        0 if unicodedata.combining(char) else 2 if unicodedata.east_asian_width(char) in "WF" else 1
-        for char in text
-    )
+    """The columns `text` takes in a terminal, which `len` gets wrong: a Japanese, Chinese
+    or Korean character takes two, as does an emoji however many code points draw it (a
+    flag, a skin tone, a family joined by ZWJ, a heart with VS16), and a combining mark
+    none. wcwidth's tables follow Unicode's releases and clusters; the standard library's
+    `unicodedata` knows neither clusters nor the emoji newer than the interpreter.
+
+    For text without control characters (`_escape` writes them out); with one, wcwidth
+    cannot tell, and each code point counts one.
+    """
+    width = wcwidth.wcswidth(text)
+    return width if width >= 0 else len(text)
 
 
 def _pad(text: str, width: int, right: bool) -> str:
@@ -371,8 +378,18 @@ def _cell(value: Any) -> str:
     return _escape(_text(value, blob=lambda raw: f"<blob: {len(raw)} bytes>"))
 
 
+_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
 def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    """`text` on one line of printable characters. A control character would break the
+    line, move the cursor or restyle the terminal (an ad's name is Meta's to choose), and
+    takes no column anyone can count: each is written out as `\\xNN`."""
+    return "".join(
+        _ESCAPES.get(char)
+        or (f"\\x{ord(char):02x}" if unicodedata.category(char) == "Cc" else char)
+        for char in text
+    )
 
 
 def _text(value: Any, *, blob) -> str:

@@ -1,8 +1,10 @@
-"""`rastro rotate-key`, `rastro demo` and `rastro fake-meta`: keys and the demo.
+"""`rastro rotate-key`, `rastro publish`, `rastro demo` and `rastro fake-meta`.
 
 `rotate-key` re-seals every stored token under a new secrets key in one
 transaction: either every token opens under the new key afterwards, or
-nothing changed. `demo` and `fake-meta` run the product on the fake Graph.
+nothing changed. `publish` publishes the analytics snapshot now, without
+Dagster. `demo` and `fake-meta` run the product on the fake Graph;
+`sealing_vault` lets a command in the demo's checkout seal with the demo's key.
 """
 
 from __future__ import annotations
@@ -10,11 +12,13 @@ from __future__ import annotations
 import argparse
 import base64
 import ipaddress
+import os
 from pathlib import Path
 
 import duckdb
 
 from rastro_assets.cli.context import (
+    EXIT_FAILED,
     EXIT_OK,
     Context,
     Registrar,
@@ -23,7 +27,7 @@ from rastro_assets.cli.context import (
     command,
 )
 from rastro_assets.settings import project_root
-from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault
+from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault, read_key_file
 from rastro_assets.warehouse.connection import transaction
 
 # rotate-key -----------------------------------------------------------------
@@ -146,6 +150,83 @@ def _opens(vault: Vault, connection_id: str, sealed: bytes) -> bool:
     return True
 
 
+# the demo's key ---------------------------------------------------------------
+
+
+def sealing_vault(ctx: Context) -> Vault:
+    """The vault a command seals tokens with: RASTRO_SECRETS_KEY's; when it is unset and the
+    warehouse is the demo's seen from its checkout, the demo's key in `data/secrets.key`,
+    which is what `rastro demo` hands its daemon then (said in one line). Otherwise the
+    missing variable's error, naming any demo key file that was not taken and why."""
+    if (ctx.environ.get(ENV_VAR) or "").strip():
+        return ctx.vault()
+    # Imported here: the demo module loads the planner and the fake Graph's world.
+    from rastro_assets import demo
+
+    duckdb_path = ctx.warehouse().path
+    key_file = demo.demo_key_file(duckdb_path)
+    if key_file is not None:
+        shown = _shown(key_file)
+        # Named after the file in every refusal: the variable is not what was read.
+        vault = Vault.from_env({shown: read_key_file(key_file)}, var=shown)
+        ctx.say(
+            f"{ENV_VAR} is not set: sealing with the demo's key in {shown}, the one"
+            f" `rastro demo` gives its daemon when {ENV_VAR} is unset"
+        )
+        return vault
+    strays = demo.stray_key_files(duckdb_path)
+    if strays:
+        raise SecretsKeyError(
+            f"{ENV_VAR} is not set, and {_shown(strays[0])} is the demo's key: it stands in"
+            " only inside the demo's checkout, for its warehouse data/rastro.duckdb, and this"
+            f" command's warehouse is {os.path.abspath(duckdb_path)}; export {ENV_VAR} with the"
+            " key the daemon of that warehouse runs with"
+        )
+    return ctx.vault()
+
+
+def _shown(path: Path) -> str:
+    """`path` as the user finds it: relative to the working directory when inside it."""
+    try:
+        return str(Path(os.path.abspath(path)).relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+# publish --------------------------------------------------------------------
+
+
+def add_publish(subparsers: Subparsers) -> None:
+    command(
+        subparsers,
+        "publish",
+        _publish,
+        "publish the analytics snapshot now (the pipeline does within minutes of a write)",
+    )
+
+
+def _publish(args: argparse.Namespace, ctx: Context) -> int:
+    # Imported here: only this command copies the warehouse.
+    from rastro_assets.analytics.publish import Publisher, PublishError
+
+    warehouse = ctx.warehouse()
+    if not Path(warehouse.path).exists():
+        raise UsageError(f"no warehouse at {os.path.abspath(warehouse.path)}: nothing to publish")
+    publisher = Publisher.from_settings(ctx.settings(), warehouse, ctx.clock)
+    try:
+        result = publisher.publish()
+    except PublishError as exc:
+        return ctx.fail(f"the snapshot was not published: {exc}", EXIT_FAILED)
+    if result is None:
+        ctx.say(
+            f"another process is publishing {publisher.target} right now: its snapshot"
+            " carries what this one would have"
+        )
+        return EXIT_OK
+    ctx.say(f"published {result.path}: {result.bytes} bytes in {result.duration_seconds:.2f} s")
+    return EXIT_OK
+
+
 # fake-meta ------------------------------------------------------------------
 
 FAKE_META_PORT = 8765  # the server's DEFAULT_PORT, without importing the fake to build --help
@@ -242,4 +323,4 @@ def _demo(args: argparse.Namespace, ctx: Context) -> int:
     return demo.run(root, extra, environ=ctx.environ)
 
 
-REGISTRARS: list[Registrar] = [add_rotate_key, add_demo, add_fake_meta]
+REGISTRARS: list[Registrar] = [add_rotate_key, add_publish, add_demo, add_fake_meta]

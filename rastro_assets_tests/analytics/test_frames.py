@@ -341,7 +341,7 @@ def test_a_missing_snapshot_is_never_created(tmp_path: Path):
     Warehouse(pipeline["RASTRO_DUCKDB_PATH"]).migrate()
     with pytest.raises(SnapshotMissing, match="no analytics snapshot has been published yet"):
         snap.status()
-    with pytest.raises(SnapshotMissing, match="dagster asset materialize"):
+    with pytest.raises(SnapshotMissing, match="rastro publish"):
         snap.spend(*WEEK)
     assert not path.exists()
 

@@ -250,7 +250,7 @@ def test_a_new_token_revives_a_paused_connection(rastro, env: Path, world, now):
         )
     code, out, _ = rastro("connect", "c1", "--no-verify", stdin=NEW_TOKEN)
     assert code == 0
-    assert out == "connection c1: token replaced; 1 paused account(s) resume\n"
+    assert out == "connection c1: token replaced; 1 paused account resumes\n"
     [(status, invalid_since, sealed)] = stored(
         env, "SELECT status, invalid_since, sealed_token FROM meta_connections"
     )
@@ -529,8 +529,12 @@ def test_bad_unlink_inputs(rastro, env: Path, world, args, fragments):
         ((), "COMMAND"),
         (("frobnicate",), "invalid choice"),
         (("site",), "ACTION"),
-        (("site", "remove", "s1"), "invalid choice"),
+        (("site", "delete", "s1"), "invalid choice"),
         (("site", "add"), "SITE_ID"),
+        (("site", "rename", "s1"), "NAME"),
+        (("site", "list", "s1"), "unrecognized arguments"),
+        (("shard", "spread"), "invalid choice"),
+        (("shard", "list", "--all"), "unrecognized arguments"),
         (("keygen", "--bits", "128"), "unrecognized arguments"),
     ],
 )

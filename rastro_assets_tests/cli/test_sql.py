@@ -17,6 +17,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+import wcwidth
 
 from rastro_assets.cli.sql import _duration
 from rastro_assets.warehouse.connection import Warehouse
@@ -207,7 +208,7 @@ def test_a_missing_snapshot_is_one_line_and_never_created(rastro, duckdb_path: P
         rastro("sql", "SELECT 1"),
         "no analytics snapshot has been published yet",
         str(duckdb_path.parent / "analytics.duckdb"),
-        "dagster asset materialize --select analytics_snapshot -m rastro_assets.definitions",
+        "to publish one now, run `rastro publish`",
     )
     assert "within minutes" in line
     elsewhere = tmp_path / "analysts" / "snap.duckdb"
@@ -436,6 +437,47 @@ def test_table_aligns_double_width_names(rastro, snapshot_path):
     assert cities == [city_at, city_at]
     widths = {display_columns(line) for line in [header, rule, *body]}
     assert widths == {display_columns(header)}
+
+
+def test_table_aligns_emoji_sequences_and_marks_by_what_a_terminal_draws(rastro, snapshot_path):
+    """A ZWJ sequence, a flag, a heart with VS16, a full-width letter and a combining accent
+    each take the columns a terminal gives them, not one per code point."""
+    code, out, err = rastro(
+        "sql",
+        "SELECT * FROM (VALUES ('👩\u200d💻 dev', 'Ｓ', 1), ('🇧🇷 ❤\ufe0f', 'e\u0301', 22),"
+        " ('夏のセール', 'ok', 333)) t(who, mark, n)",
+    )
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "who         mark    n",
+        "----------  ----  ---",
+        "👩\u200d💻 dev      Ｓ      1",
+        "🇧🇷 ❤\ufe0f       e\u0301      22",
+        "夏のセール  ok    333",
+        "(3 rows)",
+    ]
+    header, _, *body, _ = out.splitlines()
+    starts = {name: wcwidth.wcswidth(header[: header.index(name)]) for name in ("mark", "n")}
+    assert starts == {"mark": 12, "n": 20}
+    for line, mark in zip(body, ("Ｓ", "e\u0301", "ok"), strict=True):
+        assert wcwidth.wcswidth(line[: line.index(mark)]) == starts["mark"]
+        assert wcwidth.wcswidth(line) == starts["n"] + 1
+
+
+def test_table_writes_control_characters_out(rastro, snapshot_path):
+    """An escape sequence in a value (an ad's name is Meta's to choose) reaches the terminal
+    as text, and takes the columns its text does."""
+    code, out, err = rastro(
+        "sql", "SELECT chr(27) || '[31mred' || chr(7) AS name, 1 AS n UNION ALL SELECT 'x', 22"
+    )
+    assert (code, err) == (0, "")
+    assert "\x1b" not in out and "\x07" not in out
+    assert out.splitlines()[:4] == [
+        "name" + " " * 14 + "n",
+        "-" * 15 + "  --",
+        "\\x1b[31mred\\x07   1",
+        "x" + " " * 16 + "22",
+    ]
 
 
 def display_columns(text: str) -> int:

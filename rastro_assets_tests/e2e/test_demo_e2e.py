@@ -9,6 +9,11 @@ process. A second start on the same copy reuses the key, the registry and
 the data, syncs the accounts live (no new backfill), and stops on SIGINT,
 as Ctrl-C in a terminal would. Started under umask 000, the demo's first runs leave
 nothing under its Dagster home that another local user may open.
+
+What the demo prints is read as a person would: its own lines and Dagster's warnings,
+no DEBUG line, no warning it has just explained, and "ready" within its first lines.
+`rastro connect` in the copy, with no RASTRO_SECRETS_KEY, seals with the demo's key:
+the daemon's next syncs open that token.
 """
 
 from __future__ import annotations
@@ -33,10 +38,10 @@ from typing import TypeVar
 import duckdb
 import pytest
 
-from rastro_assets.demo import DEMO_LINKS, DEMO_SITES, QUIETED_WARNINGS
+from rastro_assets.demo import COLOURS, DEMO_CONNECTION, DEMO_LINKS, DEMO_SITES, QUIETED_WARNINGS
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
-from rastro_fake_graph.world import FakeWorld
+from rastro_fake_graph.world import DEMO_TOKEN, FakeWorld
 
 pytestmark = [
     pytest.mark.slow,
@@ -65,6 +70,8 @@ BANNER = "rastro demo: data in"
 READY = re.compile(r'^rastro demo: ready: try (\S+) sql "(.*)"$', re.M)
 # Dagster's backfill daemon once logged a 5.7 KB line of partition keys.
 MAX_LINE = 2000
+# Someone trying the demo reads "ready" without scrolling back.
+READY_WITHIN_LINES = 40
 T = TypeVar("T")
 
 # The README's "spend by campaign yesterday"; test_readme_query_is_the_tested_one
@@ -204,11 +211,16 @@ class Copy:
     def demo_env(self) -> dict[str, str]:
         return {**self.env, "RASTRO_SENSOR_INTERVAL_SECONDS": "5"}
 
-    def rastro(self, *args: str) -> str:
+    def rastro(self, *args: str, stdin: str | None = None) -> str:
         env = {**self.env, "RASTRO_DUCKDB_PATH": str(self.db)}
         for _ in range(5):
             result = subprocess.run(
-                [str(RASTRO), *args], cwd=self.root, env=env, capture_output=True, text=True
+                [str(RASTRO), *args],
+                cwd=self.root,
+                env=env,
+                input=stdin,
+                capture_output=True,
+                text=True,
             )
             if result.returncode == 0:
                 return result.stdout
@@ -312,10 +324,18 @@ def ready_query(process: subprocess.Popen, log: Path) -> str | None:
     return match[2] if match else None
 
 
-def assert_demo_said_its_own(log: Path) -> None:
-    """The demo's own lines are there, Dagster's known noise and long lines are not."""
+def assert_demo_said_its_own(log: Path) -> int:
+    """The demo's own lines are there, Dagster's known noise and long lines are not, and
+    "ready" comes within the first lines; the number of the line that says it."""
     text = log.read_text(errors="replace")
     lines = text.splitlines()
+    plain = [COLOURS.sub("", line) for line in lines]
+    assert [line for line in plain if " - DEBUG - " in line] == []
+    # Dagster's INFO lines stay in the UI; here only its warnings and errors.
+    assert [line for line in plain if " - INFO - " in line] == []
+    assert not any("Found a dagster instance configuration value" in line for line in plain)
+    [ready_at] = [number for number, line in enumerate(plain, 1) if READY.match(line)]
+    assert ready_at <= READY_WITHIN_LINES, "\n".join(plain[:ready_at])
     ours = [line for line in lines if line.startswith("rastro demo: ")]
     assert any(re.search(r"UI at http://127\.0\.0\.1:\d+ ", line) for line in ours), ours
     for account in ACCOUNTS:
@@ -326,6 +346,7 @@ def assert_demo_said_its_own(log: Path) -> None:
     for message in QUIETED_WARNINGS:
         assert message not in text
     assert "Warning:" not in text, [line for line in lines if "Warning:" in line]
+    return ready_at
 
 
 def backfill_runs(runs: list[tuple]) -> list[tuple]:
@@ -399,6 +420,7 @@ def test_the_readme_demo_starts_syncs_stops_and_restarts(tmp_path):
     assert not copy.db.exists() and not copy.key_file.exists()
     began = time.monotonic()
     timings: dict[str, float] = {}
+    printed: dict[str, int] = {}
 
     # First start: an empty data/ ------------------------------------------------
     log = tmp_path / "first.log"
@@ -413,6 +435,14 @@ def test_the_readme_demo_starts_syncs_stops_and_restarts(tmp_path):
         backfills = backfill_runs(copy.runs())
         assert {run[0] for run in backfills} == set(ACCOUNTS)
 
+        # The README's `rastro connect`, in the demo's directory with no key exported: it
+        # seals with the demo's key, and every account syncs at once on the new token.
+        connected_at = datetime.now(UTC)
+        said = copy.rastro("connect", DEMO_CONNECTION, "--no-verify", stdin=DEMO_TOKEN)
+        assert said.splitlines()[0].startswith(
+            "RASTRO_SECRETS_KEY is not set: sealing with the demo's key in data/secrets.key"
+        )
+
         # From 04:00 local the daily re-sync follows the backfill at once; before
         # 04:00 the next live read is up to 45 minutes away: ask for it now.
         soon = datetime.now(UTC) + timedelta(minutes=1)
@@ -420,9 +450,10 @@ def test_the_readme_demo_starts_syncs_stops_and_restarts(tmp_path):
             due = entry["next_sync_at"]
             if due is None or datetime.fromisoformat(due) > soon:
                 copy.rastro("sync-now", account)
+        # Synced on the token `rastro connect` sealed: the daemon opened it.
         wait_for(
-            "a wave sync of every demo account",
-            lambda: settled(copy, datetime(1970, 1, 1, tzinfo=UTC)),
+            "a wave sync of every demo account on the token connected",
+            lambda: settled(copy, connected_at),
             max(STARTUP_SECONDS - (time.monotonic() - began), WAVE_SECONDS),
         )
         timings["first waves"] = time.monotonic() - began
@@ -445,7 +476,9 @@ def test_the_readme_demo_starts_syncs_stops_and_restarts(tmp_path):
         assert re.search(r"^rastro demo: backfill: \d of 3 accounts done, \d+/270", text, re.M)
         suggested = json.loads(copy.rastro("sql", query, "--format", "json"))
         assert {row["ad_account_id"] for row in suggested} == set(ACCOUNTS)
-        assert_demo_said_its_own(log)
+        ready_at = assert_demo_said_its_own(log)
+        printed["first start: lines"] = len(log.read_text(errors="replace").splitlines())
+        printed["first start: ready at line"] = ready_at
 
         timings["stop on SIGTERM"] = stop(process, signal.SIGTERM)
 
@@ -474,7 +507,7 @@ def test_the_readme_demo_starts_syncs_stops_and_restarts(tmp_path):
         timings["second start's waves"] = time.monotonic() - second
         assert_all_live(copy)
         wait_for('`rastro demo` to say "ready" again', lambda: ready_query(process, log), 60)
-        assert_demo_said_its_own(log)
+        printed["second start: ready at line"] = assert_demo_said_its_own(log)
         timings["stop on SIGINT"] = stop(process, signal.SIGINT)
 
     assert copy.key_file.read_text() == key
@@ -490,6 +523,7 @@ def test_the_readme_demo_starts_syncs_stops_and_restarts(tmp_path):
     assert read(copy.db, "SELECT count(*) FROM ad_spend_daily")[0][0] >= spend_rows
     timings["total"] = time.monotonic() - began
     print("\n" + ", ".join(f"{what}: {seconds:.0f} s" for what, seconds in timings.items()))
+    print(", ".join(f"{what}: {count}" for what, count in printed.items()))
 
 
 # Dagster's files under umask 000 --------------------------------------------

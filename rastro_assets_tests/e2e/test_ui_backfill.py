@@ -18,6 +18,12 @@ sensors run all along. The backfill must complete successfully in 5 runs (Dagste
 rectangle into one run per account, `docs/operations.md`, "Backfills from the UI"), each
 account's insights read in one Meta call; the warehouse must hold the fake's truth for the 35
 account-days with exact site sums, and every one of the 35 partitions must be materialized.
+
+The same dialog picking every account x the newest date (today in UTC+14, where accounts
+further west have not begun their day) must also complete successfully: an account whose
+day has begun reads it and holds the truth, one whose day has not is recorded materialized
+with `not_begun` and nothing read from Meta or written. A sixth account in Honolulu, always
+a day behind UTC+14, keeps one such account there at any hour.
 """
 
 from __future__ import annotations
@@ -27,12 +33,14 @@ import importlib.util
 import os
 import time
 from collections import Counter
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
 import pytest
 import yaml
+from dagster._core.execution.backfill import PartitionBackfill
 
 from rastro_assets.defs.instance import add_account_partitions
 from rastro_assets.defs.keys import (
@@ -44,9 +52,10 @@ from rastro_assets.defs.keys import (
     RANGE_START_TAG,
     SITE_SPEND_DAILY,
 )
-from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
+from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, date_partitions
 from rastro_assets.timekeeping import local_date
 from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.conftest import TOKEN, record_sync_run
 from rastro_assets_tests.e2e.daemon_harness import (
     REPO,
@@ -126,8 +135,10 @@ def dialog_backfill_params(loaded: dict, keys: list[str]) -> dict:
     }
 
 
-def link_live_accounts(directory: Path, home: Path, now: datetime):
-    """The accounts linked to site `s1` in a new warehouse and added to the instance's
+def link_live_accounts(
+    directory: Path, home: Path, now: datetime, accounts: dict[str, tuple[str, str]] = ACCOUNTS
+):
+    """The `accounts` linked to site `s1` in a new warehouse and added to the instance's
     account partitions, as `rastro link` does; each with its 90-day backfill done a minute
     ago, which counts as its live, daily and weekly reads: the cadence owes none a read for
     45 minutes, but a daily whose local 04:00 falls within the test. That one waits for the
@@ -135,7 +146,7 @@ def link_live_accounts(directory: Path, home: Path, now: datetime):
     Meta calls are counted."""
     warehouse, snapshot_path = linked_warehouse(directory, [], "UTC", "USD")
     with warehouse.connect() as con:
-        for account, (timezone, currency) in ACCOUNTS.items():
+        for account, (timezone, currency) in accounts.items():
             registry.link_account(
                 con, "s1", account, "c1", timezone, currency, now - timedelta(minutes=2)
             )
@@ -145,8 +156,8 @@ def link_live_accounts(directory: Path, home: Path, now: datetime):
                 now - timedelta(minutes=1), catalog=True,
             )
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        add_account_partitions(instance, dict.fromkeys(ACCOUNTS, 0))
-        assert instance.get_dynamic_partitions(ACCOUNT_PARTITIONS_NAME) == list(ACCOUNTS)
+        add_account_partitions(instance, dict.fromkeys(accounts, 0))
+        assert instance.get_dynamic_partitions(ACCOUNT_PARTITIONS_NAME) == list(accounts)
     return warehouse, snapshot_path
 
 
@@ -157,23 +168,36 @@ def backfill_status(home: Path, backfill_id: str) -> str | None:
     return status if status in ENDED else None
 
 
-def test_a_ui_backfill_of_5_accounts_by_7_days_equals_the_truth(tmp_path, secrets_key):
-    started = time.monotonic()
-    now = datetime.now(UTC)
-    # The product keeps the wall clock; the fake's stops here, so a local midnight during
-    # the test moves none of the figures the truth is asked for later.
-    world = FakeWorld(clock=MutableClock(now), seed=35)
-    for account, (timezone, currency) in ACCOUNTS.items():
-        world.add_account(account, timezone=timezone, currency=currency, n_ads=3, token=TOKEN)
-    requests = world.record_requests()
-    days = picked_days(now)
-    keys = [f"{account}|{day}" for account, picked in days.items() for day in picked]
-    assert len(keys) == len(ACCOUNTS) * DAYS
+@dataclass
+class UiBackfill:
+    """A backfill launched as the UI launches it and run by a real daemon to its end."""
 
+    warehouse: Warehouse
+    backfill: PartitionBackfill
+    runs: list[dg.DagsterRun]
+    materialized: dict[dg.AssetKey, set[str]]
+    every_backfill: list[str]
+    insights_calls: Counter
+    endpoints: Counter
+
+
+def ui_backfill(
+    tmp_path: Path,
+    secrets_key: str,
+    world: FakeWorld,
+    now: datetime,
+    keys: list[str],
+    accounts: dict[str, tuple[str, str]] = ACCOUNTS,
+) -> UiBackfill:
+    """`accounts` linked and live, then "Materialize..." on `ad_spend_daily`'s page with
+    `keys` picked, done through a real webserver's GraphQL; a real daemon then runs the
+    backfill to its end. The Meta calls are counted as it ends."""
+    started = time.monotonic()
+    requests = world.record_requests()
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text(yaml.safe_dump(instance_yaml(home)))
-    warehouse, snapshot_path = link_live_accounts(tmp_path, home, now)
+    warehouse, snapshot_path = link_live_accounts(tmp_path, home, now, accounts)
 
     with serve(world) as graph:
         env = {key: value for key, value in os.environ.items() if not key.startswith("RASTRO_")}
@@ -206,7 +230,7 @@ def test_a_ui_backfill_of_5_accounts_by_7_days_equals_the_truth(tmp_path, secret
                 backfill_id = answer["backfillId"]
                 launched = time.monotonic()
                 daemon.start()
-                status = wait_for(
+                wait_for(
                     "the backfill to end",
                     lambda: backfill_status(home, backfill_id),
                     BACKFILL_SECONDS,
@@ -226,19 +250,46 @@ def test_a_ui_backfill_of_5_accounts_by_7_days_equals_the_truth(tmp_path, secret
             daemon.stop()
 
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        backfill = instance.get_backfill(backfill_id)
-        runs = instance.get_runs(dg.RunsFilter(tags={BACKFILL_ID_TAG: backfill_id}))
-        materialized = {
-            asset_key: instance.get_materialized_partitions(asset_key)
-            for asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY)
-        }
-        every_backfill = [each.backfill_id for each in instance.get_backfills()]
-
+        done = UiBackfill(
+            warehouse=warehouse,
+            backfill=instance.get_backfill(backfill_id),
+            runs=instance.get_runs(dg.RunsFilter(tags={BACKFILL_ID_TAG: backfill_id})),
+            materialized={
+                asset_key: instance.get_materialized_partitions(asset_key)
+                for asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY)
+            },
+            every_backfill=[each.backfill_id for each in instance.get_backfills()],
+            insights_calls=insights_calls,
+            endpoints=endpoints,
+        )
     print(
         f"webserver up in {webserver_up - started:.0f} s; backfill ended"
-        f" {ended - launched:.0f} s after its launch with {len(runs)} runs;"
+        f" {ended - launched:.0f} s after its launch with {len(done.runs)} runs;"
         f" {time.monotonic() - started:.0f} s in all; Meta calls {dict(endpoints)}"
     )
+    if done.backfill.status.value != "COMPLETED_SUCCESS":
+        print(daemon.log.read_text()[-6000:] if daemon.log.exists() else "")
+    return done
+
+
+def test_a_ui_backfill_of_5_accounts_by_7_days_equals_the_truth(tmp_path, secrets_key):
+    now = datetime.now(UTC)
+    # The product keeps the wall clock; the fake's stops here, so a local midnight during
+    # the test moves none of the figures the truth is asked for later.
+    world = FakeWorld(clock=MutableClock(now), seed=35)
+    for account, (timezone, currency) in ACCOUNTS.items():
+        world.add_account(account, timezone=timezone, currency=currency, n_ads=3, token=TOKEN)
+    days = picked_days(now)
+    keys = [f"{account}|{day}" for account, picked in days.items() for day in picked]
+    assert len(keys) == len(ACCOUNTS) * DAYS
+
+    done = ui_backfill(tmp_path, secrets_key, world, now, keys)
+    backfill, runs, materialized = done.backfill, done.runs, done.materialized
+    insights_calls, endpoints, warehouse = done.insights_calls, done.endpoints, done.warehouse
+    status = backfill.status.value
+    backfill_id = backfill.backfill_id
+    every_backfill = done.every_backfill
+
     assert status == "COMPLETED_SUCCESS", status
     assert backfill.tags.get(FROM_UI["key"]) == FROM_UI["value"]
     assert backfill.asset_selection == [AD_SPEND_DAILY]
@@ -274,3 +325,86 @@ def test_a_ui_backfill_of_5_accounts_by_7_days_equals_the_truth(tmp_path, secret
     # Every one of the 35 account-days materialized, in both tables' assets, and no other.
     assert materialized[AD_SPEND_DAILY] == set(keys)
     assert materialized[SITE_SPEND_DAILY] == set(keys)
+
+
+# Always a day behind UTC+14: the module's five all reach its date between 07:00 (08:00 in
+# winter) and 10:00 UTC, when Los Angeles and Sao Paulo have begun it too.
+BEHIND_ALWAYS = {"act_606": ("Pacific/Honolulu", "USD")}
+
+
+def not_begun_of(instance: dg.DagsterInstance, key: str) -> dict[dg.AssetKey, str | None]:
+    """Each spend asset's `not_begun` text on the partition's latest materialization."""
+    found = {}
+    for asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY):
+        [record] = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[key]), limit=1
+        ).records
+        value = record.asset_materialization.metadata.get("not_begun")
+        found[asset_key] = None if value is None else value.value
+    return found
+
+
+def test_a_ui_backfill_of_the_newest_date_records_the_days_not_begun_unread(tmp_path, secrets_key):
+    """Every account x the newest date (today in UTC+14): the accounts whose own day has not
+    begun are recorded `not_begun`, unread; the others read it and equal the truth."""
+    accounts = {**ACCOUNTS, **BEHIND_ALWAYS}
+    now = datetime.now(UTC)
+    newest = date.fromisoformat(date_partitions.get_last_partition_key())
+    assert newest == local_date(now, "Pacific/Kiritimati")
+    world = FakeWorld(clock=MutableClock(now), seed=14)
+    for account, (timezone, currency) in accounts.items():
+        world.add_account(account, timezone=timezone, currency=currency, n_ads=3, token=TOKEN)
+    keys = [f"{account}|{newest}" for account in accounts]
+
+    done = ui_backfill(tmp_path, secrets_key, world, now, keys, accounts)
+    after = datetime.now(UTC)
+
+    assert done.backfill.status.value == "COMPLETED_SUCCESS", done.backfill.status
+    assert {run.status for run in done.runs} == {dg.DagsterRunStatus.SUCCESS}
+    assert done.every_backfill == [done.backfill.backfill_id]
+    assert done.materialized[AD_SPEND_DAILY] == set(keys)
+    assert done.materialized[SITE_SPEND_DAILY] == set(keys)
+
+    # Which accounts had not begun the date is the product's clock's word, bounded by ours:
+    # behind at the end, it was behind all along; begun at the start, it was begun all along.
+    with dg.DagsterInstance.from_config(str(tmp_path / "dagster_home")) as instance:
+        texts = {account: not_begun_of(instance, f"{account}|{newest}") for account in accounts}
+    not_begun = {account for account, text in texts.items() if text[AD_SPEND_DAILY]}
+    behind_at_end = {a for a, (tz, _) in accounts.items() if local_date(after, tz) < newest}
+    behind_at_start = {a for a, (tz, _) in accounts.items() if local_date(now, tz) < newest}
+    assert behind_at_end <= not_begun <= behind_at_start, (texts, behind_at_start)
+    assert set(BEHIND_ALWAYS) <= not_begun
+    begun = set(accounts) - not_begun
+    print(f"newest date {newest}: not begun in {sorted(not_begun)}, begun in {sorted(begun)}")
+
+    for account in not_begun:
+        timezone = accounts[account][0]
+        for text in texts[account].values():
+            assert text and text.startswith(f"{newest} has not begun in {timezone}"), text
+            assert "Meta has no figures for it, nothing was read" in text, text
+    assert all(text is None for a in begun for text in texts[a].values()), texts
+
+    # Meta is asked for each begun account's day once, and never for a day not begun.
+    assert done.insights_calls == dict.fromkeys(begun, 1), done.insights_calls
+    assert not done.endpoints.keys() & {"async", "report", "report_insights"}, done.endpoints
+
+    with done.warehouse.connect(read_only=True) as con:
+        for account in not_begun:
+            today = local_date(after, accounts[account][0])
+            assert not con.execute(
+                "SELECT run_id, kind, since, until FROM meta_sync_runs"
+                " WHERE ad_account_id = ? AND until > ?",
+                [account, today],
+            ).fetchall(), account
+            assert not con.execute(
+                "SELECT ad_id, day FROM ad_spend_daily WHERE ad_account_id = ? AND day > ?",
+                [account, today],
+            ).fetchall(), account
+        for account in begun:
+            assert_equals_truth(con, world, account, newest, newest)
+        assert_site_spend_exact(con)
+        synced = con.execute(
+            "SELECT ad_account_id, since, until, outcome FROM meta_sync_runs"
+            " WHERE kind = 'manual' ORDER BY ad_account_id"
+        ).fetchall()
+    assert synced == [(account, newest, newest, "ok") for account in sorted(begun)]
