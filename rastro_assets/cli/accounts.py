@@ -36,6 +36,7 @@ from rastro_assets.cli.context import (
     Subparsers,
     UsageError,
     command,
+    counted,
 )
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.shards import crowded_warning
@@ -242,6 +243,12 @@ def link_many(args: argparse.Namespace, ctx: Context) -> int:
         raise UsageError("no ad account to link: name AD_ACCOUNT_IDs, or give --all or"
                          " --from-file F")
     warehouse = ctx.warehouse()
+    if not os.path.exists(warehouse.path):
+        # No site exists in a warehouse that does not: refused without making the file.
+        raise registry.RegistryError(
+            f"unknown site {site_id!r}: add it first with `rastro site add` (no warehouse at"
+            f" {os.path.abspath(warehouse.path)} yet)"
+        )
     with warehouse.connect() as con:
         connection = registry.require_site_and_connection(con, site_id, connection_id)
         linked = {account.ad_account_id: account for account in registry.linked_accounts(con)}
@@ -387,7 +394,7 @@ class _Partitions:
         except Exception as exc:
             self.failed = True
             self.ctx.warn(
-                f"could not add {len(shard_of)} account(s) to the Dagster instance at"
+                f"could not add {counted(len(shard_of), 'account')} to the Dagster instance at"
                 f" DAGSTER_HOME ({type(exc).__name__}: {' '.join(str(exc).split())}); the"
                 " sensors will on their next tick"
             )

@@ -18,7 +18,15 @@ from typing import TYPE_CHECKING
 
 from rastro_assets.accounts import normalize_account_id
 from rastro_assets.cli.cadence import NO_VALUE, no_warehouse
-from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
+from rastro_assets.cli.context import (
+    EXIT_OK,
+    Context,
+    Registrar,
+    Subparsers,
+    UsageError,
+    command,
+    counted,
+)
 from rastro_assets.cli.sql import display_width
 from rastro_assets.cli.tools import sealing_vault
 from rastro_assets.meta.errors import ErrorKind, MetaError
@@ -183,11 +191,6 @@ def say_table(ctx: Context, header: Sequence[str], rows: Sequence[Sequence[str]]
                 for cell, width in zip(cells, widths, strict=True)
             ).rstrip()
         )
-
-
-def counted(count: int, noun: str) -> str:
-    """`1 account`, `2 accounts`: the count with its noun in the right number."""
-    return f"{count} {noun if count == 1 else noun + 's'}"
 
 
 # connect --------------------------------------------------------------------

@@ -21,8 +21,16 @@ import json
 from collections.abc import Sequence
 
 from rastro_assets import shards
-from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
-from rastro_assets.cli.registry import counted, existing_warehouse, say_no_warehouse, say_table
+from rastro_assets.cli.context import (
+    EXIT_OK,
+    Context,
+    Registrar,
+    Subparsers,
+    UsageError,
+    command,
+    counted,
+)
+from rastro_assets.cli.registry import existing_warehouse, say_no_warehouse, say_table
 from rastro_assets.warehouse import registry
 
 ACCOUNTS_SHOWN = 10

@@ -25,6 +25,7 @@ from rastro_assets.cli.context import (
     Subparsers,
     UsageError,
     command,
+    counted,
 )
 from rastro_assets.settings import project_root
 from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault, read_key_file
@@ -66,10 +67,11 @@ def _rotate_key(args: argparse.Namespace, ctx: Context) -> int:
                 " WHERE connection_id = ?",
                 [sealed, now, connection_id],
             )
-    ctx.say(f"re-sealed {len(resealed)} token(s) under {ENV_VAR}")
+    ctx.say(f"re-sealed {counted(len(resealed), 'token')} under {ENV_VAR}")
     if already:
         names = ", ".join(already)
-        ctx.say(f"{len(already)} token(s) were sealed under {ENV_VAR} already: {names}")
+        were = "was" if len(already) == 1 else "were"
+        ctx.say(f"{counted(len(already), 'token')} {were} sealed under {ENV_VAR} already: {names}")
     ctx.say(
         f"restart dagster-daemon, dagster-webserver and the run workers with the new {ENV_VAR};"
         f" {old_var} opens nothing any more"
@@ -131,7 +133,8 @@ def _reseal_all(
     if unreadable:
         names = ", ".join(repr(name) for name in unreadable)
         raise UsageError(
-            f"the token of connection(s) {names} opens under neither {old_var} nor"
+            f"the token of {'connection' if len(unreadable) == 1 else 'connections'} {names}"
+            f" opens under neither {old_var} nor"
             f" {ENV_VAR}; nothing was changed (reconnect those with `rastro connect`,"
             " or find the key they were sealed with)"
         )

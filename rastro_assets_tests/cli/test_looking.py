@@ -45,6 +45,11 @@ REFUSED = [
          "--no-verify"),
         "unknown site 's1'",
     ),
+    (
+        ("link", "s1", "act_1", "act_2", "--connection", "c1", "--timezone", "UTC",
+         "--currency", "USD", "--no-verify"),
+        "unknown site 's1'",
+    ),
     (("sync-now", "act_1"), "act_1 is not linked to any site"),
 ]
 

@@ -79,7 +79,7 @@ def test_rotate_key_reseals_every_token(rastro, warehouse: Warehouse, keys, now)
     before = sealed_tokens(warehouse)
     code, out, err = rastro("rotate-key", "--old-key-env", OLD_VAR)
     assert (code, err) == (0, "")
-    assert "re-sealed 2 token(s)" in out
+    assert "re-sealed 2 tokens under" in out
     after = sealed_tokens(warehouse)
     assert sorted(after) == ["c1", "c2"]
     for connection_id, (sealed, sealed_at) in after.items():
@@ -107,12 +107,13 @@ def test_rotate_key_leaves_tokens_already_under_the_new_key(
     seal_connections(warehouse, now, {"c1": keys["old"], "c2": keys["new"]})
     code, out, err = rastro("rotate-key", "--old-key-env", OLD_VAR)
     assert (code, err) == (0, "")
-    assert "re-sealed 1 token(s)" in out and "already: c2" in out
+    assert "re-sealed 1 token under" in out
+    assert "1 token was sealed under RASTRO_SECRETS_KEY already: c2" in out
     for connection_id, (sealed, _) in sealed_tokens(warehouse).items():
         assert opens(keys["new"], connection_id, sealed)
     # Again: nothing left to do, and that is no error.
     code, out, _ = rastro("rotate-key", "--old-key-env", OLD_VAR)
-    assert code == 0 and "re-sealed 0 token(s)" in out
+    assert code == 0 and "re-sealed 0 tokens under" in out
 
 
 def test_rotate_key_without_a_warehouse_creates_none(rastro, duckdb_path: Path):
