@@ -1,6 +1,6 @@
-"""The Dagster UI's own GraphQL operations, timed as the webserver runs them (issue 16, item 4).
+"""The Dagster UI's own GraphQL operations, timed as the webserver runs them.
 
-Issue 16 item 4 asks what the UI costs at thousands of accounts: the asset pages, the lineage
+The scale benchmark asks what the UI costs at thousands of accounts: the asset pages, the lineage
 graph and the catalog all ask the webserver for partition health, latest materializations and
 asset definitions, and those answers grow with the number of `meta_ad_account` partitions.
 Guessing a query of our own would time something the UI never sends, so this module times the
@@ -232,7 +232,7 @@ def write_queries_file() -> list[str]:
         if any(source in Path(path).read_text() for source in set(files.values()))
     )
     header = [
-        "# The Dagster UI's own GraphQL operations, for bench/_ui.py (issue 16, item 4).",
+        "# The Dagster UI's own GraphQL operations, for bench/_ui.py (scale UI figures).",
         f"# Extracted from dagster-webserver {version('dagster-webserver')}: the source maps",
         "# dagster_webserver/webapp/build/_next/static/chunks/" + ", ".join(maps) + ",",
         "# with each operation's fragments (gql`...${FRAGMENT}`) resolved and appended once.",

@@ -35,7 +35,7 @@ Measured (the clock starts when the daemon starts; the links are done, and timed
   so this is the later of the two clocks);
 - the time until every account holds its 90 days: each account's last ok backfill/gap row
   in `meta_sync_runs`, for accounts with 90 days in `ad_spend_daily`; the latest of them.
-  The goal depends on N: the line through the issue's two goals (100 accounts: 12 min for
+  The goal depends on N: the line through the two onboarding goals (100 accounts: 12 min for
   9,000 account-days; 1,000: 90 min), 3.3 min + 5.2 s an account (`goal_all_days_minutes`);
 - account-days a minute: the account-days held over that time;
 - CPU: every process the daemon started (its own threads, the code server, each run's
@@ -123,7 +123,7 @@ BACKFILL_OF_RUN = re.compile(r"'dagster/backfill': '([^']+)'")
 
 
 def goal_all_days_minutes(accounts: int) -> float:
-    """Minutes until every account holds its 90 days: the issue's two goals (100 accounts in
+    """Minutes until every account holds its 90 days: the two onboarding goals (100 accounts in
     12 min, 1,000 in 90) and the line through them for any other N, 3.3 min (the daemon's
     start, the sensors' first ticks, a run's start) + 5.2 s an account."""
     return 12 + (accounts - 100) * (90 - 12) / (1000 - 100)

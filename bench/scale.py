@@ -32,7 +32,7 @@ spend assets' history as the product records it, then measures, in this order:
   older blocks after; the backfill measured here is that one, over every linked account.
   `--per-account` submits one such backfill per account instead: what `meta_accounts`
   starts when the accounts are linked a tick apart (each tick's owing accounts get their
-  own backfill while the earlier ones are in flight). The issue's two cases:
+  own backfill while the earlier ones are in flight). The two cases its goals name:
   `--accounts 0 --linked 1000 --partitions-only` (a first install: 1,000 accounts linked at
   once, nothing else) and `--accounts 5000 --shards 50` (5,000 accounts in shards, 20 more
   linked together);

@@ -1,4 +1,4 @@
-"""Screenshots of the Dagster UI pages a new user sees first, after `rastro demo` (issue 26).
+"""Screenshots of the Dagster UI pages a new user sees first, after `rastro demo`.
 
 A fresh clone's first hour is `rastro demo` and then the UI. Reading its GraphQL answers in a
 test proves the figures; only a browser shows what a person reads. This script:

@@ -210,7 +210,7 @@ def prepare(
     for directory in (paths.data, paths.dagster_home):
         os.chmod(directory, 0o700)
     # The repo's instance config, refreshed on every start; its relative paths
-    # (data/dagster/...) resolve from the repo root, where Dagster runs.
+    # (data/dagster_home/...) resolve from the repo root, where Dagster runs.
     shutil.copyfile(paths.root / "dagster.yaml", paths.dagster_home / "dagster.yaml")
     os.chmod(paths.dagster_home / "dagster.yaml", 0o600)
     return {

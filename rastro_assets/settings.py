@@ -1,7 +1,12 @@
 """Configuration read from the environment, in one place.
 
-The contract names the variables; everything else reads them through here so
-a test can build a `Settings` without touching `os.environ`.
+The contract names the variables; the code reads them through here so a test
+can build a `Settings` without touching `os.environ`. Two kinds are read where
+they are used instead: the secrets key, `RASTRO_SECRETS_KEY` (`vault.py`,
+`Vault.from_env`; `rastro` and the demo also look whether it is set), and the
+alert channels, `RASTRO_ALERT_WEBHOOK_URLS`, `RASTRO_ALERT_SMTP_URL`,
+`RASTRO_ALERT_EMAIL_TO` and `RASTRO_ALERT_EMAIL_FROM` (`alerts/channels.py`,
+`channels_from_env`).
 """
 
 from __future__ import annotations
@@ -186,8 +191,8 @@ def partitions_start(raw: str | None) -> date:
 
 DEFAULT_ACCOUNT_SHARDS = 1
 MAX_ACCOUNT_SHARDS = 500
-# Accounts whose spend one asset serves within about a second on the partitions page and
-# after a link, with a year of history (bench/README.md, "Dagster at scale").
+# Accounts whose spend one asset serves within the partitions page's goals, warm and after
+# a link, with a year of history (bench/README.md, "Dagster at scale").
 DEFAULT_SHARD_ACCOUNTS = 100
 MAX_SHARD_ACCOUNTS = 10_000
 

@@ -48,7 +48,7 @@ def shard_for_new_account(counts: Mapping[int, int], shards: int, size: int) -> 
 
     Shards fill in turn, so accounts linked together share a shard: Dagster pays per shard
     touched (a link rebuilds that shard's status cache; each shard's backfill costs the
-    backfill daemon about a second an iteration at a hundred accounts, bench/README.md).
+    backfill daemon time every iteration, bench/README.md).
     Once every shard holds `size`, they grow by a tenth of `size` in turn, which keeps
     them even until the operator adds shards.
     """

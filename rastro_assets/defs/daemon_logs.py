@@ -2,8 +2,8 @@
 
 Dagster's backfill daemon logs each subset it considers as `{key, key, ...}`:
 for partitions on a time axis it writes ranges, for ours (account x day) every
-key, so one 90-day backfill of three accounts is a 5.7 KB line, logged
-several times per tick. `summarise_backfill_logs` puts a filter on the
+key, so one 90-day backfill of three accounts is a line of all 270 keys,
+logged several times per tick. `summarise_backfill_logs` puts a filter on the
 daemon's logger, in the daemon process (the run coordinator installs it, the
 one piece of this project the instance loads there), that rewrites such a
 list as each account's days: `{270 partitions: act_1001 2026-09-04..2026-12-02

@@ -106,10 +106,10 @@ def day_metadata(outcome: SyncOutcome, day: date, *, row_count: bool) -> dict:
     Named for the day, not `dagster/row_count`: that name is the table's, on
     the run's `table_materialization`. The currency is in the key, so the UI
     plots each currency apart and never adds BRL to JPY. Two entries at most
-    on purpose: SQLite keeps two event rows on a 4 KB page only while each
-    stays under ~1.8 KB, an entry costs ~150 bytes, and a range run's
-    `site_spend_daily` event is ~1.7 KB bare (measured: one more entry cost
-    ~4 KB per account-day). The float is for the plot: its repr is the exact
+    on purpose: SQLite keeps two event rows on a page only while each stays
+    under about half of it, and a range run's `site_spend_daily` event is
+    already close to that bare, so one more entry cost a page per account-day
+    (bench/README.md). The float is for the plot: its repr is the exact
     Decimal up to 15 digits, and the warehouse holds the Decimal. A
     site_spend_daily partition sums the same ad rows, so only ad_spend_daily
     (`row_count`) carries the count.

@@ -3,9 +3,8 @@
 `dagster-postgres` opens a new connection for every storage call outside the
 webserver (SQLAlchemy's `NullPool`): a TLS handshake and a new server backend for
 each event a run stores, and two for each asset event (the event, then its index
-rows). Measured with the test server (TLS, loopback): 11-12 ms of the writing
-process's CPU and 15-16 ms of the server's for each materialization stored, against
-1.2-1.6 ms with the connection kept (bench/README.md, "Postgres connections kept").
+rows). Those connections were most of what a stored materialization cost, both the
+writing process's CPU and the server's (bench/README.md, "Postgres connections kept").
 
 `docs/dagster.scaled.yaml` names this class as its `storage: custom`, with the same
 `postgres_db` config `storage: postgres` takes. Each process (daemon, code server,

@@ -21,17 +21,17 @@ retention age that no longer hold any asset event then go with
 per-run event file too; a run that still holds some partition's newest event
 keeps its record and log, so the grid's link to it works.
 
-The run-based rule this replaces kept every run holding any partition's
-latest materialization: a backfill run or a wave holds some, so almost
-nothing went, and finding the holders read every latest-materialization
-record (minutes a tick at thousands of accounts, bench/README.md). This one walks the event ids in
-windows from a cursor and stops starting new windows, or deleting runs, once
-`TICK_BUDGET_SECONDS` are spent, so a tick costs the same at any size; what
-is left waits for the next tick. A window's newest events may be superseded
-only later, so the walk starts over once it reaches the retention age. On
-SQLite the freed pages are reused by new events (the file stops growing;
-`VACUUM` with the daemon stopped shrinks it); on Postgres autovacuum reuses
-them.
+The run-based rule this replaces kept every run holding any partition's latest
+materialization: a backfill run or a wave holds some, so almost nothing went,
+and finding the holders read every latest-materialization record (far past a
+tick's budget at thousands of accounts, bench/README.md). This one walks the
+event ids in windows from a cursor and stops starting new windows, or deleting
+runs, once `TICK_BUDGET_SECONDS` are spent, so a tick costs the same at any
+size; what is left waits for the next tick. A window's newest events may be
+superseded only later, so the walk starts over once it reaches the retention
+age. On SQLite the freed pages are reused by new events (the file stops
+growing; `VACUUM` with the daemon stopped shrinks it); on Postgres autovacuum
+reuses them.
 """
 
 import json
@@ -196,7 +196,7 @@ def _superseded_ids(low: int, high: int, horizon: datetime) -> sa.Select:
 
     def newer_of(*event_types: str):
         # Not `IS NOT DISTINCT FROM`: Postgres never answers it from an index, and then
-        # each event scans every newer one (a tick of 200 accounts ran for minutes).
+        # each event scans every newer one (bench/README.md, "Retention at 3,000").
         return sa.or_(
             sa.and_(
                 event.c.partition.is_not(None),

@@ -174,7 +174,7 @@ _ZERO = pa.array([0], COUNT_TYPE)
 # an accepted body holds only strings and nulls, each in one of these columns,
 # and nests at most five deep (`json` raises RecursionError past ~1000).
 # Attribution-window keys in actions ("7d_click", ...) are left to `json` too:
-# naming them costs every read a third more time, filling their null columns.
+# naming them would slow every read, filling their null columns (bench/README.md).
 _BODY_ROW = pa.struct(
     [(name, pa.string()) for name in (*_ROW_TEXTS, "account_currency")]
     + [("actions", pa.list_(_RAW_ACTION))]

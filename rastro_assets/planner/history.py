@@ -1,9 +1,10 @@
 """The planner's history: each linked account's state, loaded from the warehouse.
 
 `planned_accounts` hands the planner a reduced history: a live account
-accumulates ~33 rows a day, and building every one as a `SyncRun` costs a
-sensor tick seconds per thousand accounts. See `planner_runs_by_account` for
-which rows the planner's answers depend on. Beside the runs, one aggregate gives
+accumulates a row for every read of the day (a live one every 45 minutes), and
+building every one as a `SyncRun` slows a sensor tick in proportion to the
+accounts (bench/README.md). See `planner_runs_by_account` for which rows the
+planner's answers depend on. Beside the runs, one aggregate gives
 each account's latest day with spend and whether it has an ACTIVE ad
 (`deliveries`), for the idle rule.
 """

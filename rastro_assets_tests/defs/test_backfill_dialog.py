@@ -1,4 +1,4 @@
-"""The UI's partition backfill dialog, per shard (issue 25, item 2).
+"""The UI's partition backfill dialog on the spend assets of an install with several shards.
 
 "Materialize..." on a shard's spend asset opens `LaunchAssetChoosePartitionsDialog`; its
 "Launch backfill" sends the `LaunchPartitionBackfill` mutation. Here that is done word for

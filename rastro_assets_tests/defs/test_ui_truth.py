@@ -1,4 +1,4 @@
-"""What the Dagster UI says after first backfills, asked through its own GraphQL (issue 26).
+"""What the Dagster UI shows a new user after the first backfills, asked through its own GraphQL.
 
 The backfills are driven as the daemons would: `meta_accounts` makes the
 partitions and the backfill, each 30-day range of it runs the spend assets with

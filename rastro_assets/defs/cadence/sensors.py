@@ -125,7 +125,7 @@ def _meta_accounts_tick(
         fills = [fill for fill in fills if fill.ad_account_id not in newest_first]
     requests = []
     # A backfill per shard: one backfill over several shards' assets costs the backfill
-    # daemon more each iteration than one per shard (bench/README.md, 5,000 accounts).
+    # daemon more each iteration than one per shard (measured in bench/README.md).
     for shard in sorted({shard_of[fill.ad_account_id] for fill in fills}):
         in_shard = [fill for fill in fills if shard_of[fill.ad_account_id] == shard]
         requests.append(fill_request(in_shard, shard))

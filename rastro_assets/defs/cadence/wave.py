@@ -31,8 +31,9 @@ from rastro_assets.sync.types import SyncOutcome, SyncRequest
 from rastro_assets.timekeeping import zone
 from rastro_assets.warehouse.registry import account_shards
 
-# Accounts a wave syncs at once. A live sync mostly waits on Meta (0.3-2 s a request),
-# so 16 keep a wave of 5,000 within minutes (bench/latency.py); the CPU is the writer's.
+# Accounts a wave syncs at once. A live sync mostly waits on Meta's answers, so this many
+# side by side keep a live wave of thousands of accounts within its goal while the CPU goes
+# to the writer (bench/latency.py; its figures in bench/README.md).
 WAVE_CONCURRENCY = 16
 
 

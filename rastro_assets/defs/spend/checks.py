@@ -37,8 +37,8 @@ def sum_check_evaluations(
     A wave is no run of the asset, so the check would never run for what it
     writes. Every day the wave records is checked here, but an evaluation is a
     stored event that costs the run more than the materialization beside it
-    (~30 ms on SQLite storage: evaluating all seven days of a daily re-sync made
-    it half as dear again), so one is kept only where it says something: each
+    (evaluating all seven days of a daily re-sync made it markedly dearer,
+    bench/README.md), so one is kept only where it says something: each
     day that fails, each day whose last evaluation failed (`failing`, so it turns
     green again), and each account's newest recorded day, which shows the waves
     are checked. Each evaluation goes to the check of the account's shard
