@@ -253,14 +253,14 @@ def check() -> None:
     import dagster as dg
     from _world import workspace_context
 
-    from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
+    from rastro_assets import shards
 
     with tempfile.TemporaryDirectory() as home:
         Path(home, "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
         os.environ["DAGSTER_HOME"] = home
         instance = dg.DagsterInstance.get()
         instance.add_dynamic_partitions(
-            ACCOUNT_PARTITIONS_NAME, [f"act_{100000 + n}" for n in range(5)]
+            shards.accounts_name(0), [f"act_{100000 + n}" for n in range(5)]
         )
         instance.report_runless_asset_event(
             dg.AssetMaterialization(asset_key="ad_spend_daily", partition="act_100000|2026-11-30")

@@ -173,23 +173,21 @@ def add_accounts(instance, homes: dict[str, int], shard_count: int) -> None:
     """The accounts' partitions as `meta_accounts` keeps them: each in its shard's set and,
     with several shards, in the catalog's set of every account."""
     from rastro_assets import shards
-    from rastro_assets.defs.partitions import all_accounts_partitions_name
 
     for shard in sorted(set(homes.values())):
         members = [account for account, home in homes.items() if home == shard]
         instance.add_dynamic_partitions(shards.accounts_name(shard), members)
     if shard_count > 1:
-        instance.add_dynamic_partitions(all_accounts_partitions_name(shard_count), list(homes))
+        instance.add_dynamic_partitions(shards.all_accounts_name(shard_count), list(homes))
 
 
 def remove_accounts(instance, homes: dict[str, int], shard_count: int) -> None:
     from rastro_assets import shards
-    from rastro_assets.defs.partitions import all_accounts_partitions_name
 
     for account, shard in homes.items():
         instance.delete_dynamic_partition(shards.accounts_name(shard), account)
         if shard_count > 1:
-            instance.delete_dynamic_partition(all_accounts_partitions_name(shard_count), account)
+            instance.delete_dynamic_partition(shards.all_accounts_name(shard_count), account)
 
 
 
@@ -676,7 +674,8 @@ def measure_status_cache(instance, shard_count: int = 1) -> dict[str, float]:
         get_and_update_asset_status_cache_value,
     )
 
-    from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, spend_partitions
+    from rastro_assets import shards
+    from rastro_assets.defs.partitions import spend_partitions
     from rastro_assets.defs.spend.assets import AD_SPEND_DAILY
 
     def update() -> float:
@@ -687,11 +686,11 @@ def measure_status_cache(instance, shard_count: int = 1) -> dict[str, float]:
     instance.wipe_asset_cached_status([AD_SPEND_DAILY])
     figures = {"cold": update(), "warm": update()}
     linked = account_id(10**6 * shard_count)
-    instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, [linked])
+    instance.add_dynamic_partitions(shards.accounts_name(0), [linked])
     try:
         figures["after link"] = update()
     finally:
-        instance.delete_dynamic_partition(ACCOUNT_PARTITIONS_NAME, linked)
+        instance.delete_dynamic_partition(shards.accounts_name(0), linked)
     update()
     return figures
 
@@ -754,8 +753,8 @@ def measure_ui(instance, shard_count: int = 1) -> dict[str, dict[str, float]]:
     every asset on screen (its live data 10 keys a request, its health 250), and the catalog;
     with every status cache wiped (the first load), warm (the best of two), and the first
     calls after one account is linked to shard 0 (its pair's pages; the lineage whole)."""
+    from rastro_assets import shards
     from rastro_assets.definitions import defs
-    from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
     from rastro_assets.defs.spend.assets import spend_shard
 
     pairs = [spend_shard(shard).keys for shard in range(shard_count)]
@@ -768,11 +767,11 @@ def measure_ui(instance, shard_count: int = 1) -> dict[str, dict[str, float]]:
         cold = ui.run()
         warm = [ui.run() for _ in range(2)]
         linked = account_id((10**6 + 1) * shard_count)
-        instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, [linked])
+        instance.add_dynamic_partitions(shards.accounts_name(0), [linked])
         try:
             after_link = ui.run([key.path for key in pairs[0]])
         finally:
-            instance.delete_dynamic_partition(ACCOUNT_PARTITIONS_NAME, linked)
+            instance.delete_dynamic_partition(shards.accounts_name(0), linked)
         ui.run([key.path for key in pairs[0]])
     return {
         "cold": cold,

@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from rastro_assets import shards
 from rastro_assets.defs.analytics import (
     analytics_publisher_sensor,
     analytics_snapshot,
@@ -18,7 +19,7 @@ from rastro_assets.defs.cadence.sensors import (
 from rastro_assets.defs.cadence.wave import sync_wave_job
 from rastro_assets.defs.catalog import ad_catalog, ad_thumbnails
 from rastro_assets.defs.external import external_specs
-from rastro_assets.defs.partitions import SHARD_COUNT, all_accounts_partitions_name
+from rastro_assets.defs.partitions import SHARD_COUNT
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.retention import retention_sensor
 from rastro_assets.defs.spend.assets import build_meta_spend, meta_spend, spend_shard
@@ -73,7 +74,7 @@ def _catalog_over_every_account(shard_count: int) -> list[dg.AssetsDefinition]:
     its downstream's events, and a dependency on every shard would add one per
     shard. The registry tables stay its upstreams.
     """
-    partitions = dg.DynamicPartitionsDefinition(name=all_accounts_partitions_name(shard_count))
+    partitions = dg.DynamicPartitionsDefinition(name=shards.all_accounts_name(shard_count))
 
     def every_account(spec: dg.AssetSpec) -> dg.AssetSpec:
         deps = [dep for dep in spec.deps if dep.asset_key != spend_shard(0).ad_key]

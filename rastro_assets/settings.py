@@ -208,6 +208,12 @@ def account_shards(raw: str | None) -> int:
     )
 
 
+def _account_shards_in(env: Mapping[str, str]) -> int:
+    # The definitions (at load) and the CLI (`Settings`) must agree on the shards, or
+    # `rastro link` would place accounts in pairs the code location does not define.
+    return account_shards(env.get("RASTRO_ACCOUNT_SHARDS"))
+
+
 def shard_accounts(raw: str | None) -> int:
     """`RASTRO_SHARD_ACCOUNTS`: how many accounts `rastro link` puts in a shard before the
     next, and above which it warns (1 to 10,000; 100 by default)."""
@@ -236,7 +242,7 @@ LOAD_TIME_SETTINGS: dict[str, Callable[[], object]] = {
     "IDLE_LIVE_INTERVAL_MINUTES": lambda: idle_live_interval_minutes(
         os.environ.get("RASTRO_IDLE_LIVE_INTERVAL_MINUTES")
     ),
-    "ACCOUNT_SHARDS": lambda: account_shards(os.environ.get("RASTRO_ACCOUNT_SHARDS")),
+    "ACCOUNT_SHARDS": lambda: _account_shards_in(os.environ),
 }
 
 
@@ -392,7 +398,7 @@ class Settings:
             analytics_mode=_octal_mode(env.get("RASTRO_ANALYTICS_MODE")),
             analytics_lag_seconds=_lag_seconds(env.get("RASTRO_ANALYTICS_LAG_SECONDS")),
             analytics_storage_version=storage_version(env.get("RASTRO_ANALYTICS_STORAGE_VERSION")),
-            account_shards=account_shards(env.get("RASTRO_ACCOUNT_SHARDS")),
+            account_shards=_account_shards_in(env),
             shard_accounts=shard_accounts(env.get("RASTRO_SHARD_ACCOUNTS")),
         )
         if not env.get("RASTRO_DUCKDB_PATH"):

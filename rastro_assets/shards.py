@@ -6,7 +6,9 @@ materialization), so the spend pair exists once per shard and each shard holds a
 `RASTRO_SHARD_ACCOUNTS` accounts (100 unless set). Shard 0 keeps
 the names an install with one shard has always had; shard k >= 1 appends `_shard_k`
 to every name, so a glob such as `ad_spend_daily*` selects every shard and no key
-needs a path prefix.
+needs a path prefix. Every shard-dependent name is built here (`named`), so a name and the
+test of it (`of_any_shard`) cannot drift apart. Which shard an account is in is the
+warehouse's to say (`warehouse/shard_store.py`).
 """
 
 from __future__ import annotations
@@ -19,23 +21,42 @@ MOVE_COMMAND = "rastro shard move"
 AD_SPEND = "ad_spend_daily"
 SITE_SPEND = "site_spend_daily"
 ACCOUNTS = "meta_ad_account"
+_MARK = "_shard_"
 
 
 def suffix(shard: int) -> str:
-    return "" if shard == 0 else f"_shard_{shard}"
+    return "" if shard == 0 else f"{_MARK}{shard}"
+
+
+def named(base: str, shard: int) -> str:
+    """`base` as shard `shard` names it: an asset, op, job, group or partitions set."""
+    return base + suffix(shard)
+
+
+def of_any_shard(name: str, base: str) -> bool:
+    """Whether `name` is `base` as some shard names it."""
+    return name == base or name.startswith(base + _MARK)
 
 
 def ad_spend_name(shard: int) -> str:
-    return AD_SPEND + suffix(shard)
+    return named(AD_SPEND, shard)
 
 
 def site_spend_name(shard: int) -> str:
-    return SITE_SPEND + suffix(shard)
+    return named(SITE_SPEND, shard)
 
 
 def accounts_name(shard: int) -> str:
-    """The dynamic partitions holding the shard's accounts."""
-    return ACCOUNTS + suffix(shard)
+    """The dynamic partitions holding the shard's accounts (shard 0's is `meta_ad_account`,
+    the name the UI, the docs and every existing instance know)."""
+    return named(ACCOUNTS, shard)
+
+
+def all_accounts_name(shard_count: int) -> str:
+    """The dynamic partitions holding every linked account, which the catalog is
+    partitioned by. With one shard that is the shard's own set; with several, a set of its
+    own, so no shard's status cache is rebuilt by another shard's link."""
+    return accounts_name(0) if shard_count == 1 else f"{ACCOUNTS}_all"
 
 
 def least_filled(counts: Mapping[int, int], shards: int) -> int:

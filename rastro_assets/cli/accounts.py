@@ -40,7 +40,7 @@ from rastro_assets.cli.context import (
 )
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.shards import crowded_warning
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import registry, shard_store
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.registry import AccountToLink, LinkedAccount, RegistryError
 
@@ -343,7 +343,7 @@ def _link_in_batches(
                     con, site_id, connection_id, chunk, ctx.now(), shards=shard_count,
                     shard_size=shard_size,
                 )
-                counts = registry.shard_counts(con)
+                counts = shard_store.shard_counts(con)
             partitions.add(batch.shards)
             by_id = {account.ad_account_id: account for account in chunk}
             for act in batch.linked:

@@ -34,7 +34,7 @@ from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.shards import crowded_warning
 from rastro_assets.tokens import token_problem
 from rastro_assets.vault import generate_key
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import registry, shard_store
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.registry import LinkResult, RegistryError
 
@@ -347,16 +347,15 @@ def _link_one(args: argparse.Namespace, ctx: Context, raw_account_id: str) -> in
     settings = ctx.settings()
     shard_count = settings.account_shards
     with warehouse.connect() as con:
-        result = registry.link_account(
+        linked = registry.link_account(
             con, site_id, ad_account_id, connection_id, timezone, currency, ctx.now(), name=name,
             shards=shard_count, shard_size=settings.shard_accounts,
         )
-        shard = registry.account_shards(con, [ad_account_id]).get(ad_account_id, 0)
-        counts = registry.shard_counts(con)
-    _register_partition(ctx, ad_account_id, shard, shard_count)
+        counts = shard_store.shard_counts(con)
+    _register_partition(ctx, ad_account_id, linked.shard, shard_count)
     if warning := crowded_warning(counts, shard_count, settings.shard_accounts):
         ctx.warn(warning)
-    if result is LinkResult.ALREADY_LINKED:
+    if linked.result is LinkResult.ALREADY_LINKED:
         ctx.say(f"{site_id} is already linked to {ad_account_id}; nothing to do")
     else:
         ctx.say(f"linked {site_id} to {ad_account_id} ({timezone}, {currency}) via {connection_id}")

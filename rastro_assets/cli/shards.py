@@ -31,7 +31,7 @@ from rastro_assets.cli.context import (
     counted,
 )
 from rastro_assets.cli.registry import existing_warehouse, say_no_warehouse, say_table
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import registry, shard_store
 
 ACCOUNTS_SHOWN = 10
 """Accounts a shard's line names before it says how many more; `--json` names them all."""
@@ -97,7 +97,7 @@ def _list(args: argparse.Namespace, ctx: Context) -> int:
         f"{counted(len(linked), 'linked account')} over"
         f" {counted(shard_count, 'shard')} ({shards.SHARDS_SETTING}={shard_count})"
     )
-    moves = shards.planned_moves({a.ad_account_id: a.shard for a in linked}, shard_count)
+    moves = shards.planned_moves(shard_store.shard_of(linked), shard_count)
     if moves:
         ctx.say(
             f"{counted(len(moves), 'account')} to move to spread them evenly:"
@@ -131,11 +131,7 @@ def _move(args: argparse.Namespace, ctx: Context) -> int:
     if warehouse is None:
         return say_no_warehouse(ctx, as_json=False)
     with warehouse.connect(read_only=True) as con:
-        linked = {account.ad_account_id for account in registry.linked_accounts(con)}
-        shard_of = {
-            account: shard
-            for account, shard in registry.account_shards(con, linked).items()
-        }
+        shard_of = shard_store.shard_of(registry.linked_accounts(con))
     moves = shards.planned_moves(shard_of, shard_count)
     nothing = (
         f"nothing to move: {counted(len(shard_of), 'account')} over"
@@ -219,7 +215,7 @@ def _move(args: argparse.Namespace, ctx: Context) -> int:
 
 def _store_shard(ctx: Context, ad_account_id: str, shard: int) -> None:
     with ctx.warehouse().connect() as con:
-        registry.set_account_shard(con, ad_account_id, shard)
+        shard_store.set_account_shard(con, ad_account_id, shard)
 
 
 REGISTRARS: list[Registrar] = [add_shard]

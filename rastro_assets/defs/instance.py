@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import dagster as dg
 
+from rastro_assets import shards
 from rastro_assets.defs.cadence.busy import busy_accounts
-from rastro_assets.defs.partitions import SHARD_COUNT, all_accounts_partitions_name
+from rastro_assets.defs.partitions import SHARD_COUNT
 from rastro_assets.defs.spend.assets import spend_shard
 
 MOVED_FROM = "rastro/moved_from"
@@ -38,11 +39,9 @@ def add_account_partitions(
     for account, shard in sorted(shard_of.items()):
         by_shard.setdefault(shard, []).append(account)
     for shard, accounts in sorted(by_shard.items()):
-        instance.add_dynamic_partitions(spend_shard(shard).accounts_name, accounts)
+        instance.add_dynamic_partitions(shards.accounts_name(shard), accounts)
     if shard_count > 1 and shard_of:
-        instance.add_dynamic_partitions(
-            all_accounts_partitions_name(shard_count), sorted(shard_of)
-        )
+        instance.add_dynamic_partitions(shards.all_accounts_name(shard_count), sorted(shard_of))
 
 
 def instance_at_home() -> dg.DagsterInstance:
@@ -120,7 +119,7 @@ def move_account(
             recorded += 1
         count = max(count, len(mine))
     if old_shard >= shard_count:
-        instance.delete_dynamic_partition(old.accounts_name, ad_account_id)
+        instance.delete_dynamic_partition(shards.accounts_name(old_shard), ad_account_id)
     if store_shard is not None:
         store_shard()
     place_account(instance, ad_account_id, new_shard, [old_shard])
@@ -141,7 +140,7 @@ def shards_holding(instance: dg.DagsterInstance, shard_count: int) -> dict[str, 
     """The shards whose account partitions hold each account, for every account any holds."""
     holding: dict[str, set[int]] = {}
     for shard in range(shard_count):
-        for account in instance.get_dynamic_partitions(spend_shard(shard).accounts_name):
+        for account in instance.get_dynamic_partitions(shards.accounts_name(shard)):
             holding.setdefault(account, set()).add(shard)
     return holding
 
@@ -152,9 +151,9 @@ def place_account(
     """The account in `shard`'s partitions and in none of `others`': it leaves them first,
     so it is never in two shards' partitions (for a moment, in none)."""
     for other in sorted(set(others) - {shard}):
-        name = spend_shard(other).accounts_name
+        name = shards.accounts_name(other)
         if instance.has_dynamic_partition(name, ad_account_id):
             instance.delete_dynamic_partition(name, ad_account_id)
-    name = spend_shard(shard).accounts_name
+    name = shards.accounts_name(shard)
     if not instance.has_dynamic_partition(name, ad_account_id):
         instance.add_dynamic_partitions(name, [ad_account_id])

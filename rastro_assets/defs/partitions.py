@@ -35,7 +35,6 @@ from rastro_assets import shards
 from rastro_assets.accounts import normalize_account_id
 from rastro_assets.settings import ACCOUNT_SHARDS, PARTITIONS_START
 
-ACCOUNT_PARTITIONS_NAME = shards.accounts_name(0)
 AXIS_START = PARTITIONS_START
 FIRST_DATE = AXIS_START.isoformat()
 META_INSIGHTS_MONTHS = 37
@@ -58,15 +57,6 @@ def shard_spend_partitions(shard: int) -> dg.MultiPartitionsDefinition:
 
 account_partitions = shard_account_partitions(0)
 spend_partitions = shard_spend_partitions(0)
-
-# The catalog is one asset over every account (a key per account, cheap at any size).
-# With one shard that is the shard's own `meta_ad_account`; with several, a set of its
-# own that holds every linked account, so no shard's cache is rebuilt by another's link.
-
-
-def all_accounts_partitions_name(shard_count: int) -> str:
-    return ACCOUNT_PARTITIONS_NAME if shard_count == 1 else f"{ACCOUNT_PARTITIONS_NAME}_all"
-
 
 def spend_partition_key(ad_account_id: str, day: date) -> dg.MultiPartitionKey:
     return dg.MultiPartitionKey({"account": ad_account_id, "date": day.isoformat()})

@@ -20,6 +20,7 @@ from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.planner.reduced import planner_runs_by_account
 from rastro_assets.planner.runs import sync_runs_by_account
 from rastro_assets.planner.state import AccountState, Delivery
+from rastro_assets.warehouse.shard_store import SHARD, SHARD_JOIN
 
 __all__ = [
     "PlannedAccount",
@@ -40,15 +41,19 @@ class PlannedAccount:
     shard: int = 0
     """The Dagster shard holding the account's spend partitions."""
 
+    @property
+    def ad_account_id(self) -> str:
+        return self.state.ad_account_id
 
-_LINKED = """
+
+_LINKED = f"""
     SELECT a.ad_account_id, a.timezone, a.created_at, a.sync_requested_at, a.connection_id,
            c.status, c.last_error, c.sealed_at,
-           list(l.site_id ORDER BY l.site_id) AS sites, coalesce(s.shard, 0) AS shard
+           list(l.site_id ORDER BY l.site_id) AS sites, {SHARD} AS shard
     FROM meta_ad_accounts a
     JOIN site_ad_accounts l USING (ad_account_id)
     LEFT JOIN meta_connections c USING (connection_id)
-    LEFT JOIN ad_account_shards s USING (ad_account_id)
+    {SHARD_JOIN}
 """
 
 
@@ -92,7 +97,7 @@ def planned_accounts(
             ),
             sites=tuple(sites),
             connection_id=connection_id,
-            shard=int(shard or 0),
+            shard=int(shard),
         )
         for (
             account,

@@ -14,6 +14,8 @@ from decimal import Decimal
 
 import duckdb
 
+from rastro_assets.warehouse.shard_store import SHARD, SHARD_JOIN
+
 SPEND_TABLES = ("ad_spend_daily", "site_spend_daily")
 
 
@@ -33,21 +35,17 @@ def spend_table_figures(
     """`table`'s figures, over every account or those of `shard` (its stored shard, else 0)."""
     if table not in SPEND_TABLES:
         raise ValueError(f"not a spend table: {table}")
-    scope = (
-        ""
-        if shard is None
-        else " WHERE coalesce((SELECT s.shard FROM ad_account_shards s"
-        " WHERE s.ad_account_id = t.ad_account_id), 0) = $shard"
-    )
+    join, scope = ("", "") if shard is None else (f" {SHARD_JOIN}", f" WHERE {SHARD} = $shard")
     params = {} if shard is None else {"shard": shard}
     rows, accounts, days, first, last = con.execute(
         f"SELECT count(*), count(DISTINCT ad_account_id), count(DISTINCT day), min(day),"
-        f" max(day) FROM {table} t{scope}",
+        f" max(day) FROM {table} t{join}{scope}",
         params,
     ).fetchone()
     spend = con.execute(
         f"SELECT coalesce(a.currency, ''), sum(t.spend) FROM {table} t"
-        f" LEFT JOIN meta_ad_accounts a USING (ad_account_id){scope} GROUP BY 1 ORDER BY 1",
+        f" LEFT JOIN meta_ad_accounts a USING (ad_account_id){join}{scope}"
+        " GROUP BY 1 ORDER BY 1",
         params,
     ).fetchall()
     return TableFigures(

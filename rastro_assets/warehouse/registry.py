@@ -17,7 +17,6 @@ import duckdb
 from rastro_assets.accounts import normalize_account_id
 from rastro_assets.outcomes import RESTATED_INVALID, ConnectionStatus
 from rastro_assets.settings import DEFAULT_SHARD_ACCOUNTS
-from rastro_assets.shards import shard_for_new_account
 from rastro_assets.warehouse.connection import in_transaction, transaction
 
 # Named here too (`registry.validate_identifier`, ...): callers check input through the registry.
@@ -27,6 +26,7 @@ from rastro_assets.warehouse.names import normalize_currency as normalize_curren
 from rastro_assets.warehouse.names import validate_identifier as validate_identifier
 from rastro_assets.warehouse.names import validate_site_name as validate_site_name
 from rastro_assets.warehouse.names import validate_timezone as validate_timezone
+from rastro_assets.warehouse.shard_store import SHARD, SHARD_JOIN, Placement, store_shards
 from rastro_assets.warehouse.site_spend import rebuild_site_spend
 
 MAX_LINKS_PER_CONNECTION = 500
@@ -45,6 +45,14 @@ class RegistryError(Exception):
 class LinkResult(StrEnum):
     LINKED = "linked"
     ALREADY_LINKED = "already_linked"
+
+
+@dataclass(frozen=True)
+class Linked:
+    """What `link_account` did, and the shard holding the account."""
+
+    result: LinkResult
+    shard: int
 
 
 @dataclass(frozen=True)
@@ -301,7 +309,7 @@ def link_account(
     name: str | None = None,
     shards: int = 1,
     shard_size: int = DEFAULT_SHARD_ACCOUNTS,
-) -> LinkResult:
+) -> Linked:
     """Link a site to an ad account synced through `connection_id` (`link_accounts` for one);
     RegistryError with the refusal's line when it is refused."""
     ad_account_id = normalize_account_id(ad_account_id)
@@ -313,7 +321,8 @@ def link_account(
     )
     if batch.refused:
         raise RegistryError(str(batch.refused[0]))
-    return LinkResult.ALREADY_LINKED if batch.already_linked else LinkResult.LINKED
+    result = LinkResult.ALREADY_LINKED if batch.already_linked else LinkResult.LINKED
+    return Linked(result, batch.shards[ad_account_id])
 
 
 def link_accounts(
@@ -354,8 +363,7 @@ def link_accounts(
         }
         linked_sites = _sites_linking_each(con, ids)
         links = links_through(con, connection_id)
-        counts = shard_counts(con)
-        known_shards = account_shards(con, ids)
+        placement = Placement(con, ids, shards, shard_size)
         new_accounts: list[tuple[AccountToLink, int]] = []
         named: list[tuple[str, str]] = []
         new_links: list[str] = []
@@ -378,7 +386,7 @@ def link_accounts(
                     named.append((act, account.name))
                 if site_id in sites:
                     batch.already_linked.append(act)
-                    batch.shards[act] = known_shards.get(act, 0)
+                    batch.shards[act] = placement.kept(act)
                     continue
             if links >= max_links:
                 batch.refused.append(LinkRefusal(
@@ -388,11 +396,10 @@ def link_accounts(
                 continue
             links += 1
             if sites:
-                shard = known_shards.get(act, 0)
+                shard = placement.kept(act)
                 respread.append(act)
             else:
-                shard = shard_for_new_account(counts, max(shards, 1), shard_size)
-                counts[shard] = counts.get(shard, 0) + 1
+                shard = placement.new()
                 new_accounts.append((AccountToLink(act, timezone, currency, account.name), shard))
             new_links.append(act)
             batch.linked.append(act)
@@ -453,12 +460,7 @@ def _insert_accounts(
         """,
         [columns[0], connection_id, columns[1], columns[2], columns[3], now],
     )
-    con.execute(
-        "INSERT INTO ad_account_shards (ad_account_id, shard)"
-        " SELECT unnest(?::VARCHAR[]), unnest(?::INTEGER[])"
-        " ON CONFLICT (ad_account_id) DO UPDATE SET shard = excluded.shard",
-        [columns[0], [shard for _, shard in accounts]],
-    )
+    store_shards(con, {account.ad_account_id: shard for account, shard in accounts})
 
 
 def require_site_and_connection(
@@ -496,45 +498,6 @@ def _different_account(
     return None
 
 
-def shard_counts(con: duckdb.DuckDBPyConnection) -> dict[int, int]:
-    """Linked accounts per shard (shards holding none are absent)."""
-    rows = con.execute(
-        "SELECT coalesce(s.shard, 0) AS shard, count(*) FROM meta_ad_accounts a"
-        " LEFT JOIN ad_account_shards s USING (ad_account_id)"
-        " WHERE a.ad_account_id IN (SELECT ad_account_id FROM site_ad_accounts) GROUP BY ALL"
-    ).fetchall()
-    return {int(shard): int(count) for shard, count in rows}
-
-
-def account_shards(
-    con: duckdb.DuckDBPyConnection, ad_account_ids: Iterable[str] | None = None
-) -> dict[str, int]:
-    """The stored shard of each account (of those named, or of every account)."""
-    query = (
-        "SELECT a.ad_account_id, coalesce(s.shard, 0) FROM meta_ad_accounts a"
-        " LEFT JOIN ad_account_shards s USING (ad_account_id)"
-    )
-    params: list[object] = []
-    if ad_account_ids is not None:
-        query += " WHERE list_contains(?::VARCHAR[], a.ad_account_id)"
-        params.append(sorted(set(ad_account_ids)))
-    return {account: int(shard) for account, shard in con.execute(query, params).fetchall()}
-
-
-def set_account_shard(con: duckdb.DuckDBPyConnection, ad_account_id: str, shard: int) -> None:
-    """Store the account's new shard (`rastro shard move`, once Dagster holds its partitions)."""
-    with transaction(con):
-        _store_shard(con, ad_account_id, shard)
-
-
-def _store_shard(con: duckdb.DuckDBPyConnection, ad_account_id: str, shard: int) -> None:
-    con.execute(
-        "INSERT INTO ad_account_shards (ad_account_id, shard) VALUES (?, ?)"
-        " ON CONFLICT (ad_account_id) DO UPDATE SET shard = excluded.shard",
-        [ad_account_id, shard],
-    )
-
-
 def unlink_account(con: duckdb.DuckDBPyConnection, site_id: str, ad_account_id: str) -> bool:
     """Remove a link and that site's spend for the account. True when the account was purged.
 
@@ -570,14 +533,14 @@ def unlink_account(con: duckdb.DuckDBPyConnection, site_id: str, ad_account_id: 
     return True
 
 
-_LINKED_ACCOUNTS = """
+_LINKED_ACCOUNTS = f"""
     SELECT a.ad_account_id, a.connection_id, a.timezone, a.currency, a.name, a.created_at,
            a.sync_requested_at, list(l.site_id ORDER BY l.site_id) AS sites,
-           c.status, c.sealed_at, coalesce(s.shard, 0) AS shard
+           c.status, c.sealed_at, {SHARD} AS shard
     FROM meta_ad_accounts a
     JOIN site_ad_accounts l USING (ad_account_id)
     LEFT JOIN meta_connections c USING (connection_id)
-    LEFT JOIN ad_account_shards s USING (ad_account_id)
+    {SHARD_JOIN}
     WHERE CAST(? AS VARCHAR) IS NULL OR a.ad_account_id = ?
     GROUP BY ALL
     ORDER BY a.ad_account_id
@@ -643,5 +606,5 @@ def _linked_account(row: tuple) -> LinkedAccount:
         sites=tuple(row[7]),
         connection_status=row[8],
         connection_sealed_at=row[9],
-        shard=int(row[10] or 0),
+        shard=int(row[10]),
     )

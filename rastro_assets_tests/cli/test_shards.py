@@ -9,7 +9,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import registry, shard_store
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.cli.conftest import assert_usage_error
 
@@ -25,8 +25,8 @@ def spread(warehouse: Warehouse, duckdb_path: Path, now: datetime) -> Path:
         registry.save_connection(con, "c1", b"\0" * 40, now)
         for account in [*TWELVE, "act_201", "act_301"]:
             registry.link_account(con, "s1", account, "c1", "UTC", "USD", now)
-        registry.set_account_shard(con, "act_201", 1)
-        registry.set_account_shard(con, "act_301", 3)
+        shard_store.set_account_shard(con, "act_201", 1)
+        shard_store.set_account_shard(con, "act_301", 3)
     return duckdb_path
 
 

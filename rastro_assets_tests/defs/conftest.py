@@ -8,7 +8,7 @@ from datetime import date, datetime
 import dagster as dg
 import pytest
 
-from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
+from rastro_assets import shards
 from rastro_assets_tests.conftest import NOW
 from rastro_assets_tests.pinned import PinnedRastroResource, pinned
 
@@ -28,7 +28,7 @@ def instance(tmp_path, account_partitions: list[str]) -> Iterator[dg.DagsterInst
     home.mkdir()
     with dg.instance_for_test(temp_dir=str(home)) as instance:
         if account_partitions:
-            instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, account_partitions)
+            instance.add_dynamic_partitions(shards.accounts_name(0), account_partitions)
         yield instance
 
 

@@ -42,6 +42,7 @@ from dagster._daemon.backfill import execute_backfill_iteration
 from dagster._utils.tags import TagConcurrencyLimitsCounter
 from dagster_graphql.test.utils import execute_dagster_graphql
 
+from rastro_assets import shards
 from rastro_assets.definitions import build_defs
 from rastro_assets.defs.keys import ACCOUNT_TAG
 from rastro_assets.defs.run_queue import (
@@ -107,7 +108,7 @@ def process(tmp_path):
     ):
         assert isinstance(instance.run_coordinator, AccountRunCoordinator)
         for shard, accounts in SHARD_ACCOUNTS.items():
-            instance.add_dynamic_partitions(spend_shard(shard).accounts_name, accounts)
+            instance.add_dynamic_partitions(shards.accounts_name(shard), accounts)
         yield process
 
 
@@ -155,7 +156,7 @@ def test_the_dialog_backfills_one_account_of_a_shard_through_the_queue(process):
     (node,) = loaded["assetNodes"]
     assert node["jobNames"] == ["__ASSET_JOB", "meta_spend_shard_1_sync"]
     assert node["partitionDefinition"]["dimensionTypes"] == [
-        {"name": "account", "dynamicPartitionsDefinitionName": shard.accounts_name},
+        {"name": "account", "dynamicPartitionsDefinitionName": shards.accounts_name(shard.index)},
         {"name": "date", "dynamicPartitionsDefinitionName": None},
     ]
     assert node["backfillPolicy"]["maxPartitionsPerRun"] == MAX_DAYS_PER_RUN

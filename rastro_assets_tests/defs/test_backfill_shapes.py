@@ -26,10 +26,11 @@ from dagster._core.definitions.automation_tick_evaluation_context import (
 )
 from dagster._core.definitions.events import AssetKeyPartitionKey
 
+from rastro_assets import shards
 from rastro_assets.definitions import defs
 from rastro_assets.defs.cadence.wave import sync_wave_job
 from rastro_assets.defs.keys import MAX_DAYS_PER_RUN, RANGE_END_TAG, RANGE_START_TAG
-from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, account_date_ranges
+from rastro_assets.defs.partitions import account_date_ranges
 from rastro_assets.defs.spend.assets import AD_SPEND_DAILY, SITE_SPEND_DAILY, spend_shard
 from rastro_assets.planner.runs import sync_runs_by_account
 from rastro_assets.timekeeping import days_between
@@ -47,7 +48,7 @@ Reads = dict[str, list[tuple[date, date]]]
 def shard():
     """An instance whose shard-0 account dimension holds a whole shard's accounts."""
     with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, SHARD_ACCOUNTS)
+        instance.add_dynamic_partitions(shards.accounts_name(0), SHARD_ACCOUNTS)
         yield instance
 
 

@@ -11,6 +11,7 @@ import dagster as dg
 import pytest
 from dagster._core.scheduler.instigation import TickStatus
 
+from rastro_assets import shards
 from rastro_assets.defs.cadence.backfills import (
     FIRST_DATA_ACCOUNTS_PER_RUN,
     Fill,
@@ -27,7 +28,6 @@ from rastro_assets.defs.keys import (
     WAVE_TAG,
 )
 from rastro_assets.defs.partitions import (
-    ACCOUNT_PARTITIONS_NAME,
     AXIS_START,
     reach_start,
     shard_account_partitions,
@@ -84,7 +84,7 @@ def test_new_accounts_become_partitions_and_share_one_fill_backfill(instance, ra
     result = evaluate(meta_accounts_sensor, instance, rastro)
     [add] = result.dynamic_partitions_requests
     assert (add.partitions_def_name, sorted(add.partition_keys)) == (
-        ACCOUNT_PARTITIONS_NAME,
+        shards.accounts_name(0),
         ["act_101", "act_202"],
     )
     [request] = result.run_requests
@@ -111,7 +111,7 @@ def test_many_accounts_owing_their_newest_days_get_them_first(instance, rastro, 
     # meta_accounts adds their partitions and leaves their days to the first-data runs.
     result = evaluate(meta_accounts_sensor, instance, rastro)
     assert result.run_requests == []
-    instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202", *linked])
+    instance.add_dynamic_partitions(shards.accounts_name(0), ["act_101", "act_202", *linked])
 
     # meta_cadence reads every one's newest 30 days, in runs of its own.
     requests = [
@@ -187,7 +187,7 @@ def test_an_account_owing_only_days_before_its_reach_is_skipped_not_failed(
     backfilled(warehouse, "act_202")
     link(warehouse, "act_303", NOW - timedelta(days=200))
     record_ok(warehouse, "act_303", AXIS_START, TODAY, NOW - timedelta(hours=1))
-    instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202", "act_303"])
+    instance.add_dynamic_partitions(shards.accounts_name(0), ["act_101", "act_202", "act_303"])
     result = evaluate(meta_accounts_sensor, instance, rastro)
     assert isinstance(result, dg.SkipReason)
     assert "act_303: every owed day" in result.skip_message
@@ -195,7 +195,7 @@ def test_an_account_owing_only_days_before_its_reach_is_skipped_not_failed(
 
 
 def test_unlinked_accounts_lose_their_partition(instance, rastro, warehouse):
-    instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202", "act_303"])
+    instance.add_dynamic_partitions(shards.accounts_name(0), ["act_101", "act_202", "act_303"])
     backfilled(warehouse, "act_101")
     backfilled(warehouse, "act_202")
     result = evaluate(meta_accounts_sensor, instance, rastro)
@@ -251,7 +251,7 @@ def test_a_tick_that_removes_a_hand_added_partition_says_so(instance, rastro, wa
     backfilled(warehouse, "act_101")
     backfilled(warehouse, "act_202")
     # The UI's "Add a partition" on meta_ad_account, for an account no site links.
-    instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202", "act_9999"])
+    instance.add_dynamic_partitions(shards.accounts_name(0), ["act_101", "act_202", "act_9999"])
     tick, log = daemon_tick(instance)
     said = (
         "removed 1 partition of an account not linked to any site: act_9999 "
@@ -260,14 +260,14 @@ def test_a_tick_that_removes_a_hand_added_partition_says_so(instance, rastro, wa
     assert tick.status == TickStatus.SKIPPED
     assert tick.skip_reason == said  # never "Sensor function returned an empty result"
     assert said in log
-    assert instance.get_dynamic_partitions(ACCOUNT_PARTITIONS_NAME) == ["act_101", "act_202"]
+    assert instance.get_dynamic_partitions(shards.accounts_name(0)) == ["act_101", "act_202"]
 
 
 def test_a_tick_that_starts_a_backfill_logs_the_partition_it_removed(
     instance, rastro, warehouse
 ):
     backfilled(warehouse, "act_101")
-    instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202", "act_9999"])
+    instance.add_dynamic_partitions(shards.accounts_name(0), ["act_101", "act_202", "act_9999"])
     tick, log = daemon_tick(instance)
     # act_202 owes its backfill: a tick with a run request takes no skip reason, so its
     # log is where it says what it removed.
@@ -278,12 +278,12 @@ def test_a_tick_that_starts_a_backfill_logs_the_partition_it_removed(
         "removed 1 partition of an account not linked to any site: act_9999 "
         "(partitions follow the links: add accounts with `rastro link`)"
     ) in log
-    assert "act_9999" not in instance.get_dynamic_partitions(ACCOUNT_PARTITIONS_NAME)
+    assert "act_9999" not in instance.get_dynamic_partitions(shards.accounts_name(0))
 
 
 def test_no_second_backfill_while_one_is_in_flight(instance, rastro):
     first = evaluate(meta_accounts_sensor, instance, rastro)
-    instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202"])
+    instance.add_dynamic_partitions(shards.accounts_name(0), ["act_101", "act_202"])
     from rastro_assets.defs.dagster_private import BulkActionStatus, PartitionBackfill
 
     for number, request in enumerate(first.run_requests):

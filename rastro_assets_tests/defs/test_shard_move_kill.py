@@ -17,10 +17,11 @@ import dagster as dg
 import pytest
 from dagster._core.instance.ref import InstanceRef
 
+from rastro_assets import shards
 from rastro_assets.cli import run
 from rastro_assets.cli.context import Context
 from rastro_assets.defs.spend.assets import spend_shard
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import registry, shard_store
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.defs.instance_events import add_run, record_spend
 
@@ -51,7 +52,7 @@ def world(tmp_path):
         for account in ACCOUNTS:
             registry.link_account(con, "s1", account, "c1", "UTC", "USD", now)
     with _instance(home) as instance:
-        instance.add_dynamic_partitions(spend_shard(0).accounts_name, ACCOUNTS)
+        instance.add_dynamic_partitions(shards.accounts_name(0), ACCOUNTS)
         add_run(instance, "r1")
         record_spend(instance, "r1", [f"{a}|{day}" for a in ACCOUNTS for day in DAYS])
     env = {
@@ -67,7 +68,7 @@ def world(tmp_path):
 def _holders(instance: dg.DagsterInstance) -> dict[str, list[int]]:
     held: dict[str, list[int]] = {account: [] for account in ACCOUNTS}
     for shard in range(SHARDS):
-        for account in instance.get_dynamic_partitions(spend_shard(shard).accounts_name):
+        for account in instance.get_dynamic_partitions(shards.accounts_name(shard)):
             held[account].append(shard)
     return held
 
@@ -114,7 +115,7 @@ def test_a_move_killed_and_run_again_records_each_day_once_in_one_shard(
     assert out.getvalue().strip().endswith("nothing to move: 4 accounts over 2 shards")
 
     with warehouse.connect(read_only=True) as con:
-        stored = registry.account_shards(con)
+        stored = shard_store.account_shards(con)
     assert stored == {"act_1": 0, "act_2": 0, "act_3": 1, "act_4": 1}
     with _instance(home) as instance:
         assert _holders(instance) == {account: [stored[account]] for account in ACCOUNTS}

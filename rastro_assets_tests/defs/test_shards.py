@@ -15,7 +15,7 @@ from rastro_assets.defs.partitions import spend_partition_key
 from rastro_assets.defs.run_queue import AccountRunCoordinator, range_priority, run_account
 from rastro_assets.defs.spend.assets import build_meta_spend, spend_shard
 from rastro_assets.defs.spend.checks import build_sum_check
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import registry, shard_store
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.defs.instance_events import add_run, record_spend
 from rastro_assets_tests.defs.waves import live, run_wave
@@ -34,7 +34,7 @@ def sharded(warehouse, linked_world):
     """act_101 in shard 1, act_202 in shard 2; shard 0 holds none."""
     with warehouse.connect() as con:
         for account, shard in PLACES.items():
-            registry.set_account_shard(con, account, shard)
+            shard_store.set_account_shard(con, account, shard)
     return linked_world
 
 
@@ -68,8 +68,8 @@ def apply(instance, result) -> None:
 def test_keys_of_shard_zero_are_todays_and_the_others_are_suffixed(defs):
     keys = {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()}
     assert {"ad_spend_daily", "site_spend_daily", "ad_spend_daily_shard_2"} <= keys
-    assert spend_shard(0).accounts_name == "meta_ad_account"
-    assert spend_shard(2).accounts_name == "meta_ad_account_shard_2"
+    assert shards.accounts_name(0) == "meta_ad_account"
+    assert shards.accounts_name(2) == "meta_ad_account_shard_2"
     graph = defs.resolve_asset_graph()
     catalog = graph.get(dg.AssetKey("ad_catalog"))
     assert catalog.partitions_def.name == "meta_ad_account_all"
@@ -120,11 +120,11 @@ def test_an_account_the_warehouse_moves_leaves_its_old_shard_before_joining_the_
 ):
     apply(instance, evaluate(defs, "meta_accounts", instance, rastro))
     with rastro.warehouse().connect() as con:
-        registry.set_account_shard(con, "act_202", 1)  # from shard 2 to a lower one
+        shard_store.set_account_shard(con, "act_202", 1)  # from shard 2 to a lower one
     result = evaluate(defs, "meta_accounts", instance, rastro)
     holding = {
         name: set(instance.get_dynamic_partitions(name))
-        for name in (spend_shard(shard).accounts_name for shard in range(SHARDS))
+        for name in (shards.accounts_name(shard) for shard in range(SHARDS))
     }
     for change in result.dynamic_partitions_requests:
         keys = set(change.partition_keys)
@@ -134,8 +134,8 @@ def test_an_account_the_warehouse_moves_leaves_its_old_shard_before_joining_the_
             holding[change.partitions_def_name] -= keys
         shards_of_202 = [name for name, accounts in holding.items() if "act_202" in accounts]
         assert len(shards_of_202) <= 1, shards_of_202
-    assert holding[spend_shard(1).accounts_name] == {"act_101", "act_202"}
-    assert holding[spend_shard(2).accounts_name] == set()
+    assert holding[shards.accounts_name(1)] == {"act_101", "act_202"}
+    assert holding[shards.accounts_name(2)] == set()
 
 
 def test_a_wave_records_each_account_in_its_own_shard(instance, rastro, sharded):
@@ -169,7 +169,7 @@ def test_a_wave_records_each_account_in_its_own_shard(instance, rastro, sharded)
 def test_an_account_day_by_hand_lands_in_its_shard_and_is_checked_there(
     instance, rastro, sharded
 ):
-    instance.add_dynamic_partitions(spend_shard(2).accounts_name, ["act_202"])
+    instance.add_dynamic_partitions(shards.accounts_name(2), ["act_202"])
     partition = str(spend_partition_key("act_202", TODAY))
     result = dg.materialize(
         [build_meta_spend(2, SHARDS), build_sum_check(2)],
@@ -237,12 +237,12 @@ def test_links_fill_shards_in_turn_and_each_account_keeps_its_own(con, now):
     for n in range(7):
         registry.link_account(con, "s1", f"act_{n}", "c1", "UTC", "USD", now, shards=3,
                               shard_size=2)
-    assert registry.account_shards(con) == {
+    assert shard_store.account_shards(con) == {
         "act_0": 0, "act_1": 0, "act_2": 1, "act_3": 1, "act_4": 2, "act_5": 2, "act_6": 0
     }
     registry.add_site(con, "s2", None, now)
     registry.link_account(con, "s2", "act_4", "c1", "UTC", "USD", now, shards=3, shard_size=2)
-    assert registry.account_shards(con, ["act_4"]) == {"act_4": 2}
+    assert shard_store.account_shards(con, ["act_4"]) == {"act_4": 2}
 
 
 def test_accounts_linked_together_share_a_shard_until_it_is_full():

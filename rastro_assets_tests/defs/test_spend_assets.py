@@ -13,8 +13,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from rastro_assets import shards
 from rastro_assets.defs.dagster_private import AssetGraphSubset, PartitionBackfill
-from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, spend_partition_key
+from rastro_assets.defs.partitions import spend_partition_key
 from rastro_assets.defs.spend.assets import AD_SPEND_DAILY, SITE_SPEND_DAILY, meta_spend
 from rastro_assets.defs.spend.checks import site_spend_equals_ad_sums
 from rastro_assets.warehouse import registry
@@ -247,7 +248,7 @@ def test_the_contracts_command_lines_materialize_one_asset_and_record_both(
         "RASTRO_SECRETS_KEY": secrets_key,
     }
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, [act_1])
+        instance.add_dynamic_partitions(shards.accounts_name(0), [act_1])
     bin_dir = Path(sys.executable).parent
     yesterday = TODAY - timedelta(days=1)
     commands = [

@@ -12,8 +12,8 @@ from datetime import date, timedelta
 
 import dagster as dg
 
+from rastro_assets import shards
 from rastro_assets.defs.keys import RANGE_END_TAG, RANGE_START_TAG
-from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
 from rastro_assets.defs.spend.assets import AD_SPEND_DAILY, SITE_SPEND_DAILY
 from rastro_assets.defs.spend.fill import build_spend_fill, fill_key
 from rastro_assets.planner.runs import sync_runs_by_account
@@ -151,7 +151,6 @@ CHILD = """
 import os, sys
 import dagster as dg
 from rastro_assets.defs.keys import RANGE_END_TAG, RANGE_START_TAG
-from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME
 from rastro_assets.defs.spend.fill import build_spend_fill
 from rastro_assets_tests.pinned import PinnedRastroResource
 
@@ -171,7 +170,7 @@ def test_a_run_killed_mid_way_is_retried_from_the_first_block_it_had_not_recorde
     home = tmp_path / "persistent_home"
     home.mkdir()
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, list(ACCOUNTS))
+        instance.add_dynamic_partitions(shards.accounts_name(0), list(ACCOUNTS))
     linked_world.request_delay_seconds = 0.3
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(home), NOW.isoformat()],

@@ -24,6 +24,7 @@ from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 from dagster_graphql.test.utils import execute_dagster_graphql
 
+from rastro_assets import shards
 from rastro_assets.defs.cadence.incidents import meta_incidents_sensor
 from rastro_assets.defs.cadence.sensors import meta_accounts_sensor, meta_cadence_sensor
 from rastro_assets.defs.spend.fill import FILL_ACCOUNTS_PER_RUN, build_spend_fill
@@ -349,12 +350,12 @@ def test_a_ui_backfill_of_one_spend_asset_leaves_every_check_of_both_evaluated(
     """A range run that selects one spend asset writes both: the other's checks, which Dagster
     runs only for selected assets, are evaluated by the run itself."""
     from rastro_assets.definitions import defs
-    from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, spend_partition_key
+    from rastro_assets.defs.partitions import spend_partition_key
     from rastro_assets.defs.spend.assets import meta_spend
     from rastro_assets.defs.spend.checks import accounts_fresh, site_spend_equals_ad_sums
     from rastro_assets_tests.defs.conftest import TODAY
 
-    instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202"])
+    instance.add_dynamic_partitions(shards.accounts_name(0), ["act_101", "act_202"])
     since = TODAY - timedelta(days=2)
     result = dg.materialize(
         [meta_spend, site_spend_equals_ad_sums, accounts_fresh],

@@ -21,7 +21,7 @@ from rastro_assets import shards
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.timekeeping import days_between, local_date
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import registry, shard_store
 from rastro_assets_tests.conftest import TOKEN
 from rastro_assets_tests.e2e.daemon_harness import (
     ACCOUNT,
@@ -143,7 +143,7 @@ def test_three_shards_backfill_sync_by_hand_and_unlink_each_in_its_own_pair(shar
                     con, "s1", account, "c1", timezone, currency, now, shards=SHARDS,
                     shard_size=SHARD_SIZE,
                 )
-            assert registry.account_shards(con) == HOME_SHARD
+            assert shard_store.account_shards(con) == HOME_SHARD
 
         wait_for("every account's 90-day backfill", lambda: all_live(warehouse), 420)
         # A run records its account-days in Dagster after it wrote the warehouse.

@@ -42,6 +42,7 @@ import pytest
 import yaml
 from dagster._core.execution.backfill import PartitionBackfill
 
+from rastro_assets import shards
 from rastro_assets.defs.instance import add_account_partitions
 from rastro_assets.defs.keys import (
     ACCOUNT_TAG,
@@ -52,7 +53,7 @@ from rastro_assets.defs.keys import (
     RANGE_START_TAG,
     SITE_SPEND_DAILY,
 )
-from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, date_partitions
+from rastro_assets.defs.partitions import date_partitions
 from rastro_assets.timekeeping import local_date
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
@@ -157,7 +158,7 @@ def link_live_accounts(
             )
     with dg.DagsterInstance.from_config(str(home)) as instance:
         add_account_partitions(instance, dict.fromkeys(accounts, 0))
-        assert instance.get_dynamic_partitions(ACCOUNT_PARTITIONS_NAME) == list(accounts)
+        assert instance.get_dynamic_partitions(shards.accounts_name(0)) == list(accounts)
     return warehouse, snapshot_path
 
 

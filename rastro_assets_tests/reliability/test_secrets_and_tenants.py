@@ -22,9 +22,9 @@ import dagster as dg
 import duckdb
 import pytest
 
-from rastro_assets import cli
+from rastro_assets import cli, shards
 from rastro_assets.defs.catalog import ad_catalog, ad_thumbnails
-from rastro_assets.defs.partitions import ACCOUNT_PARTITIONS_NAME, spend_partition_key
+from rastro_assets.defs.partitions import spend_partition_key
 from rastro_assets.defs.spend.assets import meta_spend
 from rastro_assets.sync.catalog import CatalogSyncer
 from rastro_assets.sync.types import SyncRequest
@@ -90,7 +90,7 @@ def test_no_token_anywhere_after_dagster_runs_with_failures(
     rastro = pinned(NOW)
     results = {}
     with dg.instance_for_test(temp_dir=str(home)) as instance:
-        instance.add_dynamic_partitions(ACCOUNT_PARTITIONS_NAME, ["act_101", "act_202"])
+        instance.add_dynamic_partitions(shards.accounts_name(0), ["act_101", "act_202"])
 
         def spend(account: str, name: str):
             results[name] = dg.materialize(

@@ -9,7 +9,7 @@ import duckdb
 import pytest
 
 from rastro_assets.meta.models import InsightRow, insight_table
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import registry, shard_store
 from rastro_assets.warehouse.registry import LinkResult, RegistryError
 from rastro_assets.warehouse.spend import write_spend
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact, site_rows
@@ -147,14 +147,30 @@ def test_link_creates_the_account_and_a_relink_is_a_no_op(con, now):
     registry.add_site(con, "s1", None, now)
     registry.save_connection(con, "c1", SEALED, now)
     assert registry.link_account(con, "s1", "123", "c1", "UTC", "usd", now, name="Shop") == (
-        LinkResult.LINKED
+        registry.Linked(LinkResult.LINKED, 0)
     )
     again = registry.link_account(con, "s1", "act_123", "c1", "UTC", "USD", now + timedelta(1))
-    assert again == LinkResult.ALREADY_LINKED == "already_linked"
+    assert again.result == LinkResult.ALREADY_LINKED == "already_linked"
     assert con.execute("SELECT * FROM meta_ad_accounts").fetchall() == [
         ("act_123", "c1", "UTC", "USD", "Shop", now, None)
     ]
     assert con.execute("SELECT * FROM site_ad_accounts").fetchall() == [("s1", "act_123", now)]
+
+
+def test_link_account_answers_the_shard_it_chose_and_a_relink_the_one_kept(con, now):
+    registry.add_site(con, "s1", None, now)
+    registry.add_site(con, "s2", None, now)
+    registry.save_connection(con, "c1", SEALED, now)
+
+    def link(site: str, act: str) -> registry.Linked:
+        return registry.link_account(
+            con, site, act, "c1", "UTC", "USD", now, shards=3, shard_size=1
+        )
+
+    assert [link("s1", act).shard for act in ("act_1", "act_2")] == [0, 1]
+    assert link("s2", "act_2") == registry.Linked(LinkResult.LINKED, 1)
+    assert link("s2", "act_2") == registry.Linked(LinkResult.ALREADY_LINKED, 1)
+    assert shard_store.account_shards(con) == {"act_1": 0, "act_2": 1}
 
 
 @pytest.mark.parametrize(
@@ -297,7 +313,9 @@ def test_relink_after_purge_starts_fresh_and_may_change_connection(con, now, lin
     spend(con, "act_1", now, ("a1", DAY1, "5"))
     registry.unlink_account(con, "s1", "act_1")
     registry.save_connection(con, "c2", SEALED, now)
-    assert registry.link_account(con, "s1", "act_1", "c2", "UTC", "USD", now) == LinkResult.LINKED
+    assert registry.link_account(con, "s1", "act_1", "c2", "UTC", "USD", now).result == (
+        LinkResult.LINKED
+    )
     account = registry.get_account(con, "act_1")
     assert (account.connection_id, account.timezone, account.currency) == ("c2", "UTC", "USD")
     assert count(con, "ad_spend_daily") == count(con, "site_spend_daily") == 0

@@ -19,11 +19,7 @@ from rastro_assets.defs.keys import (
     SYNC_KIND_TAG,
     WAVE_MAX_RUNTIME_SECONDS,
 )
-from rastro_assets.defs.partitions import (
-    ACCOUNT_PARTITIONS_NAME,
-    all_accounts_partitions_name,
-    shard_account_partitions,
-)
+from rastro_assets.defs.partitions import shard_account_partitions
 from rastro_assets.defs.spend.fill import FILL_ACCOUNTS_PER_RUN, Fill, fill_key, reachable_fill
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount
@@ -165,7 +161,7 @@ def fill_request(fills: Sequence[Fill], shard: int) -> dg.RunRequest:
 
 
 def _partition_changes(
-    existing: Iterable[str], linked: Iterable[str], name: str = ACCOUNT_PARTITIONS_NAME
+    existing: Iterable[str], linked: Iterable[str], name: str
 ) -> list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest]:
     existing, linked = set(existing), set(linked)
     changes: list = []
@@ -252,7 +248,7 @@ def shard_partition_changes(
             name,
         )
     if shard_count > 1:
-        name = all_accounts_partitions_name(shard_count)
+        name = shards.all_accounts_name(shard_count)
         changes += _partition_changes(
             instance.get_dynamic_partitions(name),
             [account.state.ad_account_id for account in placed],

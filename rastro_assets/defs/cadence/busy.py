@@ -18,7 +18,6 @@ from rastro_assets.defs.dagster_private import (
 from rastro_assets.defs.keys import (
     ACCOUNT_DIMENSION_TAG,
     ACCOUNT_TAG,
-    AD_SPEND_DAILY,
     DEFAULT_MAX_RUNTIME_SECONDS,
     FIRST_DATA_TAG,
     IN_FLIGHT_STATUSES,
@@ -71,10 +70,7 @@ def _run_account(tags) -> str | None:
 
 def is_ad_spend_key(asset_key: dg.AssetKey) -> bool:
     """`ad_spend_daily` of any shard."""
-    name = asset_key.to_user_string()
-    return name == AD_SPEND_DAILY.to_user_string() or name.startswith(
-        shards.ad_spend_name(0) + "_shard_"
-    )
+    return shards.of_any_shard(asset_key.to_user_string(), shards.AD_SPEND)
 
 
 def backfill_accounts(backfill: PartitionBackfill) -> set[str]:

@@ -28,6 +28,7 @@ from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend.checks import MAX_HEALTH_ROWS, freshness
 from rastro_assets.planner.cadence import AccountStatus
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
+from rastro_assets.warehouse import shard_store
 
 META_ACCOUNT_HEALTH = dg.AssetKey("meta_account_health")
 HEALTH_REFRESH_MINUTES = 30
@@ -107,7 +108,7 @@ def health_metadata(
     """
     rows = freshness(accounts, now, statuses).rows
     if shard_count > 1:
-        shard_of = {account.state.ad_account_id: account.shard for account in accounts}
+        shard_of = shard_store.shard_of(accounts)
         rows = [{**row, "shard": shard_of[row["ad_account_id"]]} for row in rows]
     states = {state: 0 for state in STATES}
     for row in rows:

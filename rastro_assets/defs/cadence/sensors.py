@@ -51,6 +51,7 @@ from rastro_assets.defs.spend.fill import fill_key
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS
+from rastro_assets.warehouse import shard_store
 from rastro_assets.warehouse.connection import WarehouseLocked
 
 ACCOUNTS_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 30
@@ -109,7 +110,7 @@ def _meta_accounts_tick(
         context.log.info(note)
     busy, _ = busy_accounts(context.instance)
     fills, waiting = [], []
-    shard_of = {account.state.ad_account_id: account.shard for account in accounts}
+    shard_of = shard_store.shard_of(accounts)
     for account in accounts:
         found = startable_fill(account, cadence.plan(account.state, now), busy, now, shard_count)
         if isinstance(found, Fill):
@@ -172,7 +173,7 @@ def cadence_asset_jobs(shard_count: int) -> list:
     """
     spend = [
         dg.define_asset_job(
-            f"meta_spend{shards.suffix(shard)}_sync",
+            shards.named("meta_spend", shard) + "_sync",
             selection=list(spend_shard(shard).keys),
             description="The spend pair of the account-days chosen: read from Meta and "
             "replaced. The meta_cadence sensor keeps these assets fresh through "

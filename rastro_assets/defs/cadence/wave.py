@@ -29,7 +29,7 @@ from rastro_assets.defs.spend.checks import evaluate_sum_checks
 from rastro_assets.planner import cadence
 from rastro_assets.sync.types import SyncOutcome, SyncRequest
 from rastro_assets.timekeeping import zone
-from rastro_assets.warehouse.registry import account_shards
+from rastro_assets.warehouse.shard_store import account_shards
 
 # Accounts a wave syncs at once. A live sync mostly waits on Meta's answers, so this many
 # side by side keep a live wave of thousands of accounts within its goal while the CPU goes

@@ -82,13 +82,13 @@ def _holds(shard: SpendShard, shard_count: int) -> str:
         return ""
     return (
         f" Shard {shard.index} of {shard_count}: holds the accounts of its "
-        f"`{shard.accounts_name}` partitions, listed by `rastro status` (SHARD column; "
-        "`spend_asset` in `--json`)."
+        f"`{shards.accounts_name(shard.index)}` partitions, listed by `rastro status` "
+        "(SHARD column; `spend_asset` in `--json`)."
     )
 
 
 def spend_specs(shard: SpendShard, shard_count: int) -> list[dg.AssetSpec]:
-    group = GROUP if shard.index == 0 else f"{GROUP}{shards.suffix(shard.index)}"
+    group = shards.named(GROUP, shard.index)
     metadata = {} if shard_count == 1 else {"rastro/shard": shard.index}
     ad_spec = dg.AssetSpec(
         shard.ad_key,
@@ -148,7 +148,7 @@ def build_meta_spend(index: int, shard_count: int) -> dg.AssetsDefinition:
     shard = spend_shard(index)
 
     @dg.multi_asset(
-        name=f"meta_spend{shards.suffix(index)}",
+        name=shards.named("meta_spend", index),
         specs=spend_specs(shard, shard_count),
         partitions_def=shard.partitions,
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_DAYS_PER_RUN),

@@ -87,18 +87,17 @@ def reachable_fill(plan: cadence.Plan, state: AccountState, now: datetime) -> Fi
 
 
 def fill_key(shard: int) -> dg.AssetKey:
-    return dg.AssetKey(FILL_NAME + shards.suffix(shard))
+    return dg.AssetKey(shards.named(FILL_NAME, shard))
 
 
 @cache
 def is_fill_key(asset_key: dg.AssetKey) -> bool:
-    name = asset_key.to_user_string()
-    return name == FILL_NAME or name.startswith(FILL_NAME + "_shard_")
+    return shards.of_any_shard(asset_key.to_user_string(), FILL_NAME)
 
 
 def build_spend_fill(index: int, shard_count: int) -> dg.AssetsDefinition:
     """The fill asset of one shard, over the shard's account partitions."""
-    group = GROUP if index == 0 else f"{GROUP}{shards.suffix(index)}"
+    group = shards.named(GROUP, index)
 
     spec = dg.AssetSpec(
         fill_key(index),
@@ -122,7 +121,7 @@ def build_spend_fill(index: int, shard_count: int) -> dg.AssetsDefinition:
     )
 
     @dg.multi_asset(
-        name=FILL_NAME + shards.suffix(index),
+        name=shards.named(FILL_NAME, index),
         specs=[spec],
         partitions_def=shard_account_partitions(index),
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=FILL_ACCOUNTS_PER_RUN),

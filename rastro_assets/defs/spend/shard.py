@@ -11,12 +11,12 @@ from rastro_assets.defs.partitions import shard_spend_partitions, spend_partitio
 
 @dataclass(frozen=True)
 class SpendShard:
-    """One shard of the account axis: its spend pair and the accounts' dynamic partitions."""
+    """One shard of the account axis: its spend pair and its partitions (the accounts' set is
+    named by `shards.accounts_name`)."""
 
     index: int
     ad_key: dg.AssetKey
     site_key: dg.AssetKey
-    accounts_name: str
     partitions: dg.MultiPartitionsDefinition
 
     @property
@@ -30,6 +30,5 @@ def spend_shard(index: int) -> SpendShard:
         index=index,
         ad_key=dg.AssetKey(shards.ad_spend_name(index)),
         site_key=dg.AssetKey(shards.site_spend_name(index)),
-        accounts_name=shards.accounts_name(index),
         partitions=spend_partitions if index == 0 else shard_spend_partitions(index),
     )
