@@ -41,9 +41,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 INCIDENTS_SENSOR = "meta_incidents"
 INCIDENT = "token:c1"
-TICK_SLACK_SECONDS = 5.0
+TICK_SLACK_SECONDS = 15.0
 """A tick's own length (the code server's answer, the warehouse read, the POST) on top of
-two sensor intervals."""
+two sensor intervals, as long as it gets on a loaded two-core machine. The exact rule is
+the count of ticks between the mark and the notice; the wall-clock bound only catches a
+notice that never came in time."""
 QUIET_TICKS = 1
 """Ticks after the notice in which nothing more may be told. Dagster's sensor loop turns every
 5 s, so a 5-s sensor ticks about every 10 s: each tick waited costs that."""
