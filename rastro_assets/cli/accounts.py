@@ -38,6 +38,7 @@ from rastro_assets.cli.context import (
     command,
     counted,
 )
+from rastro_assets.cli.output import say_table
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.shards import crowded_warning
 from rastro_assets.warehouse import registry, shard_store
@@ -106,7 +107,7 @@ def _accounts(args: argparse.Namespace, ctx: Context) -> int:
         ]
         for account in reached
     ]
-    _say_table(ctx, header, rows)
+    say_table(ctx, header, rows)
     return EXIT_OK
 
 
@@ -139,14 +140,6 @@ def _printable(text: str) -> str:
         else char
         for char in text
     )
-
-
-def _say_table(ctx: Context, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=False)]
-    for cells in (header, *rows):
-        ctx.say("  ".join(
-            cell.ljust(width) for cell, width in zip(cells, widths, strict=True)
-        ).rstrip())
 
 
 def _unknown_connection(connection_id: str) -> RegistryError:

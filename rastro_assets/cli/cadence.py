@@ -19,6 +19,7 @@ from rastro_assets import shards
 from rastro_assets.accounts import normalize_account_id
 from rastro_assets.cli.check import status_check
 from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
+from rastro_assets.cli.output import no_warehouse, say_no_warehouse, say_table
 from rastro_assets.outcomes import AccountHealth
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
@@ -29,14 +30,6 @@ NO_VALUE = "-"
 MAX_ERROR_CHARS = 60
 MAX_REASON_CHARS = 120
 NO_ACCOUNTS = "no linked accounts yet: `rastro link SITE_ID AD_ACCOUNT_ID --connection ID`"
-
-
-def no_warehouse(path: str) -> str:
-    return (
-        f"no warehouse at {os.path.abspath(path)}: nothing has been linked there yet"
-        " (`rastro site add`, `rastro connect` or `rastro demo` creates it; RASTRO_DUCKDB_PATH"
-        " names another file)"
-    )
 
 
 # sync-now -------------------------------------------------------------------
@@ -109,7 +102,7 @@ def _status(args: argparse.Namespace, ctx: Context) -> int:
     now = ctx.now()
     accounts = _read_accounts(ctx)
     if accounts is None:
-        return _no_warehouse(ctx, args.json)
+        return say_no_warehouse(ctx, args.json)
     entries = [(account, cadence.status(account.state, now)) for account in accounts]
     settings = ctx.settings()
     shard_count, size = settings.account_shards, settings.shard_accounts
@@ -131,7 +124,9 @@ def _status(args: argparse.Namespace, ctx: Context) -> int:
         header.append("SPEND ASSET")
         for row, (account, _) in zip(rows, entries, strict=True):
             row.append(shards.ad_spend_name(account.shard))
-    _say_table(ctx, header, rows)
+    say_table(ctx, header, rows)
+    if not rows:
+        ctx.say(NO_ACCOUNTS)
     return EXIT_OK
 
 
@@ -178,7 +173,7 @@ def _plan(args: argparse.Namespace, ctx: Context) -> int:
     at = parse_instant(args.at) if args.at is not None else ctx.now()
     accounts = _read_accounts(ctx)
     if accounts is None:
-        return _no_warehouse(ctx, args.json)
+        return say_no_warehouse(ctx, args.json)
     plans = [cadence.plan(account.state, at) for account in accounts]
     if args.json:
         sharded = _sharded(accounts, ctx.settings().account_shards)
@@ -202,7 +197,9 @@ def _plan(args: argparse.Namespace, ctx: Context) -> int:
         for owed in plans
     ]
     header = ["ACCOUNT", "KIND", "DAYS (LOCAL)", "CATALOG", "DUE", "REASON"]
-    _say_table(ctx, header, rows)
+    say_table(ctx, header, rows)
+    if not rows:
+        ctx.say(NO_ACCOUNTS)
     return EXIT_OK
 
 
@@ -263,35 +260,8 @@ def _read_accounts(ctx: Context) -> list[PlannedAccount] | None:
         return planned_accounts(con)
 
 
-def _no_warehouse(ctx: Context, as_json: bool) -> int:
-    """No file, said as such (not as "no linked accounts"): on stderr beside an empty
-    array for scripts, on stdout for people."""
-    line = no_warehouse(ctx.warehouse().path)
-    if as_json:
-        ctx.warn(line)
-        _say_json(ctx, [])
-    else:
-        ctx.say(line)
-    return EXIT_OK
-
-
 def _say_json(ctx: Context, entries: list[dict]) -> None:
     ctx.say(json.dumps(entries, indent=2))
-
-
-def _say_table(ctx: Context, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=False)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(
-            cell.ljust(width) for cell, width in zip(cells, widths, strict=True)
-        ).rstrip()
-
-    ctx.say(line(header))
-    for row in rows:
-        ctx.say(line(row))
-    if not rows:
-        ctx.say(NO_ACCOUNTS)
 
 
 def _days(owed: cadence.Plan) -> str:

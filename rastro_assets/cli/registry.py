@@ -12,12 +12,11 @@ import argparse
 import getpass
 import json
 import os
-from collections.abc import Sequence
 from datetime import UTC
 from typing import TYPE_CHECKING
 
 from rastro_assets.accounts import normalize_account_id
-from rastro_assets.cli.cadence import NO_VALUE, no_warehouse
+from rastro_assets.cli.cadence import NO_VALUE
 from rastro_assets.cli.context import (
     EXIT_OK,
     Context,
@@ -27,7 +26,7 @@ from rastro_assets.cli.context import (
     command,
     counted,
 )
-from rastro_assets.cli.sql import display_width
+from rastro_assets.cli.output import existing_warehouse, no_warehouse, say_no_warehouse, say_table
 from rastro_assets.cli.tools import sealing_vault
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.outcomes import ConnectionStatus
@@ -159,38 +158,6 @@ def _warehouse_holding_site(ctx: Context, site_id: str) -> Warehouse:
             " yet (`rastro site add` creates it; RASTRO_DUCKDB_PATH names another file)"
         )
     return warehouse
-
-
-def existing_warehouse(ctx: Context) -> Warehouse | None:
-    """The pipeline's file, or None when it does not exist. Opening it, even read-only,
-    would create and migrate a missing one: a command that only looks asks this first."""
-    warehouse = ctx.warehouse()
-    return warehouse if os.path.exists(warehouse.path) else None
-
-
-def say_no_warehouse(ctx: Context, as_json: bool) -> int:
-    """What a listing says of a warehouse that does not exist, as `rastro status` says it:
-    on stdout for people; on stderr beside an empty array for scripts."""
-    line = no_warehouse(ctx.warehouse().path)
-    if as_json:
-        ctx.warn(line)
-        ctx.say("[]")
-    else:
-        ctx.say(line)
-    return EXIT_OK
-
-
-def say_table(ctx: Context, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """Left-aligned columns, measured in terminal columns: a site's name may be any script."""
-    columns = zip(header, *rows, strict=True)
-    widths = [max(display_width(cell) for cell in column) for column in columns]
-    for cells in (header, *rows):
-        ctx.say(
-            "  ".join(
-                cell + " " * (width - display_width(cell))
-                for cell, width in zip(cells, widths, strict=True)
-            ).rstrip()
-        )
 
 
 # connect --------------------------------------------------------------------

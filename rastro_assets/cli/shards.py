@@ -30,7 +30,7 @@ from rastro_assets.cli.context import (
     command,
     counted,
 )
-from rastro_assets.cli.registry import existing_warehouse, say_no_warehouse, say_table
+from rastro_assets.cli.output import existing_warehouse, say_no_warehouse, say_table
 from rastro_assets.warehouse import registry, shard_store
 
 ACCOUNTS_SHOWN = 10

@@ -173,15 +173,14 @@ class Look:
 
 def look(
     rastro: RastroResource, instance: dg.DagsterInstance, now: datetime,
-    thresholds: AlertThresholds,
+    thresholds: AlertThresholds, channel_problem: str | None,
 ) -> Look:
     warehouse = rastro.warehouse()
     warehouse.lock_wait_seconds = SENSOR_LOCK_WAIT_SECONDS
     publisher = rastro.publisher()
     with warehouse.connect(read_only=True) as con:
         incidents, _ = warehouse_incidents(con, publisher, now, thresholds)
-    _, problem = configured_channels()
-    incidents += [item for item in [found.channels_incident(problem)] if item is not None]
+    incidents += [item for item in [found.channels_incident(channel_problem)] if item]
     checked = {kind.value for kind in IncidentKind if kind not in DAEMON_KINDS}
     # The daemon's own silence is the probe's to see, never the daemon's.
     checked.discard(IncidentKind.DAEMON.value)
@@ -309,7 +308,7 @@ def meta_incidents_sensor(context: dg.SensorEvaluationContext, rastro: RastroRes
     channels, channel_problem = configured_channels()
     labels = {channel.channel_id: channel.label for channel in channels}
     try:
-        seen = look(rastro, context.instance, now, thresholds)
+        seen = look(rastro, context.instance, now, thresholds, channel_problem)
     except WarehouseLocked as exc:
         return dg.SkipReason(f"the warehouse is busy: {exc}")
     for note in seen.notes:
