@@ -47,6 +47,11 @@ installs (`.venv/bin/duckdb`, duckdb-cli 1.5) reads, so the operators' documente
 run in it. DuckDB 2 would otherwise write its own, which no 1.x release opens. A file keeps
 the storage it was created with: one an earlier release created in DuckDB 2's stays so."""
 
+Connection = duckdb.DuckDBPyConnection
+"""What the rest of the product holds when it asks the warehouse: a connection it passes on."""
+WarehouseError = duckdb.Error
+"""Any error a warehouse statement raises, for callers that say it in their own words."""
+
 _LOCK_HOLDER = re.compile(r"Conflicting lock is held in (?P<exe>.+?) \(PID (?P<pid>\d+)\)")
 
 
