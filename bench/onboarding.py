@@ -412,8 +412,7 @@ def warehouse_figures(duckdb_path: Path, started: float) -> dict:
 
 def run_kind(run) -> str:
     """first-data, fill, wave, another backfill's run, or the run's job."""
-    from rastro_assets.defs.keys import BACKFILL_ID_TAG, FIRST_DATA_TAG, WAVE_TAG
-    from rastro_assets.defs.spend.fill import is_fill_key
+    from rastro_assets.defs.keys import BACKFILL_ID_TAG, FIRST_DATA_TAG, WAVE_TAG, is_fill_key
 
     if run.tags.get(FIRST_DATA_TAG):
         return "first-data"

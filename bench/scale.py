@@ -228,8 +228,8 @@ class Builder:
     def __init__(self, instance, today: date, shard_count: int = 1):
         import dagster as dg
 
-        from rastro_assets.defs.spend.assets import spend_shard
-        from rastro_assets.defs.spend.fill import fill_key
+        from rastro_assets.defs.keys import fill_key
+        from rastro_assets.defs.partitions import spend_shard
 
         self.dg = dg
         self.instance = instance
@@ -392,7 +392,7 @@ def build(instance, accounts: int, now: datetime, history: bool = True,
     }
     # Each shard's accounts linked the same day: one fill backfill, runs of 25 accounts, each
     # recording its accounts' 90 days (newest block first) and then their fill partitions.
-    from rastro_assets.defs.spend.fill import FILL_ACCOUNTS_PER_RUN
+    from rastro_assets.defs.keys import FILL_ACCOUNTS_PER_RUN
 
     together = collections.defaultdict(list)
     for account in ids:
@@ -448,7 +448,7 @@ def finish(builder: Builder, started: float) -> dict:
 
 
 def build_year(builder: Builder, ids: list[str], now: datetime, started: float) -> dict:
-    from rastro_assets.defs.spend.fill import FILL_ACCOUNTS_PER_RUN
+    from rastro_assets.defs.keys import FILL_ACCOUNTS_PER_RUN
 
     today = now.date()
     # Each account's `spend_backfill` partition, materialized at its link a year ago: the
@@ -630,7 +630,7 @@ def measure_writes(instance, accounts: int, today: date,
     import dagster as dg
     from dagster._core.events import StepMaterializationData
 
-    from rastro_assets.defs.spend.assets import AD_SPEND_DAILY
+    from rastro_assets.defs.keys import AD_SPEND_DAILY
 
     count = 30
     shard_zero = [account_id(number * shard_count) for number in range(count)]
@@ -675,8 +675,8 @@ def measure_status_cache(instance, shard_count: int = 1) -> dict[str, float]:
     )
 
     from rastro_assets import shards
+    from rastro_assets.defs.keys import AD_SPEND_DAILY
     from rastro_assets.defs.partitions import spend_partitions
-    from rastro_assets.defs.spend.assets import AD_SPEND_DAILY
 
     def update() -> float:
         started = time.perf_counter()
@@ -755,7 +755,7 @@ def measure_ui(instance, shard_count: int = 1) -> dict[str, dict[str, float]]:
     calls after one account is linked to shard 0 (its pair's pages; the lineage whole)."""
     from rastro_assets import shards
     from rastro_assets.definitions import defs
-    from rastro_assets.defs.spend.assets import spend_shard
+    from rastro_assets.defs.partitions import spend_shard
 
     pairs = [spend_shard(shard).keys for shard in range(shard_count)]
     spend = [key.path for pair in pairs for key in pair]
@@ -891,8 +891,8 @@ def ensure_asset_records(instance, shard_count: int) -> None:
     from dagster._core.storage.event_log.schema import SqlEventLogStorageTable
     from dagster_shared.serdes import deserialize_value
 
-    from rastro_assets.defs.spend.assets import spend_shard
-    from rastro_assets.defs.spend.fill import fill_key
+    from rastro_assets.defs.keys import fill_key
+    from rastro_assets.defs.partitions import spend_shard
 
     storage = instance.event_log_storage
     keys = [key for shard in range(shard_count)

@@ -19,10 +19,11 @@ from rastro_assets.defs.cadence.sensors import (
 from rastro_assets.defs.cadence.wave import sync_wave_job
 from rastro_assets.defs.catalog import ad_catalog, ad_thumbnails
 from rastro_assets.defs.external import external_specs
-from rastro_assets.defs.partitions import SHARD_COUNT
+from rastro_assets.defs.keys import AD_CATALOG, AD_THUMBNAILS
+from rastro_assets.defs.partitions import SHARD_COUNT, spend_shard
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.retention import retention_sensor
-from rastro_assets.defs.spend.assets import build_meta_spend, meta_spend, spend_shard
+from rastro_assets.defs.spend.assets import build_meta_spend, meta_spend
 from rastro_assets.defs.spend.checks import (
     accounts_fresh,
     build_freshness_check,
@@ -52,7 +53,7 @@ def build_defs(shard_count: int = SHARD_COUNT) -> dg.Definitions:
         spend_keys = [key for shard in range(shard_count) for key in spend_shard(shard).keys]
         snapshot = analytics_snapshot.map_asset_specs(
             lambda spec: spec.replace_attributes(
-                deps=[*spend_keys, "ad_catalog", "ad_thumbnails"]
+                deps=[*spend_keys, AD_CATALOG, AD_THUMBNAILS]
             )
         )
         sensors = [build_meta_accounts_sensor(shard_count), build_meta_cadence_sensor(shard_count)]

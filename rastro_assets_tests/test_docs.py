@@ -92,7 +92,7 @@ def test_every_configured_class_accepts_its_config(scaled_env, tmp_path: Path):
         "run_launcher": ref.run_launcher_data,
         "compute_logs": ref.compute_logs_data,
     }
-    assert parts["storage"].module_name == "rastro_assets.defs.postgres_storage"
+    assert parts["storage"].module_name == "rastro_assets.instance.postgres_storage"
     assert parts["run_launcher"].class_name == "K8sRunLauncher"
     checked = set()
     for name, data in parts.items():

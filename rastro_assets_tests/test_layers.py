@@ -3,18 +3,29 @@
 This file is the whole contract; each rule is a function that returns what breaks it, so the
 last tests can plant a bad import in a copy of the tree and watch the rule catch it.
 
-- Every module belongs to one layer (`LAYERS`), a leaf, `definitions.py` or the fake Graph.
+- Every module, each package's `__init__.py` (the product's own included) as much as any
+  other, belongs to one layer (`LAYERS`), a leaf, `definitions.py` or the fake Graph.
+- An import is any import statement, in a function or not, and any `importlib.import_module`
+  or `__import__` of a constant name; one whose name the source does not say is refused
+  (`DYNAMIC_IMPORTERS` names the one module allowed it, and what it may load).
 - A layer imports only the leaves, itself and the layers it names: `meta/` (the Graph client)
   is the bottom; `warehouse/` adds `meta/`; `planner/` and `sync/` add `warehouse/`;
   `analytics/` adds `planner/`; `alerts/` (incidents and their channels) adds `planner/`;
-  `defs/` adds the pure core, `alerts/` and `analytics/`; `demo.py` (which
+  `defs/` adds the pure core, `alerts/` and `analytics/`; `instance/` (what the Dagster
+  instance loads from us, and the CLI's helpers on it) adds `defs/`; `demo.py` (which
   reads the planner and the snapshot to say the backfills' progress) and `cli/` sit on top
-  (the CLI may reach `defs` lazily).
+  (the CLI may reach `defs` and `instance` lazily).
 - The leaves (settings, time, vault, shared vocabulary, account ids, token shape, shards, the
   spend schema) import nothing of ours.
-- Within `defs/`, the keys, tags and limits (`defs/keys.py`) import nothing else of `defs/`,
-  so its domains (spend, catalog, analytics, cadence) share them without importing one another.
-- Only `defs/` and `definitions.py` import any `dagster*` package.
+- Within `defs/`, the keys, tags and limits (`defs/keys.py`) import nothing of ours but the
+  leaves, so the daemon loading the run queue loads nothing else. Each domain (spend,
+  catalog, analytics, cadence, the registry's external assets, retention) imports the shared
+  modules of `defs/` (`DEFS_SHARED`: keys, partitions, resources, metadata, ...) and the
+  core, never another domain; a shared module imports no domain.
+- Every asset key and check key is built in `defs/keys.py` alone.
+- Only `defs/`, `instance/` and `definitions.py` import any `dagster*` package.
+- Only the warehouse (its tables), `analytics/` (the snapshot's own file) and the CLI's
+  analyst SQL (`cli/sql.py`) import `duckdb`; everything else asks the warehouse.
 - The fake Graph (`rastro_fake_graph`, shipped beside the product) imports only the leaves and
   `meta/`; of the product only `demo.py`, the CLI and `make_client` (the `RASTRO_META_FAKE`
   switch in `meta/__init__.py`, imported lazily) reach it.
@@ -36,14 +47,27 @@ PRODUCT = "rastro_assets"
 FAKE = "rastro_fake_graph"
 
 LEAVES = {
-    f"{PRODUCT}.{leaf}"
-    for leaf in (
-        "settings", "timekeeping", "vault", "outcomes", "accounts", "spend_schema", "tokens",
-        "shards",
-    )
+    PRODUCT,
+    *(
+        f"{PRODUCT}.{leaf}"
+        for leaf in (
+            "settings", "timekeeping", "vault", "outcomes", "accounts", "spend_schema",
+            "tokens", "shards", "instance.moved",
+        )
+    ),
 }
 DEFS_LEAVES = {f"{PRODUCT}.defs.keys"}
-DAGSTER_ALLOWED = (f"{PRODUCT}.defs", f"{PRODUCT}.definitions")
+DAGSTER_ALLOWED = (f"{PRODUCT}.defs", f"{PRODUCT}.instance", f"{PRODUCT}.definitions")
+DUCKDB_ALLOWED = (
+    f"{PRODUCT}.warehouse", f"{PRODUCT}.analytics", f"{PRODUCT}.cli.sql",
+)
+DUCKDB_MOVING = {
+    f"{PRODUCT}.{name}"
+    for name in (
+        "planner.reduced", "planner.history", "planner.runs", "planner.retention",
+        "sync.catalog", "alerts.ledger", "alerts.look", "demo", "cli.check", "cli.tools", "cli",
+    )
+}
 
 _META = f"{PRODUCT}.meta"
 _WAREHOUSE = f"{PRODUCT}.warehouse"
@@ -52,6 +76,7 @@ _SYNC = f"{PRODUCT}.sync"
 _ANALYTICS = f"{PRODUCT}.analytics"
 _ALERTS = f"{PRODUCT}.alerts"
 _DEFS = f"{PRODUCT}.defs"
+_INSTANCE = f"{PRODUCT}.instance"
 _DEMO = f"{PRODUCT}.demo"
 _CLI = f"{PRODUCT}.cli"
 
@@ -64,8 +89,11 @@ LAYERS: dict[str, tuple[str, ...]] = {
     _ANALYTICS: (_PLANNER, _WAREHOUSE, _META),
     _ALERTS: (_PLANNER, _WAREHOUSE, _META),
     _DEFS: (_ALERTS, _ANALYTICS, _SYNC, _PLANNER, _WAREHOUSE, _META),
+    _INSTANCE: (_DEFS, _ALERTS, _ANALYTICS, _SYNC, _PLANNER, _WAREHOUSE, _META),
     _DEMO: (_ANALYTICS, _PLANNER, _WAREHOUSE, _META, FAKE),
-    _CLI: (_DEFS, _DEMO, _ALERTS, _ANALYTICS, _SYNC, _PLANNER, _WAREHOUSE, _META, FAKE),
+    _CLI: (
+        _INSTANCE, _DEFS, _DEMO, _ALERTS, _ANALYTICS, _SYNC, _PLANNER, _WAREHOUSE, _META, FAKE
+    ),
     f"{PRODUCT}.definitions": (_DEFS,),
     FAKE: (_META,),
 }
@@ -76,6 +104,21 @@ FAKE_USERS = (_META, _DEMO)
 # Imports against the layers, allowed only inside a function, so a user never loads the target:
 # `make_client` builds a client on the fake Graph when `RASTRO_META_FAKE` is set.
 LAZY_ONLY = {(_META, FAKE)}
+
+# The modules that import a name their source does not spell, and the package it is in:
+# the loader of the instance plug-ins' old paths loads each at its new one.
+DYNAMIC_IMPORTERS = {f"{PRODUCT}.instance.moved": _INSTANCE}
+
+# `defs/`'s shared modules; every other module of `defs/` belongs to the domain its first
+# name after `defs` says (`defs.spend.fill` to `spend`, `defs.catalog` to `catalog`).
+DEFS_SHARED = {
+    f"{_DEFS}.{name}"
+    for name in (
+        "keys", "partitions", "resources", "metadata", "dagster_private", "ended_runs",
+        "publishing", "account_health", "sum_check",
+    )
+} | {_DEFS}
+KEYS_HOME = f"{_DEFS}.keys"
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -102,6 +145,34 @@ def imports_of(path: Path, root: Path) -> set[str]:
             found.add(module)
             # `from rastro_assets.planner import cadence` names a module too.
             found.update(f"{module}.{alias.name}" for alias in node.names)
+        elif _is_dynamic_import(node):
+            argument = node.args[0] if node.args else None
+            if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
+                found.add(argument.value)
+    return found
+
+
+def _is_dynamic_import(node: ast.AST) -> bool:
+    """A call of `importlib.import_module`, `import_module` or `__import__`."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    return name in ("import_module", "__import__")
+
+
+def unnamed_dynamic_imports(root: Path) -> set[tuple[str, int]]:
+    """Each dynamic import whose module the source does not spell, outside the modules
+    allowed one (`DYNAMIC_IMPORTERS`), with its line."""
+    found = set()
+    for module, path in sources(root).items():
+        if module in DYNAMIC_IMPORTERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if _is_dynamic_import(node):
+                argument = node.args[0] if node.args else None
+                if not (isinstance(argument, ast.Constant) and isinstance(argument.value, str)):
+                    found.add((module, node.lineno))
     return found
 
 
@@ -151,7 +222,7 @@ def layer_of(module: str) -> str | None:
 
 
 def modules_in_no_layer(root: Path) -> set[str]:
-    return {name for name in sources(root) if name != PRODUCT and layer_of(name) is None}
+    return {name for name in sources(root) if layer_of(name) is None}
 
 
 def dagster_outside_defs(root: Path) -> set[tuple[str, str]]:
@@ -175,20 +246,65 @@ def imports_above_their_layer(root: Path) -> set[tuple[str, str]]:
         wrong |= {
             (module, target)
             for target in targets
-            if target != PRODUCT
-            and not is_in(target, *allowed)
+            if target not in allowed
+            and not is_in(target, *(name for name in allowed if name not in LEAVES))
             and not ((module, target) in LAZY_ONLY and target not in loaded)
         }
     return wrong
 
 
 def defs_leaves_importing_defs(root: Path) -> set[tuple[str, str]]:
+    """What `defs/keys.py` imports of ours beyond the leaves (its package included)."""
     edges = graph(root)
     return {
         (leaf, target)
         for leaf in DEFS_LEAVES
         for target in edges.get(leaf, ())
-        if is_in(target, _DEFS) and target != _DEFS
+        if target not in LEAVES and target != _DEFS
+    }
+
+
+def defs_domain(module: str) -> str | None:
+    """The domain of a module of `defs/`, or None for a shared one (or one outside)."""
+    if not is_in(module, _DEFS) or module in DEFS_SHARED:
+        return None
+    return module.removeprefix(_DEFS + ".").split(".")[0]
+
+
+def domains_importing_one_another(root: Path) -> set[tuple[str, str]]:
+    """Imports from a `defs/` domain into another, or from a shared module into a domain."""
+    return {
+        (module, target)
+        for module, targets in graph(root).items()
+        if is_in(module, _DEFS)
+        for target in targets
+        if defs_domain(target) is not None and defs_domain(target) != defs_domain(module)
+    }
+
+
+def asset_keys_built_outside_keys(root: Path) -> set[tuple[str, int]]:
+    """Each `AssetKey(...)` or `AssetCheckKey(...)` built anywhere in the product but
+    `defs/keys.py`, with its line: a key is declared once."""
+    found = set()
+    for module, path in sources(root).items():
+        if module == KEYS_HOME or not is_in(module, PRODUCT):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if name in ("AssetKey", "AssetCheckKey"):
+                    found.add((module, node.lineno))
+    return found
+
+
+def duckdb_outside_its_homes(root: Path) -> set[str]:
+    return {
+        module
+        for module, names in external_imports(root).items()
+        if any(name.split(".")[0] == "duckdb" for name in names)
+        and not is_in(module, *DUCKDB_ALLOWED)
+        and module not in DUCKDB_MOVING
     }
 
 
@@ -251,8 +367,24 @@ def test_a_layer_imports_nothing_above_it():
     assert imports_above_their_layer(ROOT) == set()
 
 
-def test_the_defs_keys_import_nothing_else_of_defs():
+def test_the_defs_keys_import_nothing_of_ours_but_the_leaves():
     assert defs_leaves_importing_defs(ROOT) == set()
+
+
+def test_no_defs_domain_imports_another():
+    assert domains_importing_one_another(ROOT) == set()
+
+
+def test_every_asset_key_is_built_in_the_keys_alone():
+    assert asset_keys_built_outside_keys(ROOT) == set()
+
+
+def test_only_the_warehouse_the_snapshot_and_the_analysts_sql_import_duckdb():
+    assert duckdb_outside_its_homes(ROOT) == set()
+
+
+def test_every_dynamic_import_names_its_module():
+    assert unnamed_dynamic_imports(ROOT) == set()
 
 
 def test_only_the_demo_the_cli_and_make_client_reach_the_fake_graph():
@@ -316,6 +448,10 @@ def test_the_copy_is_clean(tree_copy: Path):
     assert imports_above_their_layer(tree_copy) == set()
     assert fake_reached_from_the_product(tree_copy) == set()
     assert defs_leaves_importing_defs(tree_copy) == set()
+    assert domains_importing_one_another(tree_copy) == set()
+    assert asset_keys_built_outside_keys(tree_copy) == set()
+    assert duckdb_outside_its_homes(tree_copy) == set()
+    assert unnamed_dynamic_imports(tree_copy) == set()
     assert import_circles(tree_copy) == []
 
 
@@ -367,3 +503,102 @@ def test_a_planted_lazy_import_loaded_with_its_module_fails(tree_copy: Path):
 def test_a_planted_circle_fails(tree_copy: Path):
     plant(tree_copy, "rastro_assets/meta/values.py", "from rastro_assets.meta import errors")
     assert import_circles(tree_copy) == [{"rastro_assets.meta.errors", "rastro_assets.meta.values"}]
+
+
+def test_a_planted_import_in_the_products_init_fails(tree_copy: Path):
+    plant(tree_copy, "rastro_assets/__init__.py", "from rastro_assets.meta import errors")
+    assert imports_above_their_layer(tree_copy) == {
+        ("rastro_assets", "rastro_assets.meta"),
+        ("rastro_assets", "rastro_assets.meta.errors"),
+    }
+
+
+def test_a_planted_import_in_a_packages_init_fails(tree_copy: Path):
+    plant(tree_copy, "rastro_assets/planner/__init__.py", "import rastro_assets.sync.types")
+    assert imports_above_their_layer(tree_copy) == {
+        ("rastro_assets.planner", "rastro_assets.sync.types")
+    }
+
+
+def test_a_planted_dynamic_import_is_read_as_an_import(tree_copy: Path):
+    plant(
+        tree_copy,
+        "rastro_assets/planner/state.py",
+        "import importlib\ntypes = importlib.import_module('rastro_assets.sync.types')",
+    )
+    assert imports_above_their_layer(tree_copy) == {
+        ("rastro_assets.planner.state", "rastro_assets.sync.types")
+    }
+
+
+def test_a_planted_dunder_import_is_read_as_an_import(tree_copy: Path):
+    plant(tree_copy, "rastro_assets/meta/values.py", "__import__('rastro_assets.warehouse')")
+    assert imports_above_their_layer(tree_copy) == {
+        ("rastro_assets.meta.values", "rastro_assets.warehouse")
+    }
+
+
+def test_a_planted_dynamic_import_of_an_unsaid_name_fails(tree_copy: Path):
+    plant(tree_copy, "rastro_assets/sync/types.py", "import importlib\nimportlib.import_module(X)")
+    assert {module for module, _ in unnamed_dynamic_imports(tree_copy)} == {
+        "rastro_assets.sync.types"
+    }
+
+
+def test_a_planted_import_of_the_planner_in_the_defs_keys_fails(tree_copy: Path):
+    plant(tree_copy, "rastro_assets/defs/keys.py", "from rastro_assets.planner import cadence")
+    assert defs_leaves_importing_defs(tree_copy) == {
+        ("rastro_assets.defs.keys", "rastro_assets.planner"),
+        ("rastro_assets.defs.keys", "rastro_assets.planner.cadence"),
+    }
+
+
+def test_a_planted_import_of_another_domain_fails(tree_copy: Path):
+    plant(tree_copy, "rastro_assets/defs/catalog.py", "from rastro_assets.defs.spend import fill")
+    assert domains_importing_one_another(tree_copy) == {
+        ("rastro_assets.defs.catalog", "rastro_assets.defs.spend"),
+        ("rastro_assets.defs.catalog", "rastro_assets.defs.spend.fill"),
+    }
+
+
+def test_a_planted_import_of_a_domain_in_a_shared_module_fails(tree_copy: Path):
+    plant(
+        tree_copy, "rastro_assets/defs/metadata.py", "from rastro_assets.defs.cadence import wave"
+    )
+    assert domains_importing_one_another(tree_copy) == {
+        ("rastro_assets.defs.metadata", "rastro_assets.defs.cadence"),
+        ("rastro_assets.defs.metadata", "rastro_assets.defs.cadence.wave"),
+    }
+
+
+def test_a_planted_import_of_the_instance_in_defs_fails(tree_copy: Path):
+    plant(
+        tree_copy, "rastro_assets/defs/spend/fill.py", "from rastro_assets.instance import accounts"
+    )
+    assert imports_above_their_layer(tree_copy) == {
+        ("rastro_assets.defs.spend.fill", "rastro_assets.instance"),
+        ("rastro_assets.defs.spend.fill", "rastro_assets.instance.accounts"),
+    }
+
+
+def test_a_planted_asset_key_outside_the_keys_fails(tree_copy: Path):
+    plant(tree_copy, "rastro_assets/defs/catalog.py", "AD_CATALOG = dg.AssetKey('ad_catalog')")
+    lines = len((tree_copy / "rastro_assets/defs/catalog.py").read_text().splitlines())
+    assert asset_keys_built_outside_keys(tree_copy) == {("rastro_assets.defs.catalog", lines)}
+
+
+@pytest.mark.parametrize(
+    ("relative", "module"),
+    [
+        ("rastro_assets/planner/state.py", "rastro_assets.planner.state"),
+        ("rastro_assets/sync/types.py", "rastro_assets.sync.types"),
+        ("rastro_assets/defs/metadata.py", "rastro_assets.defs.metadata"),
+        ("rastro_assets/cli/output.py", "rastro_assets.cli.output"),
+    ],
+)
+def test_a_planted_duckdb_import_outside_its_homes_fails(
+    tree_copy: Path, relative: str, module: str
+):
+    plant(tree_copy, relative, "import duckdb")
+    assert duckdb_outside_its_homes(tree_copy) == {module}
+

@@ -379,7 +379,7 @@ class _Partitions:
             return
         try:
             # Imported here: it loads Dagster, which no other command needs.
-            from rastro_assets.defs.instance import add_account_partitions, instance_at_home
+            from rastro_assets.instance.accounts import add_account_partitions, instance_at_home
 
             if self.instance is None:
                 self.instance = self.stack.enter_context(instance_at_home())

@@ -355,7 +355,7 @@ def _register_partition(ctx: Context, ad_account_id: str, shard: int, shard_coun
         return
     try:
         # Imported here: it loads Dagster, which no other command needs.
-        from rastro_assets.defs.instance import add_account_partition
+        from rastro_assets.instance.accounts import add_account_partition
 
         add_account_partition(ad_account_id, shard, shard_count)
     except Exception as exc:

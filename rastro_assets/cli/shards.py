@@ -9,7 +9,7 @@ setting and restarting the code location (the new shards' assets must exist). Ea
 account's materialized account-days not yet in its new shard's assets are re-recorded
 there, in the Dagster instance at DAGSTER_HOME; then the warehouse stores the new shard;
 then the account leaves the old shard's partitions and joins the new one's
-(`defs.instance.move_account` says why in that order). A move killed at any point is
+(`instance.accounts.move_account` says why in that order). A move killed at any point is
 finished by running it again.
 """
 
@@ -153,7 +153,7 @@ def _move(args: argparse.Namespace, ctx: Context) -> int:
             " materialized days there"
         )
     # Imported here: it loads Dagster, which no other command needs.
-    from rastro_assets.defs.instance import (
+    from rastro_assets.instance.accounts import (
         busy,
         instance_at_home,
         move_account,

@@ -2,7 +2,7 @@
 
 `dagster-webserver` listens on TCP only, and any local user can open 127.0.0.1: Dagster
 OSS has no login, so they could launch runs and read every run's logs. This command
-serves the same app (`defs.webserver`) on a Unix socket and no TCP port at all.
+serves the same app (`instance.webserver`) on a Unix socket and no TCP port at all.
 
 The socket's directory is the lock: uvicorn's sockets, and this one, are mode 0666,
 so whoever can enter the directory can connect. The directory must belong to this
@@ -115,7 +115,7 @@ def _serve(args: argparse.Namespace, ctx: Context) -> int:
             # code server and the socket file goes, which the default handler's exit would skip.
             signal.signal(signal.SIGTERM, signal.default_int_handler)
             # Imported here: it loads Dagster, which no other command needs.
-            from rastro_assets.defs.webserver import serve_ui
+            from rastro_assets.instance.webserver import serve_ui
 
             started = serve_ui(listener.sock, workspace, prefix, str(listener.path))
     except KeyboardInterrupt:

@@ -11,9 +11,10 @@ has waited 0.7 × the lag; so no write waits longer than the lag.
 
 import dagster as dg
 
-from rastro_assets.analytics.publish import PublishError, PublishResult
 from rastro_assets.defs.keys import (
+    AD_CATALOG,
     AD_SPEND_DAILY,
+    AD_THUMBNAILS,
     ANALYTICS_SNAPSHOT,
     IN_FLIGHT_STATUSES,
     OWNERS,
@@ -21,6 +22,7 @@ from rastro_assets.defs.keys import (
     SENSOR_LOCK_WAIT_SECONDS,
     SITE_SPEND_DAILY,
 )
+from rastro_assets.defs.publishing import snapshot_metadata
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS
 from rastro_assets.warehouse.connection import WarehouseLocked
@@ -30,7 +32,7 @@ PUBLISHER_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 60
 
 @dg.asset(
     key=ANALYTICS_SNAPSHOT,
-    deps=[AD_SPEND_DAILY, SITE_SPEND_DAILY, "ad_catalog", "ad_thumbnails"],
+    deps=[AD_SPEND_DAILY, SITE_SPEND_DAILY, AD_CATALOG, AD_THUMBNAILS],
     kinds={"duckdb"},
     group_name="analytics",
     owners=OWNERS,
@@ -91,69 +93,3 @@ def analytics_publisher_sensor(context: dg.SensorEvaluationContext, rastro: Rast
             "the snapshot is up to date" if not state.owed else "runs that write will publish"
         )
     return dg.RunRequest(run_key=f"publish:{state.current_fingerprint}:{now.isoformat()}")
-
-
-def snapshot_metadata(result: PublishResult) -> dict[str, object]:
-    metadata: dict[str, object] = {
-        "path": dg.MetadataValue.path(result.path),
-        "size_bytes": result.bytes,
-        "duration_seconds": round(result.duration_seconds, 3),
-        "refresh_seconds": round(result.refresh_seconds, 3),
-        "copy_seconds": round(result.copy_seconds, 3),
-        "changed_account_days": result.changed_account_days,
-        # No `dagster/row_count`: the overview shows it as the asset's "Row count", a figure
-        # of one table, and the snapshot holds every analyst table, of different grains
-        # (ad-days, sites, the one row of snapshot_info), whose sum nobody queries. Each
-        # table's rows are listed instead, as a table the overview shows whole.
-        "rows": snapshot_rows(result.rows),
-    }
-    if result.lag_seconds is not None:
-        metadata["lag_seconds"] = round(result.lag_seconds, 1)
-    if result.rebuilt:
-        metadata["rebuilt"] = ", ".join(result.rebuilt)
-    return metadata
-
-
-SNAPSHOT_ROWS_SCHEMA = dg.TableSchema(
-    columns=[
-        dg.TableColumn("table", "string", description="a table of the snapshot"),
-        dg.TableColumn("rows", "int", description="its rows in this publish"),
-    ]
-)
-
-
-def snapshot_rows(rows: dict[str, int]) -> dg.TableMetadataValue:
-    """Each table's rows in the published snapshot, in the snapshot's order of tables."""
-    return dg.MetadataValue.table(
-        records=[dg.TableRecord({"table": table, "rows": count}) for table, count in rows.items()],
-        schema=SNAPSHOT_ROWS_SCHEMA,
-    )
-
-
-def publish_after_writes(
-    context: dg.OpExecutionContext | dg.AssetExecutionContext, rastro: RastroResource
-) -> None:
-    """Publish the snapshot if changes wait and the last publish is older than half the
-    lag. A failure of any kind is logged and recorded, never raised: the run's own work is
-    done and its outcome is its sync's, and the sensor retries the publish."""
-    try:
-        result = rastro.publisher().publish_if_due()
-    except Exception as exc:  # a full disk is a duckdb.Error as often as an OSError
-        reason = str(exc) if isinstance(exc, PublishError | WarehouseLocked) else repr(exc)
-        context.log.warning(f"analytics snapshot not published (retried later): {reason}")
-        context.log_event(
-            dg.AssetObservation(
-                asset_key=ANALYTICS_SNAPSHOT,
-                description="not published at the end of a run that wrote; retried later",
-                metadata={"publish_error": reason, "published": False},
-            )
-        )
-        return
-    if result is not None:
-        context.log_event(
-            dg.AssetMaterialization(
-                asset_key=ANALYTICS_SNAPSHOT,
-                description="published at the end of a run that wrote",
-                metadata=snapshot_metadata(result),
-            )
-        )

@@ -16,21 +16,25 @@ from typing import TypeVar
 import dagster as dg
 
 from rastro_assets.accounts import normalize_account_id
-from rastro_assets.defs.analytics import publish_after_writes
-from rastro_assets.defs.external import LEAD_DAILY_ROLLUPS, META_AD_ACCOUNTS, META_CONNECTIONS
-from rastro_assets.defs.keys import AD_SPEND_DAILY, OWNERS
-from rastro_assets.defs.metadata import (
+from rastro_assets.defs.keys import (
     AD_CATALOG,
+    AD_SPEND_DAILY,
     AD_THUMBNAILS,
+    LEAD_DAILY_ROLLUPS,
+    META_AD_ACCOUNTS,
+    META_CONNECTIONS,
+    OWNERS,
+)
+from rastro_assets.defs.metadata import (
     catalog_materializations,
     catalog_metadata,
     catalog_table_materializations,
     table_metadata,
     thumbnail_metadata,
 )
-from rastro_assets.defs.partitions import account_partitions
+from rastro_assets.defs.partitions import account_partitions, not_linked
+from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend.assets import not_linked
 from rastro_assets.sync.types import CatalogRefused
 
 GROUP = "meta_catalog"

@@ -7,16 +7,17 @@ materialize them: they show where the spend and catalog assets start from.
 
 import dagster as dg
 
-from rastro_assets.defs.keys import OWNERS
+from rastro_assets.defs.keys import (
+    LEAD_DAILY_ROLLUPS,
+    META_AD_ACCOUNTS,
+    META_CONNECTIONS,
+    OWNERS,
+    SITE_AD_ACCOUNTS,
+    SITES,
+)
 from rastro_assets.defs.metadata import table_metadata
 
 GROUP = "registry"
-
-SITES = dg.AssetKey("sites")
-META_CONNECTIONS = dg.AssetKey("meta_connections")
-META_AD_ACCOUNTS = dg.AssetKey("meta_ad_accounts")
-SITE_AD_ACCOUNTS = dg.AssetKey("site_ad_accounts")
-LEAD_DAILY_ROLLUPS = dg.AssetKey("lead_daily_rollups")
 
 
 def _external(key: dg.AssetKey, description: str, *, written_by: str) -> dg.AssetSpec:

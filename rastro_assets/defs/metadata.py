@@ -1,4 +1,7 @@
-"""What the UI shows of the warehouse: table schemas, and small figures on each event.
+"""What the UI shows of the warehouse: table schemas, and the events a run records.
+
+Every run that writes (the spend assets, a fill, a wave) builds its account-day
+materializations and its whole-table events here, so all record them alike.
 
 Every materialization is a row in the instance's event log, kept for as long
 as the run: a partition's event carries only that account-day's figures, and
@@ -19,18 +22,24 @@ from decimal import Decimal
 from functools import cache
 
 import dagster as dg
-import duckdb
 
+from rastro_assets.defs.keys import AD_CATALOG, AD_THUMBNAILS
+from rastro_assets.defs.partitions import SHARD_COUNT, spend_partition_key, spend_shard
+from rastro_assets.defs.resources import RastroResource
 from rastro_assets.sync.types import CatalogOutcome, SyncOutcome, ThumbnailOutcome
-from rastro_assets.warehouse.figures import CatalogFigures, TableFigures, catalog_table_figures
-from rastro_assets.warehouse.schema import migrate
+from rastro_assets.warehouse.connection import Connection
+from rastro_assets.warehouse.figures import (
+    CatalogFigures,
+    TableFigures,
+    catalog_table_figures,
+    spend_table_figures,
+)
+from rastro_assets.warehouse.schema import table_columns
 
 TABLE_NAME_KEY = "dagster/table_name"
 COLUMN_SCHEMA_KEY = "dagster/column_schema"
 ROW_COUNT_KEY = "dagster/row_count"
 
-AD_CATALOG = dg.AssetKey("ad_catalog")
-AD_THUMBNAILS = dg.AssetKey("ad_thumbnails")
 
 # Meanings a column's name and type do not tell; the types come from the DDL itself.
 COLUMN_MEANINGS = {
@@ -54,20 +63,7 @@ COLUMN_MEANINGS = {
 
 @cache
 def _warehouse_columns() -> dict[str, list[tuple[str, str, bool]]]:
-    """Each table's (column, type, nullable), read from the migrations applied to an empty file."""
-    with duckdb.connect(":memory:") as con:
-        migrate(con)
-        rows = con.execute(
-            """
-            SELECT table_name, column_name, data_type, is_nullable = 'YES'
-            FROM information_schema.columns WHERE table_schema = 'main'
-            ORDER BY table_name, ordinal_position
-            """
-        ).fetchall()
-    columns: dict[str, list[tuple[str, str, bool]]] = {}
-    for table, column, data_type, nullable in rows:
-        columns.setdefault(table, []).append((column, data_type, nullable))
-    return columns
+    return table_columns()
 
 
 def table_schema(table: str) -> dg.TableSchema:
@@ -246,7 +242,7 @@ def catalog_materializations(outcome: SyncOutcome) -> Iterator[dg.AssetMateriali
 
 
 def catalog_table_materializations(
-    con: duckdb.DuckDBPyConnection, recorded: Iterable[dg.AssetKey]
+    con: Connection, recorded: Iterable[dg.AssetKey]
 ) -> list[dg.AssetMaterialization]:
     """The table-level event of each catalog asset a run `recorded` account events of."""
     keys = set(recorded)
@@ -256,3 +252,53 @@ def catalog_table_materializations(
         for key in (AD_CATALOG, AD_THUMBNAILS)
         if key in keys
     ]
+
+
+def materializations(
+    outcome: SyncOutcome, days: Iterable[date] | None = None, shard: int = 0
+) -> Iterator[dg.AssetMaterialization]:
+    """Materializations for the account-days this sync replaced completely (or `days`),
+    in the spend pair of the account's `shard`."""
+    ad_key, site_key = spend_shard(shard).keys
+    for day in outcome.complete_days if days is None else days:
+        key = spend_partition_key(outcome.request.ad_account_id, day)
+        for asset_key in (ad_key, site_key):
+            yield dg.AssetMaterialization(
+                asset_key=asset_key,
+                partition=key,
+                metadata=day_metadata(outcome, day, row_count=asset_key == ad_key),
+            )
+
+
+def table_materializations(
+    rastro: RastroResource,
+    shard: int,
+    shard_count: int = SHARD_COUNT,
+    outcomes: Iterable[SyncOutcome] = (),
+    *,
+    in_backfill: bool = False,
+) -> list[dg.AssetMaterialization | dg.AssetObservation]:
+    """The whole-table events a run ends with: the spend pair's, and the catalog's and
+    thumbnails' when `outcomes` recorded account events of them. Once per run.
+
+    With several shards each pair holds its own accounts, so its figures are theirs.
+    `in_backfill`: the run is one of a partition backfill, whose daemon fails the whole
+    backfill on a materialization of a target asset with no partition, so the spend
+    pair's figures are observations there (the overview shows them from the next wave).
+    """
+    only = None if shard_count == 1 and shard == 0 else shard
+    catalog = {
+        event.asset_key for outcome in outcomes for event in catalog_materializations(outcome)
+    }
+    with rastro.warehouse().connect(read_only=True) as con:
+        return [
+            *(
+                table_materialization(
+                    asset_key, spend_table_figures(con, table, only), observed=in_backfill
+                )
+                for asset_key, table in zip(
+                    spend_shard(shard).keys, ("ad_spend_daily", "site_spend_daily"), strict=True
+                )
+            ),
+            *catalog_table_materializations(con, catalog),
+        ]

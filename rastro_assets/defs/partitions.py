@@ -1,4 +1,7 @@
-"""Spend is partitioned by ad account x account-local date.
+"""Spend is partitioned by ad account x account-local date, one asset pair per shard.
+
+Also here: which of an account's owed days can be partitions (`reachable_fill`), and the
+failure of a run whose account partition no site links (`not_linked`).
 
 The date dimension runs on UTC+14 with one extra day so that every account's
 local today already has a key, wherever the account is. A date key is only a
@@ -27,13 +30,19 @@ that targets a removed day fails. Move it only with no backfill in flight
 from __future__ import annotations
 
 import calendar
-from datetime import date
+from dataclasses import dataclass
+from datetime import date, datetime
+from functools import cache
 
 import dagster as dg
 
 from rastro_assets import shards
 from rastro_assets.accounts import normalize_account_id
+from rastro_assets.defs.keys import ad_spend_key, site_spend_key
+from rastro_assets.planner import cadence
+from rastro_assets.planner.state import AccountState
 from rastro_assets.settings import ACCOUNT_SHARDS, PARTITIONS_START
+from rastro_assets.timekeeping import local_date
 
 AXIS_START = PARTITIONS_START
 FIRST_DATE = AXIS_START.isoformat()
@@ -58,6 +67,32 @@ def shard_spend_partitions(shard: int) -> dg.MultiPartitionsDefinition:
 account_partitions = shard_account_partitions(0)
 spend_partitions = shard_spend_partitions(0)
 
+
+@dataclass(frozen=True)
+class SpendShard:
+    """One shard of the account axis: its spend pair and its partitions (the accounts' set is
+    named by `shards.accounts_name`)."""
+
+    index: int
+    ad_key: dg.AssetKey
+    site_key: dg.AssetKey
+    partitions: dg.MultiPartitionsDefinition
+
+    @property
+    def keys(self) -> tuple[dg.AssetKey, dg.AssetKey]:
+        return (self.ad_key, self.site_key)
+
+
+@cache
+def spend_shard(index: int) -> SpendShard:
+    return SpendShard(
+        index=index,
+        ad_key=ad_spend_key(index),
+        site_key=site_spend_key(index),
+        partitions=spend_partitions if index == 0 else shard_spend_partitions(index),
+    )
+
+
 def spend_partition_key(ad_account_id: str, day: date) -> dg.MultiPartitionKey:
     return dg.MultiPartitionKey({"account": ad_account_id, "date": day.isoformat()})
 
@@ -76,6 +111,19 @@ def reach_start(today: date) -> date:
     and a day before the axis is no partition: neither may become a failure.
     """
     return max(AXIS_START, months_before(today, META_INSIGHTS_MONTHS))
+
+
+def not_linked(ad_account_id: str) -> str:
+    """The failure of a spend, fill or catalog run of an account no site links.
+
+    Anyone may add a partition in the UI; only `rastro link` links an account, and
+    `meta_accounts` removes the partition at its next tick, so the failure names both.
+    """
+    return (
+        f"{ad_account_id} is not linked to any site: link it with "
+        f"`rastro link SITE_ID {ad_account_id} --connection CONNECTION_ID` "
+        "(the meta_accounts sensor removes partitions of accounts that are not linked)"
+    )
 
 
 def checked_account_ids(raw_ids: list[str]) -> list[str]:
@@ -100,3 +148,31 @@ def account_date_ranges(keys) -> dict[str, list[tuple[date, date]]]:
                 runs.append((day, day))
         ranges[account] = runs
     return ranges
+
+
+@dataclass(frozen=True)
+class Fill:
+    """The days of an account's backfill or gap fill that can be read and be partitions."""
+
+    ad_account_id: str
+    kind: str
+    since: date
+    until: date
+
+
+def reachable_fill(plan: cadence.Plan, state: AccountState, now: datetime) -> Fill | None:
+    """The plan's owed days from the account's reach on, or None when none are owed there.
+
+    Days before `reach_start` (the date axis, or Meta's 37 months) are left
+    out: a backfill targeting a day that is no partition fails, and Meta
+    refuses a range starting beyond its 37 months. When the plan starts
+    before the reach, the first day still unread from the reach on starts
+    the fill, so days already read are not read again.
+    """
+    first = reach_start(local_date(now, state.timezone))
+    since = plan.since
+    if since < first:
+        since = cadence.first_unread_day(state.runs, first, plan.until)
+        if since is None:
+            return None
+    return Fill(plan.ad_account_id, plan.kind, since, plan.until)

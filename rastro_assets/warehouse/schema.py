@@ -343,3 +343,21 @@ def _rollback_quietly(con: duckdb.DuckDBPyConnection) -> None:
     # A failed COMMIT has already ended the transaction; ROLLBACK then refuses.
     with suppress(duckdb.TransactionException):
         con.execute("ROLLBACK")
+
+
+def table_columns() -> dict[str, list[tuple[str, str, bool]]]:
+    """Each table's (column, type, nullable), read from the migrations applied to an empty
+    database: what the tables are, whatever file is at hand."""
+    with duckdb.connect(":memory:") as con:
+        migrate(con)
+        rows = con.execute(
+            """
+            SELECT table_name, column_name, data_type, is_nullable = 'YES'
+            FROM information_schema.columns WHERE table_schema = 'main'
+            ORDER BY table_name, ordinal_position
+            """
+        ).fetchall()
+    columns: dict[str, list[tuple[str, str, bool]]] = {}
+    for table, column, data_type, nullable in rows:
+        columns.setdefault(table, []).append((column, data_type, nullable))
+    return columns

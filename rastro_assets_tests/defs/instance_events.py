@@ -10,7 +10,7 @@ import time
 import dagster as dg
 from dagster._core.events import AssetMaterializationPlannedData, StepMaterializationData
 
-from rastro_assets.defs.spend.assets import AD_SPEND_DAILY, SITE_SPEND_DAILY
+from rastro_assets.defs.keys import AD_SPEND_DAILY, SITE_SPEND_DAILY
 
 JOB = "__ASSET_JOB"
 

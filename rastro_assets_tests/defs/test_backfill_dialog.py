@@ -44,15 +44,15 @@ from dagster_graphql.test.utils import execute_dagster_graphql
 
 from rastro_assets import shards
 from rastro_assets.definitions import build_defs
-from rastro_assets.defs.keys import ACCOUNT_TAG
-from rastro_assets.defs.run_queue import (
+from rastro_assets.defs.keys import ACCOUNT_TAG, MAX_DAYS_PER_RUN
+from rastro_assets.defs.partitions import spend_shard
+from rastro_assets.instance.run_queue import (
     RANGE_END_TAG,
     RANGE_START_TAG,
     AccountRunCoordinator,
     run_account,
     stray_partition,
 )
-from rastro_assets.defs.spend.assets import MAX_DAYS_PER_RUN, spend_shard
 
 REPO = Path(__file__).resolve().parents[2]
 LOCATION = "rastro_assets"

@@ -29,9 +29,14 @@ from dagster._core.definitions.events import AssetKeyPartitionKey
 from rastro_assets import shards
 from rastro_assets.definitions import defs
 from rastro_assets.defs.cadence.wave import sync_wave_job
-from rastro_assets.defs.keys import MAX_DAYS_PER_RUN, RANGE_END_TAG, RANGE_START_TAG
-from rastro_assets.defs.partitions import account_date_ranges
-from rastro_assets.defs.spend.assets import AD_SPEND_DAILY, SITE_SPEND_DAILY, spend_shard
+from rastro_assets.defs.keys import (
+    AD_SPEND_DAILY,
+    MAX_DAYS_PER_RUN,
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    SITE_SPEND_DAILY,
+)
+from rastro_assets.defs.partitions import account_date_ranges, spend_shard
 from rastro_assets.planner.runs import sync_runs_by_account
 from rastro_assets.timekeeping import days_between
 from rastro_assets_tests.truth import assert_equals_truth

@@ -13,13 +13,9 @@ import pytest
 
 from rastro_assets import cli
 from rastro_assets.cli.context import Context
-from rastro_assets.defs.catalog import (
-    AD_CATALOG,
-    AD_THUMBNAILS,
-    ad_catalog,
-    ad_thumbnails,
-    catalog_materializations,
-)
+from rastro_assets.defs.catalog import ad_catalog, ad_thumbnails
+from rastro_assets.defs.keys import AD_CATALOG, AD_THUMBNAILS
+from rastro_assets.defs.metadata import catalog_materializations
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets.timekeeping import fixed_clock
 from rastro_assets_tests.conftest import NOW, TOKEN

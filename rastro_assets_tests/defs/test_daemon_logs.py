@@ -7,8 +7,8 @@ from datetime import date, timedelta
 
 import dagster as dg
 
-from rastro_assets.defs.daemon_logs import BACKFILL_LOGGER, KeyListSummary, summarise_message
-from rastro_assets.defs.run_queue import AccountRunCoordinator
+from rastro_assets.instance.daemon_logs import BACKFILL_LOGGER, KeyListSummary, summarise_message
+from rastro_assets.instance.run_queue import AccountRunCoordinator
 
 ACCOUNTS = ("act_1003", "act_1001", "act_1002")
 FIRST = date(2026, 9, 4)
@@ -50,7 +50,7 @@ def test_the_run_coordinator_installs_the_filter_on_the_daemons_logger(tmp_path)
     logger = logging.getLogger(BACKFILL_LOGGER)
     for existing in [f for f in logger.filters if isinstance(f, KeyListSummary)]:
         logger.removeFilter(existing)
-    coordinator = {"module": "rastro_assets.defs.run_queue", "class": "AccountRunCoordinator"}
+    coordinator = {"module": "rastro_assets.instance.run_queue", "class": "AccountRunCoordinator"}
     overrides = {"run_coordinator": coordinator}
     with dg.instance_for_test(temp_dir=str(tmp_path), overrides=overrides) as instance:
         assert isinstance(instance.run_coordinator, AccountRunCoordinator)

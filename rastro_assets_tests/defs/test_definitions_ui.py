@@ -7,7 +7,7 @@ from datetime import timedelta
 import dagster as dg
 import pytest
 
-from rastro_assets.defs.spend.checks import freshness_evaluation
+from rastro_assets.defs.account_health import freshness_evaluation
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.warehouse import registry
 from rastro_assets_tests.conftest import NOW, record_sync_run

@@ -9,7 +9,7 @@ import pytest
 
 from rastro_assets.alerts import incidents as found
 from rastro_assets.defs.cadence.incidents import _job_label, run_failure_incidents
-from rastro_assets.defs.spend.fill import fill_key
+from rastro_assets.defs.keys import fill_key
 from rastro_assets.settings import AlertThresholds
 
 THRESHOLDS = AlertThresholds()

@@ -19,12 +19,8 @@ import duckdb
 import pytest
 
 from rastro_assets.alerts.channels import EMAIL_TO_VAR, SMTP_URL_VAR, WEBHOOK_URLS_VAR
-from rastro_assets.defs.cadence.incidents import (
-    INCIDENTS_SENSOR,
-    NO_OPEN_INCIDENTS,
-    meta_incidents_sensor,
-)
-from rastro_assets.defs.keys import RANGE_END_TAG, RANGE_START_TAG
+from rastro_assets.defs.cadence.incidents import INCIDENTS_SENSOR, meta_incidents_sensor
+from rastro_assets.defs.keys import NO_OPEN_INCIDENTS, RANGE_END_TAG, RANGE_START_TAG
 from rastro_assets.defs.spend.fill import build_spend_fill
 from rastro_assets.planner.history import sync_runs_by_account
 from rastro_assets.warehouse import registry

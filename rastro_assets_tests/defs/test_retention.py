@@ -9,13 +9,14 @@ from pathlib import Path
 
 import dagster as dg
 
+from rastro_assets.defs.keys import AD_SPEND_DAILY, SITE_SPEND_DAILY
 from rastro_assets.defs.partitions import spend_partition_key
 from rastro_assets.defs.retention import (
     RetentionCursor,
     prune_instance,
     retention_sensor,
 )
-from rastro_assets.defs.spend.assets import AD_SPEND_DAILY, SITE_SPEND_DAILY, meta_spend
+from rastro_assets.defs.spend.assets import meta_spend
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.defs.instance_events import add_run, record_spend, spend_events
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import dagster as dg
 import yaml
 
-from rastro_assets.defs.run_queue import AccountRunCoordinator
+from rastro_assets.instance.run_queue import AccountRunCoordinator
 
 REPO = Path(__file__).resolve().parents[2]
 

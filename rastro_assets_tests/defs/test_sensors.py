@@ -21,18 +21,19 @@ from rastro_assets.defs.cadence.sensors import meta_accounts_sensor, meta_cadenc
 from rastro_assets.defs.keys import (
     ACCOUNT_TAG,
     AD_SPEND_DAILY,
+    FILL_ACCOUNTS_PER_RUN,
     FILL_ACCOUNTS_TAG,
     FIRST_DATA_TAG,
     MAX_RUNTIME_TAG,
     SYNC_KIND_TAG,
     WAVE_TAG,
+    fill_key,
 )
 from rastro_assets.defs.partitions import (
     AXIS_START,
     reach_start,
     shard_account_partitions,
 )
-from rastro_assets.defs.spend.fill import FILL_ACCOUNTS_PER_RUN, fill_key
 from rastro_assets.warehouse import registry
 from rastro_assets_tests.conftest import NOW, record_sync_run
 from rastro_assets_tests.defs.conftest import TODAY

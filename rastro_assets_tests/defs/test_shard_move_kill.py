@@ -20,7 +20,7 @@ from dagster._core.instance.ref import InstanceRef
 from rastro_assets import shards
 from rastro_assets.cli import run
 from rastro_assets.cli.context import Context
-from rastro_assets.defs.spend.assets import spend_shard
+from rastro_assets.defs.partitions import spend_shard
 from rastro_assets.warehouse import registry, shard_store
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.defs.instance_events import add_run, record_spend

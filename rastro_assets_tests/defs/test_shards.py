@@ -9,12 +9,12 @@ import dagster as dg
 import pytest
 
 from rastro_assets import shards
-from rastro_assets.defs.instance import move_account
 from rastro_assets.defs.keys import ACCOUNT_TAG
-from rastro_assets.defs.partitions import spend_partition_key
-from rastro_assets.defs.run_queue import AccountRunCoordinator, range_priority, run_account
-from rastro_assets.defs.spend.assets import build_meta_spend, spend_shard
+from rastro_assets.defs.partitions import spend_partition_key, spend_shard
+from rastro_assets.defs.spend.assets import build_meta_spend
 from rastro_assets.defs.spend.checks import build_sum_check
+from rastro_assets.instance.accounts import move_account
+from rastro_assets.instance.run_queue import AccountRunCoordinator, range_priority, run_account
 from rastro_assets.warehouse import registry, shard_store
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.defs.instance_events import add_run, record_spend
@@ -323,7 +323,7 @@ def _origin():
 def test_the_queue_tags_each_range_run_of_a_shared_backfill_with_its_account(tmp_path):
     overrides = {
         "run_coordinator": {
-            "module": "rastro_assets.defs.run_queue",
+            "module": "rastro_assets.instance.run_queue",
             "class": "AccountRunCoordinator",
         }
     }

@@ -15,8 +15,9 @@ import pytest
 
 from rastro_assets import shards
 from rastro_assets.defs.dagster_private import AssetGraphSubset, PartitionBackfill
+from rastro_assets.defs.keys import AD_SPEND_DAILY, SITE_SPEND_DAILY
 from rastro_assets.defs.partitions import spend_partition_key
-from rastro_assets.defs.spend.assets import AD_SPEND_DAILY, SITE_SPEND_DAILY, meta_spend
+from rastro_assets.defs.spend.assets import meta_spend
 from rastro_assets.defs.spend.checks import site_spend_equals_ad_sums
 from rastro_assets.warehouse import registry
 from rastro_assets_tests.conftest import TOKEN
@@ -342,12 +343,12 @@ def test_a_fills_next_block_waits_out_the_back_off_of_the_last(
 
 def test_a_range_run_evaluates_the_sum_check_for_each_of_its_days(instance, rastro, linked_world):
     from rastro_assets.defs.dagster_private import AssetCheckExecutionRecordStatus
-    from rastro_assets.defs.spend.checks import SUM_CHECK_KEY
+    from rastro_assets.defs.keys import sum_check_key
 
     since = TODAY - timedelta(days=2)
     assert materialize_range(instance, rastro, "act_202", since, TODAY).success
     records = instance.event_log_storage.get_asset_check_execution_history(
-        SUM_CHECK_KEY, limit=50
+        sum_check_key(), limit=50
     )
     days = [str(spend_partition_key("act_202", since + timedelta(days=n))) for n in range(3)]
     # Dagster plans the check once per day of the range: a day left planned reads "Skipped".

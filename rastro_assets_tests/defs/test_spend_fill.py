@@ -13,9 +13,14 @@ from datetime import date, timedelta
 import dagster as dg
 
 from rastro_assets import shards
-from rastro_assets.defs.keys import RANGE_END_TAG, RANGE_START_TAG
-from rastro_assets.defs.spend.assets import AD_SPEND_DAILY, SITE_SPEND_DAILY
-from rastro_assets.defs.spend.fill import build_spend_fill, fill_key
+from rastro_assets.defs.keys import (
+    AD_SPEND_DAILY,
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    SITE_SPEND_DAILY,
+    fill_key,
+)
+from rastro_assets.defs.spend.fill import build_spend_fill
 from rastro_assets.planner.runs import sync_runs_by_account
 from rastro_assets.timekeeping import days_between
 from rastro_assets_tests.conftest import NOW

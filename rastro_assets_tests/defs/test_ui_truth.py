@@ -27,7 +27,8 @@ from dagster_graphql.test.utils import execute_dagster_graphql
 from rastro_assets import shards
 from rastro_assets.defs.cadence.incidents import meta_incidents_sensor
 from rastro_assets.defs.cadence.sensors import meta_accounts_sensor, meta_cadence_sensor
-from rastro_assets.defs.spend.fill import FILL_ACCOUNTS_PER_RUN, build_spend_fill
+from rastro_assets.defs.keys import FILL_ACCOUNTS_PER_RUN
+from rastro_assets.defs.spend.fill import build_spend_fill
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,8 +7,8 @@ import stat
 from datetime import timedelta
 from pathlib import Path
 
-from rastro_assets.defs.spend.assets import AD_SPEND_DAILY
-from rastro_assets.defs.spend.checks import failing_sum_check_partitions, sum_check_evaluations
+from rastro_assets.defs.keys import AD_SPEND_DAILY
+from rastro_assets.defs.sum_check import failing_sum_check_partitions, sum_check_evaluations
 from rastro_assets.planner.history import sync_runs_by_account
 from rastro_assets_tests.conftest import NOW
 from rastro_assets_tests.defs import waves

@@ -43,7 +43,6 @@ import yaml
 from dagster._core.execution.backfill import PartitionBackfill
 
 from rastro_assets import shards
-from rastro_assets.defs.instance import add_account_partitions
 from rastro_assets.defs.keys import (
     ACCOUNT_TAG,
     AD_SPEND_DAILY,
@@ -54,6 +53,7 @@ from rastro_assets.defs.keys import (
     SITE_SPEND_DAILY,
 )
 from rastro_assets.defs.partitions import date_partitions
+from rastro_assets.instance.accounts import add_account_partitions
 from rastro_assets.timekeeping import local_date
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse

@@ -19,7 +19,7 @@ from dagster._core.events import EngineEventData
 from dagster._core.launcher import LaunchRunContext, WorkerStatus
 
 from rastro_assets.defs import run_launcher
-from rastro_assets.defs.run_launcher import (
+from rastro_assets.instance.run_launcher import (
     WORKER_TAG,
     Worker,
     WorkerCheckingRunLauncher,

@@ -9,18 +9,18 @@ from datetime import date, datetime
 import dagster as dg
 
 from rastro_assets import shards
-from rastro_assets.defs.cadence.wave import sync_wave_job
+from rastro_assets.defs.cadence.wave import WAVE_MAX_RUNTIME_SECONDS, sync_wave_job
 from rastro_assets.defs.dagster_private import AssetGraphSubset
 from rastro_assets.defs.keys import (
+    FILL_ACCOUNTS_PER_RUN,
     FILL_ACCOUNTS_TAG,
     FIRST_DATA_TAG,
     MAX_RUNTIME_TAG,
     PARTITION_RUN_MAX_RUNTIME_SECONDS,
     SYNC_KIND_TAG,
-    WAVE_MAX_RUNTIME_SECONDS,
+    fill_key,
 )
-from rastro_assets.defs.partitions import shard_account_partitions
-from rastro_assets.defs.spend.fill import FILL_ACCOUNTS_PER_RUN, Fill, fill_key, reachable_fill
+from rastro_assets.defs.partitions import Fill, reachable_fill, shard_account_partitions
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount
 from rastro_assets.planner.state import SyncRun

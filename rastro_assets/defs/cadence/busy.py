@@ -24,8 +24,8 @@ from rastro_assets.defs.keys import (
     MAX_RUNTIME_TAG,
     RANGE_START_TAG,
     WAVE_TAG,
+    is_fill_key,
 )
-from rastro_assets.defs.spend.fill import is_fill_key
 
 
 def busy_accounts(

@@ -23,35 +23,18 @@ from datetime import datetime, timedelta
 
 import dagster as dg
 
+from rastro_assets.defs.account_health import MAX_HEALTH_ROWS, freshness, narrow_health_table
+from rastro_assets.defs.keys import META_ACCOUNT_HEALTH
 from rastro_assets.defs.partitions import SHARD_COUNT
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend.checks import MAX_HEALTH_ROWS, freshness
 from rastro_assets.planner.cadence import AccountStatus
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.warehouse import shard_store
 
-META_ACCOUNT_HEALTH = dg.AssetKey("meta_account_health")
 HEALTH_REFRESH_MINUTES = 30
 HEALTH_JOB = "meta_account_health_refresh"
 SIGNATURE_FIELDS = ("ad_account_id", "state", "backfill", "last_error", "today_fresh")
 STATES = ("backfilling", "error", "live", "paused", "waiting")
-
-HEALTH_COLUMNS = [
-    dg.TableColumn("account", "string", description="the Meta ad account"),
-    dg.TableColumn(
-        "state",
-        "string",
-        description="backfilling | live | error | paused | waiting (for the first sync with a "
-        "new token); \", stale\" when its local today "
-        "was not read within its limit (50 min; idle: 3 h 5 min)",
-    ),
-    dg.TableColumn("synced", "string", description="last good sync's end, UTC (MM-DD HH:MM)"),
-    dg.TableColumn("due", "string", description="when the cadence reads it next, UTC"),
-    dg.TableColumn(
-        "backfill", "string", description="days read of the backfill or gap fill owed"
-    ),
-    dg.TableColumn("error", "string", description="last error: CODE: message"),
-]
 
 meta_account_health_description = (
     "One row per linked account, the least healthy first: its state (backfilling | live | "
@@ -63,36 +46,6 @@ meta_account_health_description = (
     "a materialization whenever an account's state, progress or error changes, and every "
     f"{HEALTH_REFRESH_MINUTES} minutes (see Automation). Materialize computes it at once."
 )
-
-
-def _short_instant(value: str) -> str:
-    """`2026-12-02T14:22+00:00` (UTC) as `12-02 14:22`: it sorts, and breaks at the space."""
-    return f"{value[5:10]} {value[11:16]}" if value else ""
-
-
-def _state(row: dict) -> str:
-    stale = not row["today_fresh"] and row["state"] not in ("backfilling", "paused")
-    return f"{row['state']}, stale" if stale else row["state"]
-
-
-def narrow_health_table(rows: list[dict], *, with_shard: bool = False) -> dg.TableMetadataValue:
-    """The accounts' rows (`checks.freshness`) in the narrow form the overview fits."""
-    columns = [*HEALTH_COLUMNS, *([dg.TableColumn("shard", "int")] if with_shard else [])]
-    records = [
-        dg.TableRecord(
-            {
-                "account": row["ad_account_id"],
-                "state": _state(row),
-                "synced": _short_instant(row["last_good_sync"]),
-                "due": _short_instant(row["next_due"]),
-                "backfill": row["backfill"],
-                "error": row["last_error"],
-                **({"shard": row["shard"]} if with_shard else {}),
-            }
-        )
-        for row in rows
-    ]
-    return dg.MetadataValue.table(records=records, schema=dg.TableSchema(columns=columns))
 
 
 def health_metadata(

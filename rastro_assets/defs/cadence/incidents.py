@@ -16,7 +16,7 @@ import json
 import os
 import re
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -27,18 +27,20 @@ from rastro_assets.alerts.channels import Channel, channels_from_env
 from rastro_assets.alerts.incidents import DAEMON_KINDS, Incident, IncidentKind
 from rastro_assets.alerts.ledger import deliver, reconcile
 from rastro_assets.alerts.look import warehouse_incidents
-from rastro_assets.defs.cadence.health import META_ACCOUNT_HEALTH
 from rastro_assets.defs.dagster_private import AssetCheckEvaluationTargetMaterializationData
-from rastro_assets.defs.keys import SENSOR_LOCK_WAIT_SECONDS
+from rastro_assets.defs.keys import (
+    META_ACCOUNT_HEALTH,
+    NO_OPEN_INCIDENTS,
+    SENSOR_LOCK_WAIT_SECONDS,
+    is_fill_key,
+)
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend.fill import is_fill_key
 from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS, AlertThresholds, SettingsError
 from rastro_assets.warehouse import incidents as store
 from rastro_assets.warehouse.connection import WarehouseLocked
 
 INCIDENTS_SENSOR = "meta_incidents"
 INCIDENTS_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 60
-NO_OPEN_INCIDENTS = "no_open_incidents"
 CADENCE_SENSORS = ("meta_accounts", "meta_cadence")
 RUNS_LOOKED_AT = 300
 RUNS_WINDOW = timedelta(days=1)
@@ -327,16 +329,29 @@ def meta_incidents_sensor(context: dg.SensorEvaluationContext, rastro: RastroRes
             )
     except WarehouseLocked as exc:
         return dg.SkipReason(f"the warehouse is busy: {exc}")
+    _log_transitions(context, transitions, quiet=not labels and channel_problem is None)
+    _log_deliveries(context, deliver(warehouse.connect, channels, now))
+    return _report(context, warehouse, labels, channel_problem)
+
+
+def _log_transitions(
+    context: dg.SensorEvaluationContext, transitions: Sequence, *, quiet: bool
+) -> None:
+    """Each incident opened, reminded or resolved; and, when no channel is set (`quiet`),
+    that no one is told but the UI and the check."""
     for transition in transitions:
         incident = transition.incident
         line = f"{transition.event} {incident.key}: {incident.summary}"
         context.log.info(line if transition.event == "resolved" else f"{line}. {incident.fix}")
-    if transitions and not labels and channel_problem is None:
+    if transitions and quiet:
         context.log.warning(
             "no alert channel is set (RASTRO_ALERT_WEBHOOK_URLS, RASTRO_ALERT_SMTP_URL): "
             "these incidents show in the UI and in `rastro status --check` only"
         )
-    for attempt in deliver(warehouse.connect, channels, now):
+
+
+def _log_deliveries(context: dg.SensorEvaluationContext, attempts: Iterable) -> None:
+    for attempt in attempts:
         if attempt.error is None:
             context.log.info(f"sent to {attempt.channel}: {attempt.subject}")
         elif attempt.retry_at is not None:
@@ -345,6 +360,16 @@ def meta_incidents_sensor(context: dg.SensorEvaluationContext, rastro: RastroRes
             )
         else:
             context.log.error(f"{attempt.error}; given up after a day of tries")
+
+
+def _report(
+    context: dg.SensorEvaluationContext,
+    warehouse,
+    labels: dict[str, str],
+    channel_problem: str | None,
+) -> dg.SensorResult:
+    """The check's evaluation when what is open (or the channels' troubles) changed since
+    the last one reported, and the tick's summary line."""
     with warehouse.connect(read_only=True) as con:
         open_now = store.open_incidents(con)
         troubles = store.channel_troubles(con)

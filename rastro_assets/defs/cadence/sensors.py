@@ -18,6 +18,7 @@ from collections.abc import Mapping
 import dagster as dg
 
 from rastro_assets import shards
+from rastro_assets.defs.account_health import freshness, freshness_evaluation
 from rastro_assets.defs.cadence.backfills import (
     Fill,
     fill_request,
@@ -36,18 +37,19 @@ from rastro_assets.defs.cadence.health import (
 from rastro_assets.defs.cadence.wave import sync_wave_job
 from rastro_assets.defs.ended_runs import close_syncs_of_ended_runs
 from rastro_assets.defs.keys import (
+    AD_CATALOG,
+    AD_THUMBNAILS,
     FIRST_DATA_TAG,
     SENSOR_LOCK_WAIT_SECONDS,
     SYNC_KIND_TAG,
     WAVE_TAG,
+    fill_key,
 )
 from rastro_assets.defs.partitions import (
     SHARD_COUNT,
+    spend_shard,
 )
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend.assets import spend_shard
-from rastro_assets.defs.spend.checks import freshness, freshness_evaluation
-from rastro_assets.defs.spend.fill import fill_key
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS
@@ -183,7 +185,7 @@ def cadence_asset_jobs(shard_count: int) -> list:
     ]
     catalog = dg.define_asset_job(
         CATALOG_JOB,
-        selection=["ad_catalog", "ad_thumbnails"],
+        selection=[AD_CATALOG, AD_THUMBNAILS],
         description="The account's full catalog and its thumbnails. The daily wave of "
         "meta_cadence and a backfill's block reaching today keep them fresh; launch this job "
         "for an account to read them by hand.",

@@ -14,22 +14,25 @@ from datetime import date
 
 import dagster as dg
 
-from rastro_assets.defs.analytics import publish_after_writes
-from rastro_assets.defs.catalog import catalog_materializations
 from rastro_assets.defs.dagster_private import log_materialization_batches
-from rastro_assets.defs.keys import MAX_RUNTIME_TAG, WAVE_MAX_RUNTIME_SECONDS, WAVE_TAG
-from rastro_assets.defs.partitions import spend_partition_key
-from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend.assets import (
+from rastro_assets.defs.keys import MAX_RUNTIME_TAG, WAVE_TAG
+from rastro_assets.defs.metadata import (
+    catalog_materializations,
     materializations,
-    spend_shard,
     table_materializations,
 )
-from rastro_assets.defs.spend.checks import evaluate_sum_checks
+from rastro_assets.defs.partitions import spend_partition_key, spend_shard
+from rastro_assets.defs.publishing import publish_after_writes
+from rastro_assets.defs.resources import RastroResource
+from rastro_assets.defs.sum_check import evaluate_sum_checks
 from rastro_assets.planner import cadence
 from rastro_assets.sync.types import SyncOutcome, SyncRequest
 from rastro_assets.timekeeping import zone
 from rastro_assets.warehouse.shard_store import account_shards
+
+WAVE_MAX_RUNTIME_SECONDS = int(cadence.LEASE.total_seconds())
+"""A sync's lease: by then the planner takes the wave's accounts again, and the spend
+writer refuses what the old wave still writes."""
 
 # Accounts a wave syncs at once. A live sync mostly waits on Meta's answers, so this many
 # side by side keep a live wave of thousands of accounts within its goal while the CPU goes

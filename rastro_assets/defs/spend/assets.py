@@ -7,60 +7,47 @@ CLI, `dg launch`, the UI): it still writes both tables, so it records the
 other asset's partitions as materialized too.
 """
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from datetime import date, timedelta
 
 import dagster as dg
 
 from rastro_assets import shards
-from rastro_assets.defs.analytics import publish_after_writes
+from rastro_assets.defs.account_health import freshness_evaluation
 from rastro_assets.defs.keys import (
-    AD_SPEND_DAILY,
     BACKFILL_ID_TAG,
     MAX_DAYS_PER_RUN,
     OWNERS,
-    SITE_SPEND_DAILY,
     SYNC_KIND_TAG,
 )
 from rastro_assets.defs.metadata import (
     DAY_ROWS_KEY,
     catalog_materializations,
-    catalog_table_materializations,
     day_metadata,
+    materializations,
     run_summary,
-    table_materialization,
+    table_materializations,
     table_metadata,
 )
 from rastro_assets.defs.partitions import (
     SHARD_COUNT,
+    SpendShard,
     account_date_ranges,
+    not_linked,
     spend_partition_key,
+    spend_shard,
 )
+from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend.checks import evaluate_sum_checks, freshness_evaluation
-from rastro_assets.defs.spend.shard import SpendShard, spend_shard
+from rastro_assets.defs.sum_check import evaluate_sum_checks
 from rastro_assets.outcomes import FILL_KINDS
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.sync.types import SyncOutcome, SyncRefused, SyncRequest
 from rastro_assets.timekeeping import days_between, local_date
 from rastro_assets.warehouse import registry
-from rastro_assets.warehouse.figures import spend_table_figures
 
 GROUP = "meta_spend"
-
-
-def not_linked(ad_account_id: str) -> str:
-    """The failure of a spend, fill or catalog run of an account no site links.
-
-    Anyone may add a partition in the UI; only `rastro link` links an account, and
-    `meta_accounts` removes the partition at its next tick, so the failure names both.
-    """
-    return (
-        f"{ad_account_id} is not linked to any site: link it with "
-        f"`rastro link SITE_ID {ad_account_id} --connection CONNECTION_ID` "
-        "(the meta_accounts sensor removes partitions of accounts that are not linked)"
-    )
 
 
 FIGURES_NOTE = (
@@ -124,25 +111,6 @@ def spend_specs(shard: SpendShard, shard_count: int) -> list[dg.AssetSpec]:
     return [ad_spec, site_spec]
 
 
-SPEND_ASSETS = (AD_SPEND_DAILY, SITE_SPEND_DAILY)
-
-
-def materializations(
-    outcome: SyncOutcome, days: Iterable[date] | None = None, shard: int = 0
-) -> Iterator[dg.AssetMaterialization]:
-    """Materializations for the account-days this sync replaced completely (or `days`),
-    in the spend pair of the account's `shard`."""
-    ad_key, site_key = spend_shard(shard).keys
-    for day in outcome.complete_days if days is None else days:
-        key = spend_partition_key(outcome.request.ad_account_id, day)
-        for asset_key in (ad_key, site_key):
-            yield dg.AssetMaterialization(
-                asset_key=asset_key,
-                partition=key,
-                metadata=day_metadata(outcome, day, row_count=asset_key == ad_key),
-            )
-
-
 def build_meta_spend(index: int, shard_count: int) -> dg.AssetsDefinition:
     """The spend multi-asset of one shard: `meta_spend` for shard 0, `meta_spend_shard_k`."""
     shard = spend_shard(index)
@@ -179,40 +147,6 @@ def build_meta_spend(index: int, shard_count: int) -> dg.AssetsDefinition:
 
 
 meta_spend = build_meta_spend(0, SHARD_COUNT)
-
-
-def table_materializations(
-    rastro: RastroResource,
-    shard: int,
-    shard_count: int = SHARD_COUNT,
-    outcomes: Iterable[SyncOutcome] = (),
-    *,
-    in_backfill: bool = False,
-) -> list[dg.AssetMaterialization | dg.AssetObservation]:
-    """The whole-table events a run ends with: the spend pair's, and the catalog's and
-    thumbnails' when `outcomes` recorded account events of them. Once per run.
-
-    With several shards each pair holds its own accounts, so its figures are theirs.
-    `in_backfill`: the run is one of a partition backfill, whose daemon fails the whole
-    backfill on a materialization of a target asset with no partition, so the spend
-    pair's figures are observations there (the overview shows them from the next wave).
-    """
-    only = None if shard_count == 1 and shard == 0 else shard
-    catalog = {
-        event.asset_key for outcome in outcomes for event in catalog_materializations(outcome)
-    }
-    with rastro.warehouse().connect(read_only=True) as con:
-        return [
-            *(
-                table_materialization(
-                    asset_key, spend_table_figures(con, table, only), observed=in_backfill
-                )
-                for asset_key, table in zip(
-                    spend_shard(shard).keys, ("ad_spend_daily", "site_spend_daily"), strict=True
-                )
-            ),
-            *catalog_table_materializations(con, catalog),
-        ]
 
 
 def _in_backfill(context: dg.AssetExecutionContext) -> bool:

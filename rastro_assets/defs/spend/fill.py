@@ -21,34 +21,35 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
-from functools import cache
 
 import dagster as dg
 
 from rastro_assets import shards
-from rastro_assets.defs.analytics import publish_after_writes
+from rastro_assets.defs.account_health import freshness_evaluation
 from rastro_assets.defs.ended_runs import close_syncs_of_ended_runs
-from rastro_assets.defs.keys import BACKFILL_ID_TAG, OWNERS
-from rastro_assets.defs.metadata import catalog_materializations
-from rastro_assets.defs.partitions import reach_start, shard_account_partitions
-from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.spend.assets import (
-    GROUP,
+from rastro_assets.defs.keys import (
+    BACKFILL_ID_TAG,
+    FILL_ACCOUNTS_PER_RUN,
+    FILL_NAME,
+    OWNERS,
+    fill_key,
+)
+from rastro_assets.defs.metadata import (
+    catalog_materializations,
     materializations,
-    not_linked,
     table_materializations,
 )
-from rastro_assets.defs.spend.checks import evaluate_sum_checks, freshness_evaluation
+from rastro_assets.defs.partitions import not_linked, reachable_fill, shard_account_partitions
+from rastro_assets.defs.publishing import publish_after_writes
+from rastro_assets.defs.resources import RastroResource
+from rastro_assets.defs.spend.assets import GROUP
+from rastro_assets.defs.sum_check import evaluate_sum_checks
 from rastro_assets.outcomes import FILL_KINDS
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
-from rastro_assets.planner.state import AccountState
 from rastro_assets.sync.syncer import Syncer
 from rastro_assets.sync.types import SyncOutcome, SyncRequest
-from rastro_assets.timekeeping import local_date
 
-FILL_NAME = "spend_backfill"
-FILL_ACCOUNTS_PER_RUN = 25
 """Accounts a run of a fill backfill reads: enough that Dagster's cost per run is small
 beside the work, few enough that a shard's accounts spread over runs going side by side."""
 FILL_CONCURRENCY = 16
@@ -56,43 +57,6 @@ FILL_CONCURRENCY = 16
 MAX_ROUNDS = 12
 """Blocks a run reads of one account at most: three for a new account's 90 days; more
 only when days left incomplete split them."""
-
-
-@dataclass(frozen=True)
-class Fill:
-    """The days of an account's backfill or gap fill that can be read and be partitions."""
-
-    ad_account_id: str
-    kind: str
-    since: date
-    until: date
-
-
-def reachable_fill(plan: cadence.Plan, state: AccountState, now: datetime) -> Fill | None:
-    """The plan's owed days from the account's reach on, or None when none are owed there.
-
-    Days before `reach_start` (the date axis, or Meta's 37 months) are left
-    out: a backfill targeting a day that is no partition fails, and Meta
-    refuses a range starting beyond its 37 months. When the plan starts
-    before the reach, the first day still unread from the reach on starts
-    the fill, so days already read are not read again.
-    """
-    first = reach_start(local_date(now, state.timezone))
-    since = plan.since
-    if since < first:
-        since = cadence.first_unread_day(state.runs, first, plan.until)
-        if since is None:
-            return None
-    return Fill(plan.ad_account_id, plan.kind, since, plan.until)
-
-
-def fill_key(shard: int) -> dg.AssetKey:
-    return dg.AssetKey(shards.named(FILL_NAME, shard))
-
-
-@cache
-def is_fill_key(asset_key: dg.AssetKey) -> bool:
-    return shards.of_any_shard(asset_key.to_user_string(), FILL_NAME)
 
 
 def build_spend_fill(index: int, shard_count: int) -> dg.AssetsDefinition:

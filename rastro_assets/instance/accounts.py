@@ -14,8 +14,7 @@ import dagster as dg
 
 from rastro_assets import shards
 from rastro_assets.defs.cadence.busy import busy_accounts
-from rastro_assets.defs.partitions import SHARD_COUNT
-from rastro_assets.defs.spend.assets import spend_shard
+from rastro_assets.defs.partitions import SHARD_COUNT, spend_shard
 
 MOVED_FROM = "rastro/moved_from"
 

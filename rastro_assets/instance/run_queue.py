@@ -46,7 +46,6 @@ from pathlib import Path
 
 import dagster as dg
 
-from rastro_assets.defs.daemon_logs import summarise_backfill_logs
 from rastro_assets.defs.keys import (
     ACCOUNT_DIMENSION_TAG,
     ACCOUNT_TAG,
@@ -55,6 +54,7 @@ from rastro_assets.defs.keys import (
     RANGE_END_TAG,
     RANGE_START_TAG,
 )
+from rastro_assets.instance.daemon_logs import summarise_backfill_logs
 
 DIMENSION_TAG_PREFIX = "dagster/partition/"
 

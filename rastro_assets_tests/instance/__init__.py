@@ -1,0 +1,1 @@
+"""Tests of what the Dagster instance loads from us."""
