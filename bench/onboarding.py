@@ -67,7 +67,7 @@ Run: .venv/bin/python bench/onboarding.py [--accounts 1000] [--delay-ms 300] [--
      [--planned-subset] [--shards K] [--shard-accounts N] [--pool-limit N] [--sensor-seconds S]
      [--link-batch 100] [--timeout-minutes 240] [--keep DIR]
   --planned-subset  DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS=true in the daemon
-  --shards K        RASTRO_ACCOUNT_SHARDS=K for the links and the daemon (docs/operations.md:
+  --shards K        RASTRO_ACCOUNT_SHARDS=K for the links and the daemon (docs/growing.md:
                     a shard for each hundred accounts)
   --shard-accounts N  RASTRO_SHARD_ACCOUNTS=N: how many accounts `rastro link` puts in a
                     shard before the next (the README's 50 from about 1,000 accounts)

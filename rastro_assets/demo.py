@@ -72,7 +72,7 @@ QUIETED_WARNINGS = (
 )
 # Dagster's planned events as one per asset and run instead of one per account-day: the
 # backfill daemon submits a backfill's runs several times faster, and the partitions grid
-# no longer marks a running or failed backfill run's days (docs/operations.md, "Planned
+# no longer marks a running or failed backfill run's days (docs/running.md, "Planned
 # events"). Dagster reads it in the process that creates a run (daemon, webserver); an
 # operator's own value wins.
 PLANNED_SUBSET_VARIABLE = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"

@@ -38,7 +38,7 @@ class SyncKind(StrEnum):
 FILL_KINDS = (SyncKind.BACKFILL, SyncKind.GAP)
 """Syncs that fill days never read: their last block, which reaches the account's local
 today, reads the full catalog and counts as the daily and weekly re-sync: the fill has just
-read every day up to today (docs/operations.md, "The cadence")."""
+read every day up to today (docs/cadence.md, "The cadence")."""
 
 
 class PlanKind(StrEnum):

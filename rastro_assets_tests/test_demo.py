@@ -120,7 +120,7 @@ def test_planned_events_as_subsets_unless_the_operator_says_otherwise(
     paths: demo.DemoPaths, now
 ):
     # One planned event per asset and run: the demo's backfill runs are submitted faster
-    # (docs/operations.md, "Planned events"); an operator's own value is kept.
+    # (docs/running.md, "Planned events"); an operator's own value is kept.
     variable = demo.PLANNED_SUBSET_VARIABLE
     assert variable == "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
     assert demo.prepare(paths, now=now, environ={})[variable] == "true"

@@ -1,4 +1,4 @@
-"""The operator's guide and the scaled instance config say true, working things."""
+"""The operator's guide (docs/*.md) and the scaled instance config say true, working things."""
 
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ from rastro_assets_tests.analytics.helpers import publish_week
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 SCALED = "dagster.scaled.yaml"
-GUIDE = DOCS / "operations.md"
 README = REPO / "README.md"
+# The operator's guide: one page a task, each listed in the README's index.
+GUIDE_PAGES = ("running", "keys-and-tokens", "cadence", "errors", "analysts", "growing")
 # Where the guide puts the analytics snapshot; its examples run against a test snapshot.
 GUIDE_SNAPSHOT = "/var/lib/rastro/analytics.duckdb"
 ERROR_CODES = (
@@ -64,6 +65,15 @@ def scaled_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def load_yaml(path: Path) -> dict:
     return yaml.safe_load(path.read_text())
+
+
+def pages() -> list[Path]:
+    return sorted(DOCS.glob("*.md"))
+
+
+def guide_text() -> str:
+    """Every page of the operator's guide, one after the other."""
+    return "\n".join(page.read_text() for page in pages())
 
 
 # docs/dagster.scaled.yaml ---------------------------------------------------
@@ -156,13 +166,116 @@ def test_the_scaled_instance_holds_no_secret():
     assert "RASTRO_SECRETS_KEY:" not in text
 
 
-# docs/operations.md ---------------------------------------------------------
+# The operator's guide, docs/*.md ---------------------------------------------
+
+
+def headings(text: str) -> list[tuple[int, str]]:
+    """The Markdown headings of `text` outside fenced code, as (level, title)."""
+    found, fenced = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (match := re.match(r"(#{1,6}) (.+)$", line)):
+            found.append((len(match[1]), match[2].strip()))
+    return found
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's anchor of each heading: lower case, punctuation dropped, spaces as hyphens,
+    and `-1`, `-2`... after a repeated one."""
+    seen: dict[str, int] = {}
+    for _, title in headings(text):
+        slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        if count:
+            seen[f"{slug}-{count}"] = 1
+    return set(seen)
+
+
+def outside_code(text: str) -> str:
+    return re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+
+
+def test_the_guide_is_the_pages_the_readme_lists():
+    """docs/ holds the guide's pages, each with one title; the README's index lists each once."""
+    assert [page.stem for page in pages()] == sorted(GUIDE_PAGES)
+    for page in pages():
+        levels = [level for level, _ in headings(page.read_text())]
+        assert page.read_text().startswith("# ") and levels.count(1) == 1, page.name
+    index = README.read_text().split("\n## Operator's guide\n", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^- \[`docs/([\w-]+)\.md`\]\(docs/\1\.md\): \S", index, flags=re.M)
+    assert sorted(listed) == sorted(GUIDE_PAGES)
+
+
+def test_every_link_of_the_docs_reaches_a_page_and_heading():
+    """Each `[text](page.md#anchor)` of the README and the guide: the page exists, and so
+    does the heading the anchor names."""
+    checked = 0
+    for source in (README, *pages()):
+        for target in re.findall(r"\]\(([^)\s]+)\)", outside_code(source.read_text())):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, fragment = target.partition("#")
+            page = (source.parent / path) if path else source
+            assert page.is_file(), (source.name, target)
+            if fragment:
+                assert fragment in anchors(page.read_text()), (source.name, target)
+            checked += 1
+    assert checked >= 30, checked
+
+
+# `docs/<page>.md, "Section"` as code comments, messages and the README name a place.
+SECTION_REFERENCE = re.compile(r'docs/([\w-]+\.md)`?,? \(?\\?"([^"\\\n]+?)(?: \.\.\.)?\\?"')
+
+
+def names_a_section(page: Path, section: str) -> bool:
+    """`section` begins a heading of `page`, or a bold lead of one of its paragraphs."""
+    text = page.read_text()
+    want = section.replace("`", "")
+    return any(title.replace("`", "").startswith(want) for _, title in headings(text)) or (
+        f"**{section}" in text
+    )
+
+
+def test_every_page_and_section_named_elsewhere_exists():
+    from rastro_assets.alerts import incidents
+
+    sources = [README, *pages(), REPO / ".env.example", REPO / "pyproject.toml"]
+    sources.append(REPO / "bench" / "README.md")
+    for folder in ("rastro_assets", "rastro_assets_tests", "bench"):
+        sources += sorted((REPO / folder).rglob("*.py"))
+    found = 0
+    for source in sources:
+        if source.name == Path(__file__).name:
+            continue
+        for name, section in SECTION_REFERENCE.findall(source.read_text()):
+            assert (DOCS / name).is_file(), (str(source), name)
+            assert names_a_section(DOCS / name, section), (str(source), name, section)
+            found += 1
+    assert found >= 10, found
+    # An incident's "what to do" names its page through RUNBOOK.
+    runbook = REPO / incidents.RUNBOOK
+    assert runbook.is_file(), incidents.RUNBOOK
+    code = Path(incidents.__file__).read_text()
+    sections = re.findall(r'\{RUNBOOK\}, (?:\\|"\s*\')"([^"\\]+)', code)
+    assert len(sections) >= 5, sections
+    for section in sections:
+        assert names_a_section(runbook, section), (incidents.RUNBOOK, section)
+
+
+def test_the_docs_speak_of_the_product_only():
+    """No tracker numbers in the README, the guide or the benchmarks' notes."""
+    for source in (README, *pages(), REPO / "bench" / "README.md"):
+        said = re.findall(r"(?i)\b(?:issue|item) \d+", source.read_text())
+        assert not said, (source.name, said)
+
 
 
 def test_the_guides_services_keep_dagsters_files_private():
     """Dagster's files follow the process umask: each unit denies group and others, and the
     home they live in is the service user's only from its creation."""
-    text = GUIDE.read_text()
+    text = guide_text()
     units = [unit for unit in re.findall(r"```ini\n(.*?)```", text, re.S) if "[Service]" in unit]
     assert len(units) >= 2
     for unit in units:
@@ -171,12 +284,12 @@ def test_the_guides_services_keep_dagsters_files_private():
 
 
 def test_the_guide_explains_every_error_code():
-    headings = re.findall(r"^### ([A-Z_]+)$", GUIDE.read_text(), flags=re.MULTILINE)
+    headings = re.findall(r"^### ([A-Z_]+)$", guide_text(), flags=re.MULTILINE)
     assert set(ERROR_CODES) <= set(headings)
 
 
 def test_the_guide_names_only_real_commands():
-    text = GUIDE.read_text()
+    text = guide_text()
     subparsers = next(
         action
         for action in cli.build_parser()._actions
@@ -191,7 +304,7 @@ def test_the_guide_names_only_real_commands():
 
 
 def test_the_guide_points_at_files_that_exist():
-    text = GUIDE.read_text()
+    text = guide_text()
     for path in ("docs/dagster.scaled.yaml", "rastro_assets_tests/test_docs.py", ".env.example"):
         assert path in text
         assert (REPO / path).exists(), path
@@ -199,7 +312,7 @@ def test_the_guide_points_at_files_that_exist():
 
 def test_the_guides_queries_run(warehouse: Warehouse, linked_account: str, now):
     """Every ```sql block of the guide runs on a warehouse with some history."""
-    queries = re.findall(r"```sql\n(.*?)```", GUIDE.read_text(), flags=re.DOTALL)
+    queries = re.findall(r"```sql\n(.*?)```", guide_text(), flags=re.DOTALL)
     assert len(queries) >= 4
     today = date(2026, 11, 30)
     with warehouse.connect() as con:
@@ -256,7 +369,7 @@ def test_the_docs_snapshot_queries_run(
 ):
     """Every `rastro sql` the README and the guide show answers on a published snapshot."""
     monkeypatch.chdir(tmp_path)  # where an --output file lands
-    commands = sql_commands(README.read_text()) + sql_commands(GUIDE.read_text())
+    commands = sql_commands(README.read_text()) + sql_commands(guide_text())
     assert len(commands) >= 5, commands
     for argv in commands:
         out, err = io.StringIO(), io.StringIO()
@@ -273,7 +386,7 @@ def test_the_docs_snapshot_queries_run(
 def test_the_guides_notebook_examples_run(
     published: Path, duckdb_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    text = GUIDE.read_text()
+    text = guide_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
     assert len(blocks) >= 2 and GUIDE_SNAPSHOT in text
     monkeypatch.setenv("RASTRO_DUCKDB_PATH", str(duckdb_path))
@@ -289,7 +402,7 @@ def test_the_guides_notebook_examples_run(
 
 def test_the_docs_name_the_snapshots_variables():
     example = (REPO / ".env.example").read_text()
-    guide = GUIDE.read_text()
+    guide = guide_text()
     for name in (
         "RASTRO_ANALYTICS_PATH",
         "RASTRO_ANALYTICS_MODE",
@@ -316,7 +429,7 @@ def test_a_hand_run_without_dagster_home_lands_where_the_guide_says(tmp_path: Pa
     from dagster._cli.utils import get_possibly_temporary_instance_for_cli
     from dagster._core.instance.ref import InstanceRef as Ref
 
-    text = " ".join(GUIDE.read_text().split())
+    text = " ".join(guide_text().split())
     assert "from the repo root that is the repo's own" in text
     assert "they land in a temporary instance" in text
     root, elsewhere = tmp_path / "repo", tmp_path / "elsewhere"
@@ -341,7 +454,7 @@ def test_a_hand_run_without_dagster_home_lands_where_the_guide_says(tmp_path: Pa
 def test_the_docs_say_how_the_files_are_found():
     from rastro_assets.settings import CODE_LOCATION_MODULE, DATA_DIR
 
-    guide = " ".join(GUIDE.read_text().split())
+    guide = " ".join(guide_text().split())
     assert "Where the files are, the same from any working directory" in guide
     assert f"its `workspace.yaml` loads `{CODE_LOCATION_MODULE}`" in guide
     assert f"`{DATA_DIR}/` with `rastro.duckdb` or `analytics.duckdb`" in guide
@@ -353,7 +466,7 @@ def test_the_docs_say_how_the_files_are_found():
 def test_the_docs_say_which_duckdb_opens_the_snapshot():
     from rastro_assets.settings import DEFAULT_ANALYTICS_STORAGE_VERSION
 
-    guide = " ".join(GUIDE.read_text().split())
+    guide = " ".join(guide_text().split())
     assert f"`RASTRO_ANALYTICS_STORAGE_VERSION`, default `{DEFAULT_ANALYTICS_STORAGE_VERSION}`" in (
         guide
     )

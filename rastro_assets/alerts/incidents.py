@@ -21,7 +21,7 @@ from rastro_assets.planner.history import PlannedAccount
 from rastro_assets.planner.instants import span, utc, utc_or_none, utc_run
 from rastro_assets.settings import AlertThresholds
 
-RUNBOOK = "docs/operations.md"
+RUNBOOK = "docs/errors.md"
 MAX_NAMED = 20
 """Accounts named in one incident's text; the rest are counted."""
 
@@ -134,7 +134,7 @@ def snapshot_incident(
         detail=f"snapshot: {path}",
         fix=(
             "look at the latest analytics_snapshot run's failure in the Dagster UI; "
-            f"`rastro publish` publishes it by hand ({RUNBOOK}, \"The analytics snapshot\")"
+            '`rastro publish` publishes it by hand (docs/analysts.md, "The analytics snapshot")'
         ),
         since=since,
     )
@@ -369,7 +369,7 @@ _BUILDERS: dict[IncidentKind, _Builder] = {
             f"moved for {span(now - min(each.since for each in found))}"
         ),
         "each account's reason is beside it; `rastro status` shows their progress and "
-        f"next try ({RUNBOOK}, \"The cadence\")",
+        'next try (docs/cadence.md, "The cadence")',
     ),
     IncidentKind.STALE: _grouped(
         IncidentKind.STALE,

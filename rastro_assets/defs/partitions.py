@@ -24,7 +24,7 @@ of Dagster or Meta: the sensors leave it out.
 Moving `FIRST_DATE` either way changes the date dimension's identity: Dagster then
 rebuilds both spend assets' partition-status caches, and a backfill in flight
 that targets a removed day fails. Move it only with no backfill in flight
-(`docs/operations.md`, "The date axis").
+(`docs/cadence.md`, "The date axis").
 """
 
 from __future__ import annotations

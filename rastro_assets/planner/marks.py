@@ -6,7 +6,7 @@ second copy to drift. A good run that read its own local today is a live mark;
 the daily and weekly marks are live marks that also read the trailing days of
 the re-sync, or that ended a backfill or gap fill: its last block reaches today
 and reads the catalog, and the fill has just read every day up to today, so it
-counts as both re-syncs (docs/operations.md, "The cadence").
+counts as both re-syncs (docs/cadence.md, "The cadence").
 
 The planner applies these rules to `SyncRun`s. The history loader looks for
 candidates in SQL, with the predicate beside each rule: it over-approximates

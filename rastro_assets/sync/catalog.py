@@ -348,7 +348,7 @@ class CatalogSyncer(Wiring):
         """The throttled read as a `manual` sync of the account's local today, ended `throttled`.
 
         A throttled catalog read backs the account off as a throttled spend read does
-        (docs/operations.md, "A throttle outside the cadence"); the planner's one state is
+        (docs/errors.md, "A throttle outside the cadence"); the planner's one state is
         `meta_sync_runs`, so this row is what holds the account.
         """
         ended = self.clock()

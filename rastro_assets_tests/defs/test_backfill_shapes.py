@@ -8,7 +8,7 @@ primary dimension), builds ranges along the other, and chunks each range by the 
 read (`account_date_ranges`), so a run cut per date reads every account one day at a time.
 
 For many accounts over a few days, one `meta_sync_wave` run from the Launchpad reads each
-account's range in one read instead; `docs/operations.md` ("Backfills from the UI") shows
+account's range in one read instead; `docs/cadence.md` ("Backfills from the UI") shows
 the config tested here.
 """
 

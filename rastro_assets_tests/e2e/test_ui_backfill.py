@@ -15,7 +15,7 @@ picked rectangle: 5 accounts x the 7 account-local days ending 3 days ago, keys 
 A real `dagster-daemon` starts once the backfill is launched: its backfill daemon takes the
 backfill up on its first iteration instead of up to 30 s later (its fixed interval), and its
 sensors run all along. The backfill must complete successfully in 5 runs (Dagster cuts the
-rectangle into one run per account, `docs/operations.md`, "Backfills from the UI"), each
+rectangle into one run per account, `docs/cadence.md`, "Backfills from the UI"), each
 account's insights read in one Meta call; the warehouse must hold the fake's truth for the 35
 account-days with exact site sums, and every one of the 35 partitions must be materialized.
 
@@ -205,7 +205,7 @@ def ui_backfill(
         env.update(
             {
                 "DAGSTER_HOME": str(home),
-                # docs/operations.md, "Planned events": set on every install.
+                # docs/running.md, "Planned events": set on every install.
                 "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "true",
                 "RASTRO_SECRETS_KEY": secrets_key,
                 "RASTRO_DUCKDB_PATH": str(warehouse.path),

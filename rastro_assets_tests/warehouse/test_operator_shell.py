@@ -15,7 +15,7 @@ import pytest
 from rastro_assets.warehouse.connection import Warehouse
 
 REPO = Path(__file__).resolve().parents[2]
-OPERATIONS = REPO / "docs" / "operations.md"
+OPERATIONS = REPO / "docs" / "errors.md"
 SHELL = Path(sys.executable).with_name("duckdb")
 DOCUMENTED_FILE = "/var/lib/rastro/rastro.duckdb"
 

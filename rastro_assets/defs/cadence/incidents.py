@@ -408,7 +408,7 @@ def _summary(open_now: Sequence[store.StoredIncident]) -> str:
     "fails. The meta_incidents sensor (Automation) evaluates it whenever that changes, so "
     "its own Automation history stays empty; Execute reads the incidents it last stored. "
     "A failure here turns meta_account_health red: its materialization is fine, the "
-    "incidents are what need a person (docs/operations.md, \"Alerts\").",
+    "incidents are what need a person (docs/errors.md, \"Alerts\").",
 )
 def no_open_incidents(context: dg.AssetCheckExecutionContext, rastro: RastroResource):
     channels, channel_problem = configured_channels()

@@ -60,7 +60,7 @@ FIGURES_NOTE = (
     "to its link) are read only when asked for; the newest date is today in UTC+14, and an "
     "account further west records it empty, unread, when asked before its own day begins. "
     "See "
-    'docs/operations.md, "The date axis".'
+    'docs/cadence.md, "The date axis".'
 )
 
 
