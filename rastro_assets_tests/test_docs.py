@@ -242,7 +242,7 @@ def test_every_page_and_section_named_elsewhere_exists():
     from rastro_assets.alerts import incidents
 
     sources = [README, *pages(), REPO / ".env.example", REPO / "pyproject.toml"]
-    sources.append(REPO / "bench" / "README.md")
+    sources += [REPO / "bench" / "README.md", REPO / "dagster.yaml", DOCS / SCALED]
     for folder in ("rastro_assets", "rastro_assets_tests", "bench"):
         sources += sorted((REPO / folder).rglob("*.py"))
     found = 0
