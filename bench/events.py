@@ -22,7 +22,7 @@ floor for a real one, where a network round trip is added to every write.
 (`sslmode: require`, as docs/dagster.scaled.yaml has it) and without. `storage: postgres`
 as `dagster-postgres` ships it opens one for every storage call (its engines use
 SQLAlchemy's `NullPool`), so that cost is part of every event it stores; the scaled config's
-`PooledPostgresStorage` (`rastro_assets/defs/postgres_storage.py`) keeps one a process.
+`PooledPostgresStorage` (`rastro_assets/instance/postgres_storage.py`) keeps one a process.
 
 Run: .venv/bin/python bench/events.py [--events 300] [--rounds 3] [--fill 200000]
      [--connections]

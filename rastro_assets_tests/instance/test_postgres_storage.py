@@ -1,5 +1,5 @@
 """`docs/dagster.scaled.yaml`'s storage keeps each process's Postgres connection open
-(`defs/postgres_storage.py`), on a real server: one server backend serves a process's
+(`instance/postgres_storage.py`), on a real server: one server backend serves a process's
 writes, and a connection the server dropped is replaced without losing a write."""
 
 import contextlib
