@@ -15,7 +15,6 @@ Pure rules over an injected instant, and the history they read. The rows of
 - `instants`: the UTC instants the rules compare, and how reasons print waits.
 - `history`: loads each account's state from the warehouse; `reduced` picks
   the rows the answers depend on, `runs` turns rows into `SyncRun`s.
-- `retention`: prunes `meta_sync_runs` without changing an answer.
 
 Imports nothing from Dagster: only `warehouse/`, `meta/` and the leaves lie below.
 """
