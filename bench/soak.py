@@ -61,11 +61,7 @@ from rastro_assets.timekeeping import days_between, local_date  # noqa: E402
 from rastro_assets.vault import Vault  # noqa: E402
 from rastro_assets.warehouse import registry  # noqa: E402
 from rastro_assets.warehouse.connection import Warehouse  # noqa: E402
-from rastro_assets.warehouse.runs import (  # noqa: E402
-    SyncRunStart,
-    prune_sync_runs,
-    start_sync_runs,
-)
+from rastro_assets.warehouse.runs import SyncRunStart, prune_sync_runs, start_sync_runs  # noqa: E402
 from rastro_fake_graph.app import FakeGraphTransport  # noqa: E402
 from rastro_fake_graph.world import FakeWorld, MutableClock  # noqa: E402
 
@@ -266,9 +262,7 @@ class Soak:
     def prune(self) -> None:
         with self.warehouse.connect() as con:
             before = con.execute("SELECT count(*) FROM meta_sync_runs").fetchone()[0]
-            prune_sync_runs(
-                con, self.clock() - timedelta(days=self.args.retention_days), GAP_AFTER
-            )
+            prune_sync_runs(con, self.clock() - timedelta(days=self.args.retention_days), GAP_AFTER)
             after = con.execute("SELECT count(*) FROM meta_sync_runs").fetchone()[0]
         self.prunes.append((before, after))
 
