@@ -54,14 +54,14 @@ if str(REPO) not in sys.path:
 from rastro_assets.meta.client import MetaClient  # noqa: E402
 from rastro_assets.planner import cadence  # noqa: E402
 from rastro_assets.planner.history import planned_accounts  # noqa: E402
-from rastro_assets.planner.retention import prune_sync_runs  # noqa: E402
+from rastro_assets.planner.rules import GAP_AFTER  # noqa: E402
 from rastro_assets.sync.syncer import Syncer  # noqa: E402
 from rastro_assets.sync.types import SyncRefused, SyncRequest  # noqa: E402
 from rastro_assets.timekeeping import days_between, local_date  # noqa: E402
 from rastro_assets.vault import Vault  # noqa: E402
 from rastro_assets.warehouse import registry  # noqa: E402
 from rastro_assets.warehouse.connection import Warehouse  # noqa: E402
-from rastro_assets.warehouse.runs import SyncRunStart, start_sync_runs  # noqa: E402
+from rastro_assets.warehouse.runs import SyncRunStart, prune_sync_runs, start_sync_runs  # noqa: E402
 from rastro_fake_graph.app import FakeGraphTransport  # noqa: E402
 from rastro_fake_graph.world import FakeWorld, MutableClock  # noqa: E402
 
@@ -262,7 +262,7 @@ class Soak:
     def prune(self) -> None:
         with self.warehouse.connect() as con:
             before = con.execute("SELECT count(*) FROM meta_sync_runs").fetchone()[0]
-            prune_sync_runs(con, self.clock() - timedelta(days=self.args.retention_days))
+            prune_sync_runs(con, self.clock() - timedelta(days=self.args.retention_days), GAP_AFTER)
             after = con.execute("SELECT count(*) FROM meta_sync_runs").fetchone()[0]
         self.prunes.append((before, after))
 

@@ -64,8 +64,7 @@ DUCKDB_ALLOWED = (
 DUCKDB_MOVING = {
     f"{PRODUCT}.{name}"
     for name in (
-        "planner.reduced", "planner.history", "planner.runs", "planner.retention",
-        "sync.catalog", "alerts.ledger", "alerts.look", "demo", "cli.check", "cli.tools", "cli",
+        "alerts.ledger", "demo",
     )
 }
 

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 from datetime import datetime
 
-import duckdb
-
 from rastro_assets.alerts import incidents as found
 from rastro_assets.alerts.incidents import Incident
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.settings import AlertThresholds
 from rastro_assets.warehouse import incidents as store
 from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.connection import Connection
 
 
 def warehouse_incidents(
-    con: duckdb.DuckDBPyConnection, publisher, now: datetime, thresholds: AlertThresholds
+    con: Connection, publisher, now: datetime, thresholds: AlertThresholds
 ) -> tuple[list[Incident], int]:
     """The incidents of the linked accounts and of the snapshot `publisher` publishes (an
     `analytics.publish.Publisher`), and how many accounts are linked."""

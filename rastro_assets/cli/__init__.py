@@ -21,8 +21,6 @@ import signal
 import sys
 from collections.abc import Sequence
 
-import duckdb
-
 from rastro_assets.cli.context import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -35,7 +33,11 @@ from rastro_assets.cli.context import (
 from rastro_assets.meta.errors import MetaError
 from rastro_assets.settings import SettingsError, check_load_time_settings
 from rastro_assets.vault import SecretsKeyError
-from rastro_assets.warehouse.connection import WarehouseLocked, WarehouseUnreadable
+from rastro_assets.warehouse.connection import (
+    WarehouseError,
+    WarehouseLocked,
+    WarehouseUnreadable,
+)
 from rastro_assets.warehouse.registry import RegistryError
 
 __all__ = ["Context", "build_parser", "main", "registrars", "run"]
@@ -116,5 +118,5 @@ def run(argv: Sequence[str] | None, ctx: Context) -> int:
         return ctx.fail(str(exc), EXIT_USAGE)
     except MetaError as exc:
         return ctx.fail(f"Meta: {exc}", EXIT_USAGE)
-    except duckdb.Error as exc:
+    except WarehouseError as exc:
         return ctx.fail(f"the warehouse failed: {exc}", EXIT_FAILED)

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 
-import duckdb
-
 from rastro_assets.alerts import incidents as found
 from rastro_assets.alerts.channels import channels_from_env
 from rastro_assets.alerts.incidents import DAEMON_KINDS, Incident, IncidentKind
@@ -22,7 +20,7 @@ from rastro_assets.analytics.publish import Publisher
 from rastro_assets.cli.context import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Context
 from rastro_assets.settings import AlertThresholds, SettingsError
 from rastro_assets.warehouse import incidents as store
-from rastro_assets.warehouse.connection import WarehouseLocked
+from rastro_assets.warehouse.connection import WarehouseError, WarehouseLocked
 
 EXIT_CANNOT_TELL = EXIT_USAGE
 CHECK_LOCK_WAIT_SECONDS = 10.0
@@ -67,7 +65,7 @@ def open_incidents(ctx: Context) -> tuple[list[Incident], int]:
             last_check = store.last_check(con, store.DAEMON_CHECKER)
     except WarehouseLocked as exc:
         raise CannotTell(str(exc)) from None
-    except (duckdb.Error, OSError) as exc:
+    except (WarehouseError, OSError) as exc:
         raise CannotTell(f"the warehouse at {path} cannot be read: {exc}") from None
     try:
         channels_from_env(ctx.environ)

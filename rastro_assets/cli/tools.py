@@ -15,8 +15,6 @@ import ipaddress
 import os
 from pathlib import Path
 
-import duckdb
-
 from rastro_assets.cli.context import (
     EXIT_FAILED,
     EXIT_OK,
@@ -29,7 +27,8 @@ from rastro_assets.cli.context import (
 )
 from rastro_assets.settings import project_root
 from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault, read_key_file
-from rastro_assets.warehouse.connection import transaction
+from rastro_assets.warehouse.connection import Connection, transaction
+from rastro_assets.warehouse.sealed_tokens import sealed_tokens, store_resealed_tokens
 
 # rotate-key -----------------------------------------------------------------
 
@@ -58,15 +57,7 @@ def _rotate_key(args: argparse.Namespace, ctx: Context) -> int:
         return EXIT_OK
     with warehouse.connect() as con, transaction(con):
         resealed, already = _reseal_all(con, ctx, old, new, old_var)
-        now = ctx.now()
-        for connection_id, sealed in resealed:
-            # `sealed_at` is the token's version, not the ciphertext's: the
-            # token is the same, so runs holding it still count as current.
-            con.execute(
-                "UPDATE meta_connections SET sealed_token = ?, updated_at = ?"
-                " WHERE connection_id = ?",
-                [sealed, now, connection_id],
-            )
+        store_resealed_tokens(con, resealed, ctx.now())
     ctx.say(f"re-sealed {counted(len(resealed), 'token')} under {ENV_VAR}")
     if already:
         names = ", ".join(already)
@@ -106,20 +97,15 @@ def _old_and_new_vaults(ctx: Context, old_var: str) -> tuple[Vault, Vault]:
 
 
 def _reseal_all(
-    con: duckdb.DuckDBPyConnection, ctx: Context, old: Vault, new: Vault, old_var: str
+    con: Connection, ctx: Context, old: Vault, new: Vault, old_var: str
 ) -> tuple[list[tuple[str, bytes]], list[str]]:
     """Every stored token sealed under the new key, and the connections whose token was
     sealed under it already. Writes nothing: a token that opens under neither key would be
     lost, so it stops the whole rotation (UsageError)."""
-    rows = con.execute(
-        "SELECT connection_id, sealed_token FROM meta_connections"
-        " WHERE sealed_token IS NOT NULL ORDER BY connection_id"
-    ).fetchall()
     resealed: list[tuple[str, bytes]] = []
     already: list[str] = []
     unreadable: list[str] = []
-    for connection_id, sealed in rows:
-        sealed = bytes(sealed)
+    for connection_id, sealed in sealed_tokens(con):
         try:
             token = old.open(connection_id, sealed)
         except SecretsKeyError:

@@ -50,9 +50,10 @@ from rastro_assets.defs.dagster_private import (
     SqlEventLogStorageTable,
 )
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.planner.retention import prune_sync_runs
+from rastro_assets.planner.rules import GAP_AFTER
 from rastro_assets.settings import RETENTION
 from rastro_assets.warehouse.connection import WarehouseLocked
+from rastro_assets.warehouse.runs import prune_sync_runs
 
 RETENTION_SENSOR_SECONDS = RETENTION.sensor_seconds
 RUN_RETENTION = RETENTION.runs
@@ -322,7 +323,7 @@ def retention_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource
     done = f"deleted {tick.events_deleted} superseded events and {tick.runs_deleted} old runs"
     try:
         with rastro.warehouse().connect() as con:
-            pruned = prune_sync_runs(con, now - SYNC_RUN_RETENTION)
+            pruned = prune_sync_runs(con, now - SYNC_RUN_RETENTION, GAP_AFTER)
     except WarehouseLocked as exc:
         return dg.SensorResult(
             skip_reason=f"{done}; the warehouse is busy: {exc}", cursor=tick.cursor.to_json()

@@ -6,16 +6,16 @@ Pure rules over an injected instant, and the history they read. The rows of
 
 - `state`: what the planner knows of an account (its runs, its connection, its
   recent delivery, for the idle rule).
-- `marks`: the live, daily and weekly marks a run earns, each beside the SQL
-  that over-approximates it.
+- `marks`: the live, daily and weekly marks a run earns (the warehouse
+  over-approximates each to find candidates).
 - `rules`: one rule per kind of read (backfill, gap, weekly, daily, live).
 - `coverage`: which days good runs have read (backfill and gap progress).
 - `backoff`: what holds the next sync back (a run in flight, failures, usage).
 - `cadence`: `plan` and `status` from those, and the freshness rule.
 - `instants`: the UTC instants the rules compare, and how reasons print waits.
-- `history`: loads each account's state from the warehouse; `reduced` picks
-  the rows the answers depend on, `runs` turns rows into `SyncRun`s.
-- `retention`: prunes `meta_sync_runs` without changing an answer.
+- `history`: each account's state from what the warehouse read; `reduced` picks
+  the rows the answers depend on, asking the warehouse's reads; `runs` turns rows
+  into `SyncRun`s. The planner runs no SQL: the statements are `warehouse/`'s.
 
 Imports nothing from Dagster: only `warehouse/`, `meta/` and the leaves lie below.
 """

@@ -9,10 +9,11 @@ and reads the catalog, and the fill has just read every day up to today, so it
 counts as both re-syncs (docs/cadence.md, "The cadence").
 
 The planner applies these rules to `SyncRun`s. The history loader looks for
-candidates in SQL, with the predicate beside each rule: it over-approximates
-the rule on day numbers of `since`, `until` and the UTC day of the start (a
-run's local start day is within one day of that, so each bound gets a day of
-slack), and the loader then checks the rule itself (`MARK_RULES`).
+candidates with the warehouse's predicates (`warehouse.run_history.mark_predicates`,
+given `DAILY_DAYS` and `WEEKLY_DAYS`), which over-approximate each rule on day numbers
+of `since`, `until` and the UTC day of the start (a run's local start day is within
+one day of that, so each bound gets a day of slack); a change to a rule here is a
+change to its predicate there. The loader then checks the rule itself (`MARK_RULES`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,6 @@ WEEKLY_DAYS = 28
 
 _DAILY_SPAN = timedelta(days=DAILY_DAYS - 1)
 _WEEKLY_SPAN = timedelta(days=WEEKLY_DAYS - 1)
-_DAY_US = 86_400_000_000
-# The local start day, over-approximated: the UTC start day plus one.
-_START_DAY = f"epoch_us(started_at) // {_DAY_US} + 1"
-_FILL_SQL = "kind IN ({})".format(", ".join(f"'{kind}'" for kind in FILL_KINDS))
 
 
 def is_live_mark(run: SyncRun, started_on: date) -> bool:
@@ -43,11 +40,6 @@ def is_live_mark(run: SyncRun, started_on: date) -> bool:
     )
 
 
-_LIVE_SQL = f"""
-    outcome = 'ok' AND since - DATE '1970-01-01' <= {_START_DAY}
-        AND until - DATE '1970-01-01' >= epoch_us(started_at) // {_DAY_US} - 1"""
-
-
 def is_daily_mark(run: SyncRun, started_on: date) -> bool:
     """A live mark that also read the catalog and the trailing `DAILY_DAYS`, or ended a fill."""
     return is_live_mark(run, started_on) and reads_daily(run, started_on)
@@ -56,13 +48,6 @@ def is_daily_mark(run: SyncRun, started_on: date) -> bool:
 def reads_daily(run: SyncRun, started_on: date) -> bool:
     """What `is_daily_mark` asks beyond a live mark, for a run already known to be one."""
     return run.catalog and (run.kind in FILL_KINDS or run.since <= started_on - _DAILY_SPAN)
-
-
-_DAILY_SQL = f"""
-    outcome = 'ok' AND catalog
-        AND ({_FILL_SQL}
-            OR since - DATE '1970-01-01' <= {_START_DAY} - {DAILY_DAYS - 1})
-        AND until - DATE '1970-01-01' >= epoch_us(started_at) // {_DAY_US} - 1"""
 
 
 def is_weekly_mark(run: SyncRun, started_on: date) -> bool:
@@ -75,13 +60,4 @@ def reads_weekly(run: SyncRun, started_on: date) -> bool:
     return run.kind in FILL_KINDS or run.since <= started_on - _WEEKLY_SPAN
 
 
-_WEEKLY_SQL = f"""
-    outcome = 'ok'
-        AND ({_FILL_SQL}
-            OR since - DATE '1970-01-01' <= {_START_DAY} - {WEEKLY_DAYS - 1})
-        AND until - DATE '1970-01-01' >= epoch_us(started_at) // {_DAY_US} - 1"""
-
 MARK_RULES = {"live": is_live_mark, "daily": is_daily_mark, "weekly": is_weekly_mark}
-# A boolean expression over a `meta_sync_runs` row per mark, true for every run that
-# earns it (and for some that do not).
-MARK_SQL = {"live": _LIVE_SQL, "daily": _DAILY_SQL, "weekly": _WEEKLY_SQL}

@@ -23,6 +23,9 @@ the last RECENT) gets its full history. The scans: the last day and week of
 rows (row groups are in start order), every row's outcome and kind, and the
 chosen rows. The answers are the same for any planner instant from the
 newest start recorded in the warehouse and the account's link on.
+
+The statements are the warehouse's (`warehouse.run_history.ReducedReads`); this module
+decides what to ask next from what they answered.
 """
 
 from __future__ import annotations
@@ -32,92 +35,38 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-import duckdb
-
 from rastro_assets.planner.coverage import BACKFILL_DAYS, first_unread_day
-from rastro_assets.planner.marks import DAILY_DAYS, MARK_RULES, MARK_SQL
+from rastro_assets.planner.marks import DAILY_DAYS, MARK_RULES, WEEKLY_DAYS
 from rastro_assets.planner.rules import GAP_AFTER
-from rastro_assets.planner.runs import COLUMNS, epoch_us, instant, sync_run, sync_runs_by_account
+from rastro_assets.planner.runs import epoch_us, instant, runs_by_account, sync_run
 from rastro_assets.planner.state import SyncRun
 from rastro_assets.timekeeping import zone
+from rastro_assets.warehouse.run_history import (
+    MARK_KINDS,
+    BucketRow,
+    ReducedReads,
+    ReducedShape,
+    SummaryRow,
+)
 
 _DAY_US = 86_400_000_000
 _BUCKET_DAYS = 13  # two buckets < GAP_AFTER: a pause of 26 days empties a bucket
 _BUCKET_US = _BUCKET_DAYS * _DAY_US
 _GAP_US = (GAP_AFTER.days * 86_400 + GAP_AFTER.seconds) * 1_000_000 + GAP_AFTER.microseconds
 RECENT = timedelta(days=1)
-
-_MARK_KINDS = ("live", "daily", "weekly")
-# Each mark's SQL superset (`marks.MARK_SQL`) as a column; `_qualifies` then applies
-# the exact rules in Python.
-_MARK_COLUMNS = (
-    "rowid AS rid, ad_account_id, started_at, finished_at, outcome = 'ok' AS ok, kind,"
-    + ",".join(f"{MARK_SQL[kind]} AS {kind}" for kind in _MARK_KINDS)
-)
-_MARKS = """
-       epoch_us(max(started_at) FILTER (live)), arg_max(rid, started_at) FILTER (live),
-       epoch_us(max(started_at) FILTER (daily)), arg_max(rid, started_at) FILTER (daily),
-       epoch_us(max(started_at) FILTER (weekly)), arg_max(rid, started_at) FILTER (weekly)
-"""
-
-# Per account: the last good start, the good run that finished last, and each
-# mark's latest candidate. {where} bounds the scan: rows are appended in start
-# order, so a bound on started_at skips most row groups.
-_SUMMARY = f"""
-SELECT ad_account_id,
-       epoch_us(max(started_at) FILTER (ok)),
-       epoch_us(max(finished_at) FILTER (ok)),
-       arg_max(rid, finished_at) FILTER (ok AND finished_at IS NOT NULL),
-       {_MARKS}
-FROM (SELECT {_MARK_COLUMNS} FROM meta_sync_runs WHERE {{where}})
-GROUP BY ad_account_id
-"""
-
-# Good runs that finished after `floor` though they started before the window.
-_LATE_FINISHES = """
-SELECT ad_account_id, epoch_us(max(finished_at)) FROM meta_sync_runs
-WHERE outcome = 'ok' AND started_at < ? AND finished_at > ?
-GROUP BY ad_account_id
-"""
-
-# Per account and 13-day bucket of the start: the bucket's last good run and
-# the good backfill and gap runs. {where} first leaves out the live syncs (the
-# daily re-syncs alone are one a day), then takes every good run, for the
-# accounts where that left a bucket empty.
-_BUCKETS = f"""
-SELECT ad_account_id, epoch_us(started_at) // {_BUCKET_US}, epoch_us(max(started_at)),
-       arg_max(rowid, started_at), list(rowid) FILTER (kind IN ('backfill', 'gap'))
-FROM meta_sync_runs
-WHERE outcome = 'ok' AND {{where}}
-GROUP BY ALL
-"""
-_NOT_LIVE = "kind <> 'live'"
 # A daily mark older than RECENT, or a weekly one older than a week, changes no
 # answer (the daily slot and the weekly interval are shorter), so the daily and
 # weekly candidates are read from the last week: the runs of 7 days or more.
-_WEEK = f"started_at >= ? AND (kind <> 'live' OR until - since >= {DAILY_DAYS - 1})"
 _WEEK_WINDOW = timedelta(days=7)
 
-# The rows chosen by rowid, the runs from each account's latest ok run on, and
-# every unfinished run (rare; their NULLs are in the row-group statistics).
-_FETCH = f"""
-SELECT {COLUMNS.format(t='')} FROM meta_sync_runs WHERE rowid IN (SELECT unnest($rids::BIGINT[]))
-UNION ALL
-SELECT {COLUMNS.format(t='r.')}
-FROM meta_sync_runs r
-JOIN (SELECT unnest($ids::VARCHAR[]) AS ad_account_id, unnest($since::TIMESTAMPTZ[]) AS since) k
-  ON r.ad_account_id = k.ad_account_id AND r.started_at >= k.since
-WHERE r.started_at >= $earliest
-UNION ALL
-SELECT {COLUMNS.format(t='')} FROM meta_sync_runs
-WHERE outcome IS NULL AND finished_at IS NULL
-ORDER BY 1, 6, 2
-"""
+READ_SHAPE = ReducedShape(daily_days=DAILY_DAYS, weekly_days=WEEKLY_DAYS, bucket_us=_BUCKET_US)
+"""How the reads `planner_runs_by_account` is handed must be cut."""
 
 
 @dataclass
 class _Summary:
-    """One account's figures from SQL; instants in microseconds since the epoch."""
+    """One account's figures from the warehouse's summary rows (`SummaryRow`); instants in
+    microseconds since the epoch."""
 
     last_ok: int
     finished: int | None
@@ -128,15 +77,15 @@ class _Summary:
     coverage: list[int] = field(default_factory=list)
 
     @classmethod
-    def of(cls, row: Sequence) -> _Summary:
+    def of(cls, row: SummaryRow) -> _Summary:
         summary = cls(row[1], row[2], row[3], [])
         summary.add_marks(row[4:])
         return summary
 
-    def add_marks(self, row: Sequence, kinds: Sequence[str] = _MARK_KINDS) -> None:
+    def add_marks(self, row: Sequence, kinds: Sequence[str] = MARK_KINDS) -> None:
         """Keep the later candidate of each mark, from (started, rowid) pairs in kind order."""
         latest = {kind: (at, rid) for at, rid, kind in self.marks}
-        for index, kind in enumerate(_MARK_KINDS):
+        for index, kind in enumerate(MARK_KINDS):
             at, rid = row[2 * index], row[2 * index + 1]
             if kind in kinds and rid is not None and (kind not in latest or at > latest[kind][0]):
                 latest[kind] = (at, rid)
@@ -148,54 +97,57 @@ class _Summary:
 
 
 def planner_runs_by_account(
-    con: duckdb.DuckDBPyConnection,
+    reads: ReducedReads,
     accounts: Mapping[str, tuple[datetime, str]],
 ) -> dict[str, list[SyncRun]]:
     """The runs the planner's answers depend on, by account, oldest first.
 
     Args:
+        reads: the warehouse's reduced reads, cut by `READ_SHAPE`.
         accounts: each account's link instant and timezone.
     """
+    if reads.shape != READ_SHAPE:
+        raise ValueError(f"the reads are cut by {reads.shape}, the planner by {READ_SHAPE}")
     if not accounts:
         return {}
-    newest = con.execute("SELECT max(started_at) FROM meta_sync_runs").fetchall()[0][0]
+    newest = reads.newest_start()
     if newest is None:
         return {}
-    summaries = _summaries(con, accounts, newest)
+    summaries = _summaries(reads, accounts, newest)
     link = {account: epoch_us(linked_at) for account, (linked_at, _) in accounts.items()}
-    _keep_unbroken(con, summaries, link)
+    _keep_unbroken(reads, summaries, link)
     # Accounts without a good run (the planner reads every failure) or with a pause.
     full = set(accounts) - set(summaries)
     history: dict[str, list[SyncRun]] = defaultdict(list)
     if summaries:
-        history.update(_kept_runs(con, summaries, link))
+        history.update(_kept_runs(reads, summaries, link))
         for account, summary in summaries.items():
             linked_at, timezone = accounts[account]
             if not _exact(history.get(account, []), summary, linked_at, timezone):
                 full.add(account)
     if full:
-        history.update(sync_runs_by_account(con, sorted(full)))
+        history.update(runs_by_account(reads.rows_of(sorted(full))))
     return dict(history)
 
 
 def _summaries(
-    con: duckdb.DuckDBPyConnection,
+    reads: ReducedReads,
     accounts: Mapping[str, tuple[datetime, str]],
     newest: datetime,
 ) -> dict[str, _Summary]:
     """Each account's last good run and mark candidates, where SQL can bound them."""
     horizon = newest - RECENT
     summaries: dict[str, _Summary] = {}
-    for row in con.execute(_SUMMARY.format(where="started_at >= ?"), [horizon]).fetchall():
+    for row in reads.summaries_from(horizon):
         if row[0] in accounts and row[1] is not None:
             summaries[row[0]] = _Summary.of(row)
     if summaries:
         floor = instant(min(s.finished or s.last_ok for s in summaries.values()))
-        for account, finished in con.execute(_LATE_FINISHES, [horizon, floor]).fetchall():
+        for account, finished in reads.late_finishes(horizon, floor):
             summary = summaries.get(account)
             if summary is not None and (summary.finished is None or finished > summary.finished):
                 del summaries[account]  # a good run that took over RECENT: ask all rows
-    for row in con.execute(_SUMMARY.format(where=_WEEK), [newest - _WEEK_WINDOW]).fetchall():
+    for row in reads.trailing_summaries_from(newest - _WEEK_WINDOW):
         if row[0] in summaries:
             # Not the live mark: the latest live candidate is the window's, or none.
             summaries[row[0]].add_marks(row[4:], ("daily", "weekly"))
@@ -203,18 +155,21 @@ def _summaries(
                   or not summaries[account].has_live)
     if idle:
         # No good (live) run lately: the marks and the last good run may be anywhere.
-        where = "ad_account_id IN (SELECT unnest(?::VARCHAR[]))"
-        for row in con.execute(_SUMMARY.format(where=where), [idle]).fetchall():
+        for row in reads.summaries_of(idle):
             if row[1] is not None:
                 summaries[row[0]] = _Summary.of(row)
     return summaries
 
 
 def _keep_unbroken(
-    con: duckdb.DuckDBPyConnection, summaries: dict[str, _Summary], link: Mapping[str, int]
+    reads: ReducedReads, summaries: dict[str, _Summary], link: Mapping[str, int]
 ) -> None:
-    """Read each account's buckets; drop the accounts where a bucket has no good run."""
-    _read_buckets(con, summaries, _NOT_LIVE)
+    """Read each account's buckets; drop the accounts where a bucket has no good run.
+
+    The buckets are first read without the live syncs, then with every good run for
+    the accounts where that left a bucket empty.
+    """
+    _add_buckets(summaries, reads.good_run_buckets())
     broken = [a for a, s in summaries.items() if not _buckets_unbroken(s, link[a])]
     if not broken:
         return
@@ -222,16 +177,20 @@ def _keep_unbroken(
         summaries[account].buckets.clear()
         summaries[account].points.clear()
         summaries[account].coverage.clear()
-    _read_buckets(con, summaries, "ad_account_id IN (SELECT unnest(?::VARCHAR[]))", [broken])
+    _add_buckets(summaries, reads.good_run_buckets(broken))
     for account in broken:
         if not _buckets_unbroken(summaries[account], link[account]):
             del summaries[account]
 
 
 def _kept_runs(
-    con: duckdb.DuckDBPyConnection, summaries: dict[str, _Summary], link: Mapping[str, int]
+    reads: ReducedReads, summaries: dict[str, _Summary], link: Mapping[str, int]
 ) -> dict[str, list[SyncRun]]:
-    """The chosen rows of the summarised accounts, by account, oldest first."""
+    """The chosen rows of the summarised accounts, by account, oldest first.
+
+    The rows chosen by rowid, the runs from each account's latest ok run on, and every
+    unfinished run.
+    """
     rids: set[int] = set()
     for account, summary in summaries.items():
         rids.update(summary.coverage)
@@ -239,14 +198,10 @@ def _kept_runs(
         if summary.finished_rid is not None:
             rids.add(summary.finished_rid)
         rids.update(_anchor_rids(summary, link[account]))
-    since = [instant(summary.last_ok) for summary in summaries.values()]
-    rows = con.execute(
-        _FETCH,
-        {"rids": sorted(rids), "ids": list(summaries), "since": since, "earliest": min(since)},
-    ).fetchall()
+    since = {account: instant(summary.last_ok) for account, summary in summaries.items()}
     history: dict[str, list[SyncRun]] = defaultdict(list)
     previous = None
-    for row in rows:
+    for row in reads.chosen_rows(sorted(rids), since):
         key = (row[0], row[1])
         if key != previous and row[0] in summaries:  # a row may come from two branches
             history[row[0]].append(sync_run(row[1:]))
@@ -254,13 +209,8 @@ def _kept_runs(
     return history
 
 
-def _read_buckets(
-    con: duckdb.DuckDBPyConnection,
-    summaries: dict[str, _Summary],
-    where: str,
-    params: list[object] | None = None,
-) -> None:
-    for row in con.execute(_BUCKETS.format(where=where), params or []).fetchall():
+def _add_buckets(summaries: dict[str, _Summary], rows: Sequence[BucketRow]) -> None:
+    for row in rows:
         summary = summaries.get(row[0])
         if summary is not None:
             summary.buckets.add(row[1])

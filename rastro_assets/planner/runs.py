@@ -1,4 +1,4 @@
-"""`meta_sync_runs` rows as the planner's `SyncRun`s."""
+"""`meta_sync_runs` rows (`warehouse.run_history`) as the planner's `SyncRun`s."""
 
 from __future__ import annotations
 
@@ -6,41 +6,23 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import UTC, date, datetime, timedelta
 
-import duckdb
-
 from rastro_assets.planner.state import SyncRun
+from rastro_assets.warehouse.run_history import RunRow
 
-# Instants come back as microseconds since the epoch: DuckDB's conversion to
-# zone-aware datetimes costs several times what `instant` does.
-COLUMNS = (
-    "{t}ad_account_id, {t}run_id, {t}kind, {t}since, {t}until, epoch_us({t}started_at),"
-    " epoch_us({t}finished_at), {t}outcome, {t}error, {t}catalog, {t}usage_pct,"
-    " epoch_us({t}regain_at), {t}incomplete_days"
-)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def sync_runs_by_account(
-    con: duckdb.DuckDBPyConnection,
-    ad_account_ids: Iterable[str] | None = None,
-) -> dict[str, list[SyncRun]]:
-    """Every recorded sync, grouped by account, oldest first."""
-    query = f"SELECT {COLUMNS.format(t='')} FROM meta_sync_runs"
-    params: list[object] = []
-    if ad_account_ids is not None:
-        ids = list(ad_account_ids)
-        if not ids:
-            return {}
-        query += " WHERE ad_account_id IN (SELECT unnest(?))"
-        params.append(ids)
-    query += " ORDER BY ad_account_id, started_at, run_id"
+def runs_by_account(rows: Iterable[RunRow]) -> dict[str, list[SyncRun]]:
+    """The runs of `rows`, grouped by account, in the rows' order (`sync_run_rows`'s:
+    oldest first)."""
     history: dict[str, list[SyncRun]] = defaultdict(list)
-    for row in con.execute(query, params).fetchall():
+    for row in rows:
         history[row[0]].append(sync_run(row[1:]))
     return dict(history)
 
 
 def sync_run(row: Sequence) -> SyncRun:
+    """The run of a `RunRow` without its account."""
     (
         run_id,
         kind,

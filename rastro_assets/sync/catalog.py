@@ -23,8 +23,6 @@ from datetime import datetime, timedelta
 from itertools import islice
 from typing import TypeVar
 
-import duckdb
-
 from rastro_assets.meta.client import MetaClient
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.meta.models import Ad
@@ -42,6 +40,7 @@ from rastro_assets.vault import SecretsKeyError
 from rastro_assets.warehouse import catalog as store
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse import thumbnails as pictures
+from rastro_assets.warehouse.connection import Connection
 from rastro_assets.warehouse.errors import AccountNotLinked
 from rastro_assets.warehouse.runs import SyncRunEnd, SyncRunStart, record_finished_run
 
@@ -74,7 +73,7 @@ T = TypeVar("T")
 
 
 def _missing_names(
-    con: duckdb.DuckDBPyConnection, account: registry.LinkedAccount, now: datetime
+    con: Connection, account: registry.LinkedAccount, now: datetime
 ) -> list[str]:
     """The ads that brought leads lately but have no name yet, at most `MAX_MISSING_NAMES`."""
     since = local_date(now, account.timezone) - timedelta(days=MISSING_NAMES_LOOKBACK_DAYS)

@@ -30,7 +30,8 @@ from rastro_assets.sync.types import (
 from rastro_assets.timekeeping import local_date
 from rastro_assets.vault import SecretsKeyError
 from rastro_assets.warehouse import registry
-from rastro_assets.warehouse.connection import transaction
+from rastro_assets.warehouse.busiest_days import most_ad_rows_in_a_day
+from rastro_assets.warehouse.connection import Connection, transaction
 from rastro_assets.warehouse.runs import (
     SyncKey,
     SyncRunEnd,
@@ -219,7 +220,7 @@ def _no_batches() -> Generator[SpendBatch, None, None]:
     yield from ()
 
 
-def busiest_days(con, targets: Sequence[Target]) -> dict[str, int]:
+def busiest_days(con: Connection, targets: Sequence[Target]) -> dict[str, int]:
     """Each target account's most ad rows in one day, from `SIZING_HISTORY_DAYS` before
     the earliest range asked on.
 
@@ -230,15 +231,7 @@ def busiest_days(con, targets: Sequence[Target]) -> dict[str, int]:
         return {}
     earliest = min(target.request.since for target in targets)
     accounts = sorted({target.request.ad_account_id for target in targets})
-    found = con.execute(
-        "SELECT ad_account_id, max(n) FROM ("
-        " SELECT ad_account_id, day, count(*) AS n FROM ad_spend_daily"
-        " WHERE day >= ? AND ad_account_id IN (SELECT unnest(?::VARCHAR[]))"
-        " GROUP BY ad_account_id, day"
-        ") GROUP BY ad_account_id",
-        [earliest - timedelta(days=SIZING_HISTORY_DAYS), accounts],
-    ).fetchall()
-    return {account: int(rows) for account, rows in found}
+    return most_ad_rows_in_a_day(con, accounts, earliest - timedelta(days=SIZING_HISTORY_DAYS))
 
 
 def _with_catalog_if_last_block(request: SyncRequest, today: date) -> SyncRequest:

@@ -2,14 +2,15 @@
 
 A row is written when a sync starts (finished_at NULL: the lease) and
 completed when it ends, so a run that dies is visible as an unfinished row.
-The planner reads these rows back (`planner.history`).
+The planner reads these rows back (`warehouse.run_history`); `prune_sync_runs`
+trims them without changing what it answers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 
 import duckdb
 import pyarrow as pa
@@ -168,3 +169,60 @@ def open_sync_runs(
         params.append(list(accounts))
     found = con.execute(query, params).fetchall()
     return [(run_id, account, since) for run_id, account, since in found]
+
+
+# Per account, the good runs that stay whatever else goes: ok runs started before
+# `older_than` that are not live reads, the first ok run from `older_than` on, and the
+# latest ok run. An old live read goes when the nearest of these before it and the nearest
+# after it start at most `gap_after` apart; the ASOF joins find those two.
+_PRUNE = """
+WITH staying AS (
+    SELECT ad_account_id, started_at FROM meta_sync_runs
+    WHERE outcome = 'ok' AND started_at < $older_than AND kind IS DISTINCT FROM 'live'
+    UNION ALL
+    SELECT ad_account_id, min(started_at) FROM meta_sync_runs
+    WHERE outcome = 'ok' AND started_at >= $older_than GROUP BY ad_account_id
+    UNION ALL
+    SELECT ad_account_id, max(started_at) FROM meta_sync_runs
+    WHERE outcome = 'ok' GROUP BY ad_account_id
+),
+old_live AS (
+    SELECT rowid AS rid, ad_account_id, started_at FROM meta_sync_runs
+    WHERE outcome = 'ok' AND kind = 'live' AND started_at < $older_than
+      AND finished_at IS NOT NULL
+),
+bridged AS (
+    SELECT r.rid
+    FROM old_live r
+    ASOF JOIN staying before
+      ON r.ad_account_id = before.ad_account_id AND r.started_at > before.started_at
+    ASOF JOIN staying after
+      ON r.ad_account_id = after.ad_account_id AND r.started_at < after.started_at
+    WHERE epoch_us(after.started_at) - epoch_us(before.started_at) <= $gap_after_us
+)
+DELETE FROM meta_sync_runs
+WHERE started_at < $older_than
+  AND finished_at IS NOT NULL
+  AND (outcome IS DISTINCT FROM 'ok' OR rowid IN (SELECT rid FROM bridged))
+RETURNING 1
+"""
+
+
+def prune_sync_runs(
+    con: duckdb.DuckDBPyConnection, older_than: datetime, gap_after: timedelta
+) -> int:
+    """Delete finished rows started before `older_than` that nothing needs; how many went.
+
+    The planner derives everything from these rows, and fills a pause of more than
+    `gap_after` between good runs (`planner.rules.GAP_AFTER`). So every row started from
+    `older_than` on stays, every unfinished row, and every ok run that is not a live read:
+    backfill and gap runs prove that the 90 days up to the link and each pause were read,
+    and the daily and weekly re-syncs, one a local day, bridge the pauses. Older failures go.
+
+    An older ok live read (32 a day) goes only where the nearest runs that stay before and
+    after it start at most `gap_after` apart, so pruning makes no pause that was not there.
+    The live reads next to a pause stay (the planner measures the pause, and the gap it
+    owes, from them), and so does each account's latest ok run.
+    """
+    params = {"older_than": older_than, "gap_after_us": gap_after // timedelta(microseconds=1)}
+    return len(con.execute(_PRUNE, params).fetchall())

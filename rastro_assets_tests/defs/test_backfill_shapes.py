@@ -37,8 +37,9 @@ from rastro_assets.defs.keys import (
     SITE_SPEND_DAILY,
 )
 from rastro_assets.defs.partitions import account_date_ranges, spend_shard
-from rastro_assets.planner.runs import sync_runs_by_account
+from rastro_assets.planner.runs import runs_by_account
 from rastro_assets.timekeeping import days_between
+from rastro_assets.warehouse.run_history import sync_run_rows
 from rastro_assets_tests.truth import assert_equals_truth
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
 
@@ -157,7 +158,7 @@ def test_one_manual_wave_reads_each_accounts_week_in_one_insights_call(
         for account in WAVE_ACCOUNTS:
             assert_equals_truth(con, linked_world, account, WAVE_FIRST, WAVE_LAST)
         assert_site_spend_exact(con)
-        history = sync_runs_by_account(con)
+        history = runs_by_account(sync_run_rows(con))
     assert {
         account: [(run.kind, run.outcome, run.since, run.until) for run in runs]
         for account, runs in history.items()

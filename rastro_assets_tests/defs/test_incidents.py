@@ -22,8 +22,9 @@ from rastro_assets.alerts.channels import EMAIL_TO_VAR, SMTP_URL_VAR, WEBHOOK_UR
 from rastro_assets.defs.cadence.incidents import INCIDENTS_SENSOR, meta_incidents_sensor
 from rastro_assets.defs.keys import NO_OPEN_INCIDENTS, RANGE_END_TAG, RANGE_START_TAG
 from rastro_assets.defs.spend.fill import build_spend_fill
-from rastro_assets.planner.history import sync_runs_by_account
+from rastro_assets.planner.runs import runs_by_account
 from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.run_history import sync_run_rows
 from rastro_assets_tests.alerts.receivers import (
     SMTP_PASSWORD,
     SMTP_PASSWORD_IN_URL,
@@ -144,7 +145,7 @@ def sync_both(instance, rastro_at, fake_clock, at: datetime, *, succeeds: bool =
 
 def last_outcomes(warehouse) -> dict[str, str]:
     with warehouse.connect(read_only=True) as con:
-        runs = sync_runs_by_account(con)
+        runs = runs_by_account(sync_run_rows(con))
     return {account: history[-1].outcome for account, history in runs.items()}
 
 

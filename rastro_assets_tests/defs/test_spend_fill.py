@@ -21,8 +21,9 @@ from rastro_assets.defs.keys import (
     fill_key,
 )
 from rastro_assets.defs.spend.fill import build_spend_fill
-from rastro_assets.planner.runs import sync_runs_by_account
+from rastro_assets.planner.runs import runs_by_account
 from rastro_assets.timekeeping import days_between
+from rastro_assets.warehouse.run_history import sync_run_rows
 from rastro_assets_tests.conftest import NOW
 from rastro_assets_tests.truth import assert_equals_truth
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
@@ -57,7 +58,7 @@ def test_one_run_reads_every_accounts_ninety_days_in_three_blocks_each(
         for account in ACCOUNTS:
             assert_equals_truth(con, linked_world, account, FIRST, TODAY)
         assert_site_spend_exact(con)
-        history = sync_runs_by_account(con)
+        history = runs_by_account(sync_run_rows(con))
     for account in ACCOUNTS:
         runs = history[account]
         assert [(run.since, run.until, run.outcome) for run in runs] == [
@@ -129,7 +130,7 @@ def test_one_accounts_throttle_leaves_the_others_days_recorded_and_fails_only_it
     assert spend_partitions_of(instance, "act_202") == set()
     with warehouse.connect() as con:
         assert_equals_truth(con, linked_world, "act_101", FIRST, TODAY)
-        [run] = sync_runs_by_account(con)["act_202"]
+        [run] = runs_by_account(sync_run_rows(con))["act_202"]
     assert (run.outcome, run.since, run.until) == (
         "throttled",
         TODAY - timedelta(days=29),

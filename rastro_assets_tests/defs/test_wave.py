@@ -9,7 +9,8 @@ from pathlib import Path
 
 from rastro_assets.defs.keys import AD_SPEND_DAILY
 from rastro_assets.defs.sum_check import failing_sum_check_partitions, sum_check_evaluations
-from rastro_assets.planner.history import sync_runs_by_account
+from rastro_assets.planner.runs import runs_by_account
+from rastro_assets.warehouse.run_history import sync_run_rows
 from rastro_assets_tests.conftest import NOW
 from rastro_assets_tests.defs import waves
 from rastro_assets_tests.defs.conftest import TODAY
@@ -48,7 +49,7 @@ def test_a_wave_syncs_every_account_and_records_what_changed(
         for account in ("act_101", "act_202"):
             assert_equals_truth(con, linked_world, account, TODAY - timedelta(days=1), TODAY)
         assert_site_spend_exact(con)
-        runs = sync_runs_by_account(con)
+        runs = runs_by_account(sync_run_rows(con))
     assert {account: [run.kind for run in history] for account, history in runs.items()} == {
         "act_101": ["live"],
         "act_202": ["live"],
@@ -79,7 +80,7 @@ def test_one_failing_account_does_not_stop_the_wave(instance, rastro, warehouse,
     assert result.success
     assert {partition.split("|")[0] for partition in spend_materializations(result)} == {"act_202"}
     with warehouse.connect() as con:
-        runs = sync_runs_by_account(con)
+        runs = runs_by_account(sync_run_rows(con))
     assert runs["act_101"][-1].outcome == "permission"
     assert runs["act_202"][-1].outcome == "ok"
 

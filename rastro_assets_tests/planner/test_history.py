@@ -1,7 +1,7 @@
 """The planner's reduced history gives the answers every row would give.
 
 `planned_accounts` loads only the runs the planner's answers depend on
-(`history.planner_runs_by_account`); these histories check that plans, statuses and
+(`reduced.planner_runs_by_account`); these histories check that plans, statuses and
 freshness are those of the full history at instants from the newest run on.
 """
 

@@ -12,10 +12,11 @@ import pytest
 
 from rastro_assets.meta.models import Ad, InsightRow, insight_table
 from rastro_assets.planner import cadence
-from rastro_assets.planner.history import deliveries, planned_accounts
+from rastro_assets.planner.history import planned_accounts
 from rastro_assets.planner.state import AccountState, Delivery, SyncRun
 from rastro_assets.timekeeping import local_date
 from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.account_states import recent_deliveries
 from rastro_assets.warehouse.catalog import upsert_catalog
 from rastro_assets.warehouse.spend import write_spend
 from rastro_assets_tests.conftest import record_sync_run
@@ -229,7 +230,7 @@ def test_planned_accounts_loads_each_account_s_delivery(warehouse_accounts):
     assert planned["act_13"].delivery == Delivery(last_spend_day=None, active_ad=True)
     [named] = planned_accounts(con, ["act_10"])
     assert named.state.delivery == planned["act_10"].delivery
-    assert deliveries(con, []) == {}
+    assert recent_deliveries(con, []) == {}
 
 
 def test_the_first_spend_written_wakes_an_idle_account(warehouse_accounts):

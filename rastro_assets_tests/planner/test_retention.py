@@ -1,4 +1,4 @@
-"""Pruning `meta_sync_runs` deletes what nothing needs and changes no plan."""
+"""Pruning `meta_sync_runs` (`warehouse.runs`) deletes what nothing needs and changes no plan."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import pytest
 
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
-from rastro_assets.planner.retention import prune_sync_runs
+from rastro_assets.planner.rules import GAP_AFTER
 from rastro_assets.settings import RETENTION
 from rastro_assets.timekeeping import local_date, local_midnight
 from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.runs import prune_sync_runs
 from rastro_assets_tests.conftest import NOW, record_sync_run
 from rastro_assets_tests.planner.history import COLUMNS, History
 
@@ -32,9 +33,21 @@ def test_sync_run_pruning_keeps_what_the_planner_needs(con, linked_account):
     record(con, "last-ok", "live", old + timedelta(days=3))
     record(con, "recent-failure", "live", NOW - timedelta(days=1), outcome="throttled")
 
-    assert prune_sync_runs(con, NOW - timedelta(days=35)) == 2
+    assert prune_sync_runs(con, NOW - timedelta(days=35), GAP_AFTER) == 2
     kept = {row[0] for row in con.execute("SELECT run_id FROM meta_sync_runs").fetchall()}
     assert kept == {"backfill", "last-ok", "recent-failure"}
+
+
+def test_an_old_live_read_stays_where_its_neighbours_are_a_pause_apart(con, linked_account):
+    old = NOW - timedelta(days=100)
+    record(con, "backfill", "backfill", old)
+    record(con, "old-live", "live", old + timedelta(days=1))
+    record(con, "last-ok", "live", old + timedelta(days=3))
+
+    # The runs that stay either side of the live read start 3 days apart: a pause of over
+    # 2 days is one the planner would fill, so the read that bridges it stays.
+    assert prune_sync_runs(con, NOW - timedelta(days=35), timedelta(days=2)) == 0
+    assert prune_sync_runs(con, NOW - timedelta(days=35), timedelta(days=3)) == 1
 
 
 TIMEZONE = "America/Sao_Paulo"
@@ -71,7 +84,7 @@ def assert_default_pruning_changes_no_plan(con) -> None:
     owed = [cadence.plan(unpruned.state, at) for at in INSTANTS]
     assert [plan.kind for plan in owed] == ["live", "daily"]
 
-    pruned = prune_sync_runs(con, NOW - RETENTION.sync_runs)
+    pruned = prune_sync_runs(con, NOW - RETENTION.sync_runs, GAP_AFTER)
 
     assert pruned > 500  # the live syncs older than the retention age, or most of them
     for account in (*planned_accounts(con), *planned_accounts(con, full_history=True)):

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from rastro_assets import cli
 from rastro_assets.meta.client import MetaClient
 from rastro_assets.meta.models import InsightRow, InsightsChunk, insight_table
-from rastro_assets.planner.history import sync_runs_by_account
+from rastro_assets.planner.runs import runs_by_account
 from rastro_assets.spend_schema import SPEND_TYPE
 from rastro_assets.sync.syncer import Syncer
 from rastro_assets.sync.types import SyncRequest
@@ -37,6 +37,7 @@ from rastro_assets.timekeeping import days_between
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse, transaction
+from rastro_assets.warehouse.run_history import sync_run_rows
 from rastro_assets.warehouse.spend import write_spend
 from rastro_assets_tests.conftest import NOW, TOKEN
 from rastro_assets_tests.insight_rows import chunk_from_rows
@@ -444,7 +445,7 @@ def check_answer(bench: Bench, pages: list[list[Row]], *, overflows: bool = Fals
         assert snapshot(bench.warehouse) == before, "a refused answer wrote something"
         assert outcome.error.startswith("META_UNAVAILABLE: "), outcome.error
         with bench.warehouse.connect() as con:
-            [run] = sync_runs_by_account(con)[ACCOUNT]
+            [run] = runs_by_account(sync_run_rows(con))[ACCOUNT]
         assert (run.outcome, run.error) == ("other", outcome.error)
 
 

@@ -25,11 +25,13 @@ import httpx
 import pytest
 
 from rastro_assets.planner import cadence
-from rastro_assets.planner.history import planned_accounts, sync_runs_by_account
+from rastro_assets.planner.history import planned_accounts
+from rastro_assets.planner.runs import runs_by_account
 from rastro_assets.sync.syncer import Syncer
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse, WarehouseLocked
+from rastro_assets.warehouse.run_history import sync_run_rows
 from rastro_assets_tests.conftest import NOW, TOKEN
 from rastro_assets_tests.reliability.helpers import (
     check_integrity,
@@ -122,7 +124,7 @@ def test_two_processes_syncing_one_account_end_in_meta_s_truth(
         keys, distinct = con.execute(
             "SELECT count(*), count(DISTINCT (ad_account_id, ad_id, day)) FROM ad_spend_daily"
         ).fetchone()
-        runs = {run.run_id: run for run in sync_runs_by_account(con)[ACCOUNT]}
+        runs = {run.run_id: run for run in runs_by_account(sync_run_rows(con))[ACCOUNT]}
     assert keys == distinct
     assert {runs[name].outcome for name in ("racer-a", "racer-b")} == {"ok"}
 
@@ -213,7 +215,7 @@ def test_with_a_short_lock_wait_a_sync_fails_clearly_and_keeps_the_file_whole(
         after = spend_by_day(con, ACCOUNT, since, until)
         assert_site_spend_exact(con)
         [account] = planned_accounts(con, [ACCOUNT])
-        runs = {run.run_id: run for run in sync_runs_by_account(con)[ACCOUNT]}
+        runs = {run.run_id: run for run in runs_by_account(sync_run_rows(con))[ACCOUNT]}
     # The read's chunks wait to be written together, and the analyst held the file
     # when they were: every day is as it was, none half-written.
     assert truth != before

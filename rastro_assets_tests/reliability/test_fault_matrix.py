@@ -24,13 +24,14 @@ from pathlib import Path
 
 import pytest
 
-from rastro_assets.planner.history import sync_runs_by_account
+from rastro_assets.planner.runs import runs_by_account
 from rastro_assets.sync.syncer import Syncer
 from rastro_assets.sync.types import SyncOutcome, SyncRequest
 from rastro_assets.timekeeping import days_between
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.run_history import sync_run_rows
 from rastro_assets_tests.conftest import NOW, TOKEN
 from rastro_assets_tests.reliability.helpers import (
     build_world,
@@ -232,7 +233,7 @@ def assert_days_kept_or_replaced(
 
 def assert_run_recorded(warehouse, outcome: SyncOutcome) -> None:
     with warehouse.connect() as con:
-        runs = {run.run_id: run for run in sync_runs_by_account(con)[ACCOUNT]}
+        runs = {run.run_id: run for run in runs_by_account(sync_run_rows(con))[ACCOUNT]}
     run = runs[outcome.request.run_id]
     assert run.finished_at is not None
     assert (run.outcome, run.error) == (outcome.outcome, outcome.error)

@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 
 from rastro_assets.planner import cadence
-from rastro_assets.planner.history import planned_accounts, sync_runs_by_account
+from rastro_assets.planner.history import planned_accounts
+from rastro_assets.planner.runs import runs_by_account
 from rastro_assets.sync.types import SyncRequest
+from rastro_assets.warehouse.run_history import sync_run_rows
 from rastro_assets_tests.conftest import NOW, TOKEN
 from rastro_assets_tests.reliability.helpers import (
     build_world,
@@ -88,7 +90,7 @@ def test_a_run_killed_between_delete_and_insert_keeps_the_previous_rows(
     with warehouse.connect() as con:
         assert {table: table_dump(con, table) for table in KEPT} == before
         assert_site_spend_exact(con)
-        killed = {run.run_id: run for run in sync_runs_by_account(con)[ACCOUNT]}["killed"]
+        killed = {run.run_id: run for run in runs_by_account(sync_run_rows(con))[ACCOUNT]}["killed"]
         [account] = planned_accounts(con, [ACCOUNT])
     assert killed.started_at == KILLED_AT
     assert (killed.finished_at, killed.outcome) == (None, None)

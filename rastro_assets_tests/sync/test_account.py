@@ -7,11 +7,12 @@ from decimal import Decimal
 
 import pytest
 
-from rastro_assets.planner.history import sync_runs_by_account
+from rastro_assets.planner.runs import runs_by_account
 from rastro_assets.sync import reader
 from rastro_assets.sync.types import SyncRefused, SyncRequest
 from rastro_assets.timekeeping import days_between
 from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.run_history import sync_run_rows
 from rastro_assets_tests.conftest import TOKEN, record_sync_run
 from rastro_assets_tests.truth import assert_equals_truth, stored_rows
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
@@ -34,7 +35,7 @@ def test_a_sync_makes_the_warehouse_equal_meta(syncer, warehouse, linked_world):
     with warehouse.connect() as con:
         assert_equals_truth(con, linked_world, "act_101", since, until)
         assert_site_spend_exact(con)
-        [run] = sync_runs_by_account(con)["act_101"]
+        [run] = runs_by_account(sync_run_rows(con))["act_101"]
     assert (run.outcome, run.kind, run.since, run.until) == ("ok", "manual", since, until)
     assert run.finished_at is not None
 
@@ -90,7 +91,7 @@ def test_a_failed_read_changes_nothing_and_is_classified(syncer, warehouse, link
     assert outcome.unread_days == [since + timedelta(days=n) for n in range(7)]
     with warehouse.connect() as con:
         assert stored_rows(con, "act_101", since, until) == before
-        [_, failed] = sync_runs_by_account(con)["act_101"]
+        [_, failed] = runs_by_account(sync_run_rows(con))["act_101"]
     assert failed.outcome == "permission"
 
 
@@ -166,7 +167,7 @@ def test_a_day_that_stays_incomplete_keeps_its_old_rows(syncer, warehouse, linke
     assert outcome.error.startswith("META_TRUNCATED: ")
     with warehouse.connect() as con:
         assert stored_rows(con, "act_101", day, day) == before
-        [_, run] = sync_runs_by_account(con)["act_101"]
+        [_, run] = runs_by_account(sync_run_rows(con))["act_101"]
     assert run.incomplete_days == (day,)
 
 
@@ -186,7 +187,7 @@ def test_an_unexpected_error_ends_the_run_as_a_failure(syncer, warehouse):
     assert outcome.outcome == "other"
     assert outcome.error == "META_UNAVAILABLE: unexpected RuntimeError in the sync"
     with warehouse.connect() as con:
-        [run] = sync_runs_by_account(con)["act_101"]
+        [run] = runs_by_account(sync_run_rows(con))["act_101"]
     assert (run.outcome, run.finished_at is not None) == ("other", True)
 
 
@@ -251,7 +252,7 @@ def test_a_wave_writes_its_accounts_together_and_equals_meta(
         assert_equals_truth(con, linked_world, "act_101", *week())
         assert_equals_truth(con, linked_world, "act_202", *week(TOKYO_TODAY))
         assert_site_spend_exact(con)
-        runs = sync_runs_by_account(con)
+        runs = runs_by_account(sync_run_rows(con))
     for account in ("act_101", "act_202"):
         [_, run] = runs[account]
         assert (run.run_id, run.outcome, run.finished_at is not None) == ("w2", "ok", True)
@@ -265,7 +266,7 @@ def test_a_long_truncation_note_is_cut_like_every_error(syncer, warehouse, linke
     assert outcome.ok and len(outcome.incomplete_days) == 30
     assert outcome.error.startswith("META_TRUNCATED: ") and len(outcome.error) == 300
     with warehouse.connect() as con:
-        [run] = sync_runs_by_account(con)["act_101"]
+        [run] = runs_by_account(sync_run_rows(con))["act_101"]
     assert run.error == outcome.error
 
 
@@ -280,7 +281,7 @@ def test_a_throttle_without_a_wait_keeps_the_wait_announced_earlier_in_the_read(
     announced = outcome.usage.regain_seconds
     assert announced and outcome.regain_at == fake_clock() + timedelta(seconds=announced)
     with warehouse.connect() as con:
-        [run] = sync_runs_by_account(con)["act_101"]
+        [run] = runs_by_account(sync_run_rows(con))["act_101"]
     assert run.regain_at == outcome.regain_at
 
 
@@ -304,5 +305,5 @@ def test_a_run_that_no_longer_holds_its_account_writes_nothing(
         assert stored_rows(con, "act_101", since, until) == set()
         assert_equals_truth(con, linked_world, "act_202", *week(TOKYO_TODAY))
         assert_site_spend_exact(con)
-        runs = {run.run_id: run for run in sync_runs_by_account(con)["act_101"]}
+        runs = {run.run_id: run for run in runs_by_account(sync_run_rows(con))["act_101"]}
     assert runs["w1"].error == taken.error
