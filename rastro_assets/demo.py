@@ -51,7 +51,7 @@ from rastro_assets.planner.history import planned_accounts
 from rastro_assets.settings import Settings, project_root
 from rastro_assets.timekeeping import local_date
 from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault, generate_key, read_key_file
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.connection import Warehouse, WarehouseLocked
 from rastro_fake_graph.world import DEMO_TOKEN, FakeWorld
 
@@ -184,8 +184,8 @@ def prepare(
     warehouse = Warehouse(paths.duckdb)
     with warehouse.connect() as con:
         for site_id, name in DEMO_SITES.items():
-            if not registry.site_exists(con, site_id):
-                registry.add_site(con, site_id, name, now)
+            if not site_store.site_exists(con, site_id):
+                site_store.add_site(con, site_id, name, now)
         if not _demo_token_stored(con, vault):
             registry.save_connection(
                 con, DEMO_CONNECTION, vault.seal(DEMO_CONNECTION, DEMO_TOKEN), now
@@ -193,7 +193,7 @@ def prepare(
         for site_id, accounts in DEMO_LINKS.items():
             for ad_account_id in accounts:
                 account = world.accounts[ad_account_id]
-                registry.link_account(
+                link_store.link_account(
                     con,
                     site_id,
                     ad_account_id,

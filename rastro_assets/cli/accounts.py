@@ -41,9 +41,10 @@ from rastro_assets.cli.context import (
 from rastro_assets.cli.output import say_table
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.shards import crowded_warning
-from rastro_assets.warehouse import registry, shard_store
+from rastro_assets.warehouse import link_store, registry, shard_store
 from rastro_assets.warehouse.connection import Warehouse
-from rastro_assets.warehouse.registry import AccountToLink, LinkedAccount, RegistryError
+from rastro_assets.warehouse.link_store import AccountToLink
+from rastro_assets.warehouse.registry import LinkedAccount, RegistryError
 
 if TYPE_CHECKING:
     from rastro_assets.meta.client import MetaClient
@@ -243,7 +244,7 @@ def link_many(args: argparse.Namespace, ctx: Context) -> int:
             f" {os.path.abspath(warehouse.path)} yet)"
         )
     with warehouse.connect() as con:
-        connection = registry.require_site_and_connection(con, site_id, connection_id)
+        connection = link_store.require_site_and_connection(con, site_id, connection_id)
         linked = {account.ad_account_id: account for account in registry.linked_accounts(con)}
 
     refuse = _Refusals(ctx)
@@ -332,7 +333,7 @@ def _link_in_batches(
         for start in range(0, len(accounts), LINK_BATCH_ACCOUNTS):
             chunk = accounts[start : start + LINK_BATCH_ACCOUNTS]
             with warehouse.connect() as con:
-                batch = registry.link_accounts(
+                batch = link_store.link_accounts(
                     con, site_id, connection_id, chunk, ctx.now(), shards=shard_count,
                     shard_size=shard_size,
                 )
