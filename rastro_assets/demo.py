@@ -48,7 +48,8 @@ from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.planner import cadence
 from rastro_assets.planner.coverage import backfill_first_day
 from rastro_assets.planner.history import planned_accounts
-from rastro_assets.settings import Settings, project_root
+from rastro_assets.process_settings import Settings
+from rastro_assets.settings import project_root
 from rastro_assets.timekeeping import local_date
 from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault, generate_key, read_key_file
 from rastro_assets.warehouse import link_store, registry, site_store

@@ -13,7 +13,8 @@ import pytest
 
 from rastro_assets.analytics.publish import Publisher, PublishError
 from rastro_assets.analytics.tables import ANALYST_TABLES
-from rastro_assets.settings import NotTheSnapshot, Settings, SettingsError
+from rastro_assets.process_settings import NotTheSnapshot, Settings
+from rastro_assets.settings import SettingsError
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets.warehouse import link_store
 from rastro_assets_tests.analytics.analyst import Analyst
