@@ -7,7 +7,7 @@ last tests can plant a bad import in a copy of the tree and watch the rule catch
 - A layer imports only the leaves, itself and the layers it names: `meta/` (the Graph client)
   is the bottom; `warehouse/` adds `meta/`; `planner/` and `sync/` add `warehouse/`;
   `analytics/` adds `planner/`; `alerts/` (incidents and their channels) adds `planner/`;
-  `defs/` adds the pure core, `alerts/` and `analytics/`; `demo.py` (which
+  `defs/` adds the pure core, `alerts/` and `analytics/`; `demo/` (which
   reads the planner and the snapshot to say the backfills' progress) and `cli/` sit on top
   (the CLI may reach `defs` lazily).
 - The leaves (settings and a process's settings, time, vault, shared vocabulary, account ids,
@@ -16,7 +16,7 @@ last tests can plant a bad import in a copy of the tree and watch the rule catch
   so its domains (spend, catalog, analytics, cadence) share them without importing one another.
 - Only `defs/` and `definitions.py` import any `dagster*` package.
 - The fake Graph (`rastro_fake_graph`, shipped beside the product) imports only the leaves and
-  `meta/`; of the product only `demo.py`, the CLI and `make_client` (the `RASTRO_META_FAKE`
+  `meta/`; of the product only `demo/`, the CLI and `make_client` (the `RASTRO_META_FAKE`
   switch in `meta/__init__.py`, imported lazily) reach it.
 - Within `sync/`, the spend and the catalog know nothing of each other: the syncer chains them.
 - No import circle, counting imports inside functions and for type checking.
