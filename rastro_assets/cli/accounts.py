@@ -225,17 +225,7 @@ def link_many(args: argparse.Namespace, ctx: Context) -> int:
     connection_id = registry.validate_identifier("connection id", args.connection)
     timezone = registry.validate_timezone(args.timezone) if args.timezone is not None else None
     currency = registry.normalize_currency(args.currency) if args.currency is not None else None
-    if args.all and (args.ad_account_ids or args.from_file):
-        raise UsageError("--all links every reachable account not linked yet: name no account"
-                         " and no --from-file with it")
-    if args.all and args.no_verify:
-        raise UsageError("--all asks Meta which accounts the token reaches: drop --no-verify")
-    named = list(args.ad_account_ids)
-    if args.from_file:
-        named += read_ids(ctx, args.from_file)
-    if not named and not args.all:
-        raise UsageError("no ad account to link: name AD_ACCOUNT_IDs, or give --all or"
-                         " --from-file F")
+    named = _named_accounts(args, ctx)
     warehouse = ctx.warehouse()
     if not os.path.exists(warehouse.path):
         # No site exists in a warehouse that does not: refused without making the file.
@@ -269,6 +259,41 @@ def link_many(args: argparse.Namespace, ctx: Context) -> int:
             ctx.say(f"nothing to link: every account connection {connection_id}'s token reaches"
                     " is linked already")
             return EXIT_OK
+    accounts = _accounts_to_link(wanted, linked, read, timezone, currency)
+    linked_now, already = _link_in_batches(
+        ctx, warehouse, site_id, connection_id, accounts, refuse
+    )
+    ctx.say(f"{site_id}: {linked_now} linked, {already} already linked, {refuse.count} refused"
+            f" (via {connection_id})")
+    return EXIT_USAGE if refuse.count else EXIT_OK
+
+
+def _named_accounts(args: argparse.Namespace, ctx: Context) -> list[str]:
+    """The account ids the command names, as given (arguments, then `--from-file`);
+    UsageError when they and `--all` do not go together."""
+    if args.all and (args.ad_account_ids or args.from_file):
+        raise UsageError("--all links every reachable account not linked yet: name no account"
+                         " and no --from-file with it")
+    if args.all and args.no_verify:
+        raise UsageError("--all asks Meta which accounts the token reaches: drop --no-verify")
+    named = list(args.ad_account_ids)
+    if args.from_file:
+        named += read_ids(ctx, args.from_file)
+    if not named and not args.all:
+        raise UsageError("no ad account to link: name AD_ACCOUNT_IDs, or give --all or"
+                         " --from-file F")
+    return named
+
+
+def _accounts_to_link(
+    wanted: Mapping[str, None],
+    linked: Mapping[str, LinkedAccount],
+    read: Mapping[str, AdAccount],
+    timezone: str | None,
+    currency: str | None,
+) -> list[AccountToLink]:
+    """Each wanted account with its timezone and currency: as the command says, else as
+    stored for a linked account, else as Meta said. One Meta refused is left out."""
     accounts = []
     for act in wanted:
         known = linked.get(act)
@@ -281,12 +306,7 @@ def link_many(args: argparse.Namespace, ctx: Context) -> int:
             currency or (known.currency if known else meta.currency),
             meta.name if meta else None,
         ))
-    linked_now, already = _link_in_batches(
-        ctx, warehouse, site_id, connection_id, accounts, refuse
-    )
-    ctx.say(f"{site_id}: {linked_now} linked, {already} already linked, {refuse.count} refused"
-            f" (via {connection_id})")
-    return EXIT_USAGE if refuse.count else EXIT_OK
+    return accounts
 
 
 def _read_from_meta(
