@@ -227,7 +227,7 @@ def serve_world(
 def linked_warehouse(directory: str | os.PathLike, sites: tuple[str, ...] = SITES[:1]):
     """A migrated warehouse in `directory` linking ACCOUNT to `sites`; (warehouse, vault)."""
     from rastro_assets.vault import ENV_VAR, Vault, generate_key
-    from rastro_assets.warehouse import registry
+    from rastro_assets.warehouse import link_store, registry, site_store
     from rastro_assets.warehouse.connection import Warehouse
 
     os.environ.setdefault(ENV_VAR, generate_key())
@@ -237,8 +237,8 @@ def linked_warehouse(directory: str | os.PathLike, sites: tuple[str, ...] = SITE
     with warehouse.connect() as con:
         registry.save_connection(con, "c1", vault.seal("c1", TOKEN), NOW)
         for site in sites:
-            registry.add_site(con, site, f"Site {site}", NOW)
-            registry.link_account(con, site, ACCOUNT, "c1", TIMEZONE, CURRENCY, NOW)
+            site_store.add_site(con, site, f"Site {site}", NOW)
+            link_store.link_account(con, site, ACCOUNT, "c1", TIMEZONE, CURRENCY, NOW)
     return warehouse, vault
 
 
@@ -276,11 +276,11 @@ def run_backfill(syncer, blocks: list[tuple[date, date]], tag: str = "bench"):
 
 def link_wave_accounts(warehouse, n_accounts: int, site: str = SITES[0]) -> None:
     """Link the wave world's first `n_accounts` accounts to `site` through connection c1."""
-    from rastro_assets.warehouse import registry
+    from rastro_assets.warehouse import link_store
 
     with warehouse.connect() as con:
         for index in range(n_accounts):
-            registry.link_account(con, site, wave_account(index), "c1", TIMEZONE, CURRENCY, NOW)
+            link_store.link_account(con, site, wave_account(index), "c1", TIMEZONE, CURRENCY, NOW)
 
 
 def tempdir() -> tempfile.TemporaryDirectory:

@@ -311,7 +311,7 @@ class Storage:
 def measure_waves(sizes: list[int], kinds: list[str], backend: str = "sqlite",
                   event_batch_size: int = 0) -> dict:
     from rastro_assets.vault import Vault, generate_key
-    from rastro_assets.warehouse import registry
+    from rastro_assets.warehouse import link_store, registry, site_store
     from rastro_assets.warehouse.connection import Warehouse
     from rastro_fake_graph.server import serve
     from rastro_fake_graph.world import FakeWorld, MutableClock
@@ -337,10 +337,10 @@ def measure_waves(sizes: list[int], kinds: list[str], backend: str = "sqlite",
         warehouse.migrate()
         now = datetime.now(UTC)
         with warehouse.connect() as con:
-            registry.add_site(con, "s1", "Bench", now)
+            site_store.add_site(con, "s1", "Bench", now)
             registry.save_connection(con, "c1", vault.seal("c1", token), now)
             for index in range(n):
-                registry.link_account(
+                link_store.link_account(
                     con,
                     "s1",
                     f"act_{index + 1}",

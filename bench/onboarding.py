@@ -324,7 +324,7 @@ def wait_until_onboarded(duckdb_path: Path, accounts: int, started: float, timeo
                          poll: float) -> bool:
     """Poll the warehouse (a brief read-only look that gives way to writers) until every
     account holds its 90 days; print progress every minute."""
-    from rastro_assets.demo import read_progress
+    from rastro_assets.demo.watch import read_progress
 
     printed = 0.0
     while time.time() - started < timeout:

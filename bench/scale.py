@@ -476,7 +476,7 @@ def new_accounts(accounts: int, shard_count: int, linked: int = NEW_ACCOUNTS) ->
     """The `linked` accounts linked in the same minute, each in the shard `rastro link` gives
     it (`RASTRO_SHARD_ACCOUNTS` as the environment sets it) after the built ones."""
     from rastro_assets import shards
-    from rastro_assets.settings import Settings
+    from rastro_assets.process_settings import Settings
 
     size = Settings.from_env(os.environ).shard_accounts
     counts = collections.Counter(shard_of(account_id(n), shard_count) for n in range(accounts))

@@ -59,7 +59,7 @@ from rastro_assets.sync.syncer import Syncer  # noqa: E402
 from rastro_assets.sync.types import SyncRefused, SyncRequest  # noqa: E402
 from rastro_assets.timekeeping import days_between, local_date  # noqa: E402
 from rastro_assets.vault import Vault  # noqa: E402
-from rastro_assets.warehouse import registry  # noqa: E402
+from rastro_assets.warehouse import link_store, registry, site_store  # noqa: E402
 from rastro_assets.warehouse.connection import Warehouse  # noqa: E402
 from rastro_assets.warehouse.runs import SyncRunStart, prune_sync_runs, start_sync_runs  # noqa: E402
 from rastro_fake_graph.app import FakeGraphTransport  # noqa: E402
@@ -148,8 +148,8 @@ class Soak:
                     registry.save_connection(con, cid, self.vault.seal(cid, token_of(connection)),
                                              START)
                 if index % ACCOUNTS_PER_SITE == 0 or index == self.indexes.start:
-                    registry.add_site(con, site, None, START)
-                registry.link_account(con, site, account, f"c{connection:03d}", tz, currency,
+                    site_store.add_site(con, site, None, START)
+                link_store.link_account(con, site, account, f"c{connection:03d}", tz, currency,
                                       START)
                 self.accounts.append(account)
                 self.timezones[account] = tz

@@ -1,4 +1,7 @@
-"""Configuration read from the environment, in one place.
+"""Configuration read from the environment: the values fixed when the code loads, where the
+project's files are when no variable names them, the alert thresholds, and the error a bad
+value raises. `Settings`, what a process runs with (its files, the Graph, the shards), is in
+`process_settings.py`.
 
 The contract names the variables; the code reads them through here so a test
 can build a `Settings` without touching `os.environ`. Two kinds are read where
@@ -13,21 +16,12 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
 
-DEFAULT_DUCKDB_PATH = "data/rastro.duckdb"
-DEFAULT_GRAPH_URL = "https://graph.facebook.com/v25.0"
 ANALYTICS_FILE_NAME = "analytics.duckdb"
-DEFAULT_ANALYTICS_MODE = 0o644
-DEFAULT_ANALYTICS_LAG_SECONDS = 300
-# The oldest DuckDB storage that holds every type of the snapshot (DECIMAL, TIMESTAMPTZ, BLOB,
-# lists): DuckDB 1.0 and later, and the tools that bundle one (DBeaver, Metabase, Evidence),
-# open it; the newest storage would shut out every DuckDB older than the pipeline's.
-DEFAULT_ANALYTICS_STORAGE_VERSION = "v1.0.0"
 
 # Operators may make the sensors tick faster (tests, demos): `SENSOR_INTERVAL_OVERRIDE_SECONDS`.
 # How long a started sync holds its account (15 minutes, a wave's run timeout too); a test or
@@ -54,7 +48,7 @@ class Retention:
         """From the environment; a SettingsError names the first variable with a bad value."""
         env = os.environ if environ is None else environ
         return cls(
-            sensor_seconds=_whole_number(
+            sensor_seconds=whole_number(
                 env.get("RASTRO_RETENTION_INTERVAL_SECONDS"),
                 3600,
                 least=1,
@@ -81,41 +75,10 @@ class SettingsError(ValueError):
     """A variable of the environment holds a value the product cannot use."""
 
 
-class NotTheSnapshot(SettingsError):
-    """The analytics snapshot's path names the pipeline's own file, or a file that holds
-    the pipeline's own tables."""
-
-
-def check_not_the_pipeline_file(
-    snapshot_path: str | os.PathLike[str], pipeline_path: str | os.PathLike[str]
-) -> None:
-    """Raise `NotTheSnapshot` when the snapshot's path is the pipeline's own file (the same
-    path, relative or absolute, or another name of the same file).
-
-    A publish renames a new file over the snapshot: over the pipeline's file it would destroy
-    the registry, the sealed tokens and the sync history. And an analyst's session on the
-    pipeline's file, even read-only, would hold up its writers.
-    """
-    if _same_file(Path(snapshot_path), Path(pipeline_path)):
-        named, real = os.path.abspath(snapshot_path), os.path.realpath(pipeline_path)
-        raise NotTheSnapshot(
-            f"{named} is the pipeline's own file"
-            f" ({'' if real == named else real + ', '}RASTRO_DUCKDB_PATH), not the analytics"
-            " snapshot: point RASTRO_ANALYTICS_PATH at another file (default: analytics.duckdb"
-            " beside the pipeline's file)"
-        )
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.samefile(b)
-    except OSError:  # one of them does not exist yet: where each would be, links followed
-        return os.path.realpath(a) == os.path.realpath(b)
-
 
 def idle_live_interval_minutes(raw: str | None) -> int:
     """`RASTRO_IDLE_LIVE_INTERVAL_MINUTES`: whole minutes, at least the live interval."""
-    return _whole_number(
+    return whole_number(
         raw,
         DEFAULT_IDLE_LIVE_INTERVAL_MINUTES,
         least=LIVE_INTERVAL_MINUTES,
@@ -126,7 +89,7 @@ def idle_live_interval_minutes(raw: str | None) -> int:
 
 def sensor_interval_override_seconds(raw: str | None) -> int:
     """`RASTRO_SENSOR_INTERVAL_SECONDS`: whole seconds; 0 or unset keeps each sensor's own."""
-    return _whole_number(
+    return whole_number(
         raw,
         0,
         least=0,
@@ -137,7 +100,7 @@ def sensor_interval_override_seconds(raw: str | None) -> int:
 
 def sync_lease_seconds(raw: str | None) -> int:
     """`RASTRO_SYNC_LEASE_SECONDS`: how long a started sync holds its account, whole seconds."""
-    return _whole_number(
+    return whole_number(
         raw,
         DEFAULT_SYNC_LEASE_SECONDS,
         least=1,
@@ -158,7 +121,7 @@ def _positive_number(raw: str | None, default: float, unit: str, name: str) -> f
     return number
 
 
-def _whole_number(
+def whole_number(
     raw: str | None, default: int, *, least: int, most: int | None = None, refusal: str
 ) -> int:
     """`raw` as a whole number from `least` to `most`, `default` when empty; otherwise a
@@ -199,7 +162,7 @@ MAX_SHARD_ACCOUNTS = 10_000
 
 def account_shards(raw: str | None) -> int:
     """`RASTRO_ACCOUNT_SHARDS`: how many spend asset pairs hold the accounts (1 to 500)."""
-    return _whole_number(
+    return whole_number(
         raw,
         DEFAULT_ACCOUNT_SHARDS,
         least=1,
@@ -208,7 +171,7 @@ def account_shards(raw: str | None) -> int:
     )
 
 
-def _account_shards_in(env: Mapping[str, str]) -> int:
+def account_shards_in(env: Mapping[str, str]) -> int:
     # The definitions (at load) and the CLI (`Settings`) must agree on the shards, or
     # `rastro link` would place accounts in pairs the code location does not define.
     return account_shards(env.get("RASTRO_ACCOUNT_SHARDS"))
@@ -217,7 +180,7 @@ def _account_shards_in(env: Mapping[str, str]) -> int:
 def shard_accounts(raw: str | None) -> int:
     """`RASTRO_SHARD_ACCOUNTS`: how many accounts `rastro link` puts in a shard before the
     next, and above which it warns (1 to 10,000; 100 by default)."""
-    return _whole_number(
+    return whole_number(
         raw,
         DEFAULT_SHARD_ACCOUNTS,
         least=1,
@@ -242,7 +205,7 @@ LOAD_TIME_SETTINGS: dict[str, Callable[[], object]] = {
     "IDLE_LIVE_INTERVAL_MINUTES": lambda: idle_live_interval_minutes(
         os.environ.get("RASTRO_IDLE_LIVE_INTERVAL_MINUTES")
     ),
-    "ACCOUNT_SHARDS": lambda: _account_shards_in(os.environ),
+    "ACCOUNT_SHARDS": lambda: account_shards_in(os.environ),
 }
 
 
@@ -300,148 +263,6 @@ def find_data_dir(start: str | os.PathLike[str] | None = None) -> Path | None:
     return None
 
 
-def _not_found(variable: str, tried: Path, here: Path) -> str:
-    return (
-        f"{variable} is not set and no project of rastro_assets was found from {here} upward (a"
-        f" directory whose workspace.yaml loads {CODE_LOCATION_MODULE}, or whose {DATA_DIR}/"
-        f" holds {PIPELINE_FILE_NAME} or {ANALYTICS_FILE_NAME}); tried {tried}: set {variable}"
-        " to the file's path, or run from inside the project"
-    )
-
-
-def check_not_beside_a_guess(snapshot_path: str | os.PathLike[str]) -> None:
-    """When no variable names the pipeline's file, its path is a guess that may name
-    nothing, and a snapshot path that is a link to the pipeline's file would match nothing.
-    So the snapshot is also compared with the pipeline's file beside the file it really is,
-    links followed: `NotTheSnapshot` when it is that file. A file of the pipeline's under
-    another name is caught by its tables when it is opened (`open_snapshot`)."""
-    real = Path(os.path.realpath(snapshot_path))
-    check_not_the_pipeline_file(snapshot_path, real.parent / PIPELINE_FILE_NAME)
-
-
-def default_analytics_path(duckdb_path: str) -> str:
-    """The snapshot beside the pipeline's file: `data/analytics.duckdb` by default."""
-    return str(Path(duckdb_path).parent / ANALYTICS_FILE_NAME)
-
-
-@dataclass(frozen=True)
-class Settings:
-    duckdb_path: str = DEFAULT_DUCKDB_PATH
-    graph_url: str = DEFAULT_GRAPH_URL
-    use_fake_graph: bool = False
-    analytics_path: str | None = None
-    """The analytics snapshot; None: `analytics.duckdb` beside the pipeline's file."""
-    analytics_mode: int = DEFAULT_ANALYTICS_MODE
-    analytics_lag_seconds: int = DEFAULT_ANALYTICS_LAG_SECONDS
-    """How far the snapshot may lag a write to the pipeline's file."""
-    account_shards: int = DEFAULT_ACCOUNT_SHARDS
-    """How many spend asset pairs (shards) the code location defines."""
-    shard_accounts: int = DEFAULT_SHARD_ACCOUNTS
-    """How many accounts a shard takes before new ones go to the next."""
-    analytics_storage_version: str = DEFAULT_ANALYTICS_STORAGE_VERSION
-    """The DuckDB storage version the snapshot is written in (`STORAGE_VERSION`)."""
-    not_found: str | None = field(default=None, compare=False)
-    """Why `duckdb_path` is only a guess: no variable named it and no project was found
-    from the working directory (`from_env`); None when it was named or found."""
-
-    def __post_init__(self) -> None:
-        check_not_the_pipeline_file(self.snapshot_path, self.duckdb_path)
-
-    @property
-    def snapshot_path(self) -> str:
-        return self.analytics_path or default_analytics_path(self.duckdb_path)
-
-    def require_duckdb_path(self) -> str:
-        """The pipeline's file; SettingsError (one line, naming the path tried and the
-        variable to set) when it is only a guess."""
-        if self.not_found is not None:
-            raise SettingsError(self.not_found)
-        return self.duckdb_path
-
-    def require_snapshot_path(self) -> str:
-        """The analytics snapshot; SettingsError when it is only a guess."""
-        if self.not_found is not None and self.analytics_path is None:
-            raise SettingsError(
-                _not_found(
-                    "RASTRO_ANALYTICS_PATH",
-                    Path(self.snapshot_path).absolute(),
-                    Path(self.duckdb_path).absolute().parent.parent,
-                )
-            )
-        return self.snapshot_path
-
-    @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None
-    ) -> Settings:
-        """The settings of the environment; the files, when no variable names them, are
-        found from `cwd` (default: the working directory) upward (`find_data_dir`)."""
-        env = os.environ if environ is None else environ
-        duckdb_path, not_found = env.get("RASTRO_DUCKDB_PATH"), None
-        if not duckdb_path:
-            here = Path(os.getcwd() if cwd is None else cwd).absolute()
-            data = find_data_dir(here)
-            if data is None:
-                guess = here / DEFAULT_DUCKDB_PATH
-                not_found = _not_found("RASTRO_DUCKDB_PATH", guess, here)
-                duckdb_path = str(guess)
-            else:
-                duckdb_path = str(data / PIPELINE_FILE_NAME)
-        settings = cls(
-            duckdb_path=duckdb_path,
-            not_found=not_found,
-            graph_url=(env.get("RASTRO_META_GRAPH_URL") or DEFAULT_GRAPH_URL).rstrip("/"),
-            use_fake_graph=(
-                env.get("RASTRO_META_FAKE", "").strip().lower() in {"1", "true", "yes"}
-            ),
-            analytics_path=env.get("RASTRO_ANALYTICS_PATH") or None,
-            analytics_mode=_octal_mode(env.get("RASTRO_ANALYTICS_MODE")),
-            analytics_lag_seconds=_lag_seconds(env.get("RASTRO_ANALYTICS_LAG_SECONDS")),
-            analytics_storage_version=storage_version(env.get("RASTRO_ANALYTICS_STORAGE_VERSION")),
-            account_shards=_account_shards_in(env),
-            shard_accounts=shard_accounts(env.get("RASTRO_SHARD_ACCOUNTS")),
-        )
-        if not env.get("RASTRO_DUCKDB_PATH"):
-            check_not_beside_a_guess(settings.snapshot_path)
-        return settings
-
-
-def storage_version(raw: str | None) -> str:
-    """`RASTRO_ANALYTICS_STORAGE_VERSION`: a DuckDB release, `v1.0.0` or later, like `v1.2.0`."""
-    if not raw:
-        return DEFAULT_ANALYTICS_STORAGE_VERSION
-    if not re.fullmatch(r"v[1-9][0-9]*\.[0-9]+\.[0-9]+", raw.strip()):
-        raise SettingsError(
-            f"RASTRO_ANALYTICS_STORAGE_VERSION must be a DuckDB release from v1.0.0 on, like"
-            f" {DEFAULT_ANALYTICS_STORAGE_VERSION} or v1.2.0, not {raw!r}"
-        )
-    return raw.strip()
-
-
-def _octal_mode(raw: str | None) -> int:
-    if not raw:
-        return DEFAULT_ANALYTICS_MODE
-    try:
-        mode = int(raw, 8)
-    except ValueError:
-        mode = -1
-    if not 0 <= mode <= 0o777 or not mode & 0o400:
-        raise SettingsError(
-            f"RASTRO_ANALYTICS_MODE must be an octal file mode the owner can read, like 0644"
-            f" or 0640, not {raw!r}"
-        )
-    return mode
-
-
-def _lag_seconds(raw: str | None) -> int:
-    return _whole_number(
-        raw,
-        DEFAULT_ANALYTICS_LAG_SECONDS,
-        least=30,
-        refusal="RASTRO_ANALYTICS_LAG_SECONDS must be a whole number of seconds, 30 or more",
-    )
-
-
 @dataclass(frozen=True)
 class AlertThresholds:
     """When a condition becomes an incident, and how often an open one is said again.
@@ -472,7 +293,7 @@ class AlertThresholds:
         env = os.environ if environ is None else environ
 
         def minutes(name: str, default: timedelta) -> timedelta:
-            value = _whole_number(
+            value = whole_number(
                 env.get(name),
                 int(default.total_seconds() // 60),
                 least=1,
@@ -485,7 +306,7 @@ class AlertThresholds:
             stuck=minutes("RASTRO_ALERT_STUCK_MINUTES", cls.stuck),
             rate_limited=minutes("RASTRO_ALERT_RATE_LIMITED_MINUTES", cls.rate_limited),
             snapshot=minutes("RASTRO_ALERT_SNAPSHOT_MINUTES", cls.snapshot),
-            run_failures=_whole_number(
+            run_failures=whole_number(
                 env.get("RASTRO_ALERT_RUN_FAILURES"),
                 cls.run_failures,
                 least=1,

@@ -10,7 +10,7 @@ import duckdb
 import pytest
 
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.runs import (
     SyncRunEnd,
@@ -63,9 +63,9 @@ def con(warehouse: Warehouse) -> Iterator[duckdb.DuckDBPyConnection]:
 @pytest.fixture
 def linked_account(con: duckdb.DuckDBPyConnection, now: datetime) -> str:
     """`act_1` (America/Sao_Paulo, BRL) linked to site `s1` through connection `c1`."""
-    registry.add_site(con, "s1", "Site one", now)
+    site_store.add_site(con, "s1", "Site one", now)
     registry.save_connection(con, "c1", b"\0" * 40, now)
-    registry.link_account(con, "s1", "act_1", "c1", "America/Sao_Paulo", "BRL", now)
+    link_store.link_account(con, "s1", "act_1", "c1", "America/Sao_Paulo", "BRL", now)
     return "act_1"
 
 
@@ -106,12 +106,12 @@ def fake_graph(fake_world):
 def linked_world(warehouse: Warehouse, vault: Vault, fake_world, now: datetime):
     """Site s1 links both fake accounts through connection c1; site s2 shares act_202."""
     with warehouse.connect() as connection:
-        registry.add_site(connection, "s1", "Site one", now)
-        registry.add_site(connection, "s2", "Site two", now)
+        site_store.add_site(connection, "s1", "Site one", now)
+        site_store.add_site(connection, "s2", "Site two", now)
         registry.save_connection(connection, "c1", vault.seal("c1", TOKEN), now)
         for site, account in (("s1", "act_101"), ("s1", "act_202"), ("s2", "act_202")):
             fake = fake_world.accounts[account]
-            registry.link_account(
+            link_store.link_account(
                 connection, site, account, "c1", fake.timezone, fake.currency, now
             )
     return fake_world

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from rastro_assets import demo
+from rastro_assets.demo import dagster_output, watch
+from rastro_assets.demo.paths import DemoPaths
 from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
@@ -28,21 +30,21 @@ TABLES = ("sites", "meta_connections", "meta_ad_accounts", "site_ad_accounts")
 
 
 @pytest.fixture
-def paths(tmp_path: Path) -> demo.DemoPaths:
+def paths(tmp_path: Path) -> DemoPaths:
     """An empty repo root: its dagster.yaml and workspace.yaml, no data/ yet."""
     shutil.copy(REPO / "dagster.yaml", tmp_path / "dagster.yaml")
     shutil.copy(REPO / "workspace.yaml", tmp_path / "workspace.yaml")
-    return demo.DemoPaths(tmp_path)
+    return DemoPaths(tmp_path)
 
 
-def snapshot(paths: demo.DemoPaths) -> dict[str, list[tuple]]:
+def snapshot(paths: DemoPaths) -> dict[str, list[tuple]]:
     with Warehouse(paths.duckdb).connect(read_only=True) as con:
         return {
             table: con.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall() for table in TABLES
         }
 
 
-def test_what_prepare_creates_is_private_under_any_umask(paths: demo.DemoPaths, now):
+def test_what_prepare_creates_is_private_under_any_umask(paths: DemoPaths, now):
     previous = os.umask(0)
     try:
         demo.prepare(paths, now=now, environ={})
@@ -60,7 +62,7 @@ def test_what_prepare_creates_is_private_under_any_umask(paths: demo.DemoPaths, 
     }
 
 
-def test_prepare_twice_reuses_everything(paths: demo.DemoPaths, now):
+def test_prepare_twice_reuses_everything(paths: DemoPaths, now):
     first = demo.prepare(paths, now=now, environ={})
     key = paths.key_file.read_text().strip()
     assert stat.S_IMODE(paths.key_file.stat().st_mode) == 0o600
@@ -86,7 +88,7 @@ def test_prepare_twice_reuses_everything(paths: demo.DemoPaths, now):
     ).read_text()
 
 
-def test_prepare_links_the_fake_worlds_accounts(paths: demo.DemoPaths, now):
+def test_prepare_links_the_fake_worlds_accounts(paths: DemoPaths, now):
     env = demo.prepare(paths, now=now, environ={})
     world = FakeWorld.demo()
     with Warehouse(paths.duckdb).connect(read_only=True) as con:
@@ -117,7 +119,7 @@ def test_prepare_links_the_fake_worlds_accounts(paths: demo.DemoPaths, now):
 
 
 def test_planned_events_as_subsets_unless_the_operator_says_otherwise(
-    paths: demo.DemoPaths, now
+    paths: DemoPaths, now
 ):
     # One planned event per asset and run: the demo's backfill runs are submitted faster
     # (docs/running.md, "Planned events"); an operator's own value is kept.
@@ -127,7 +129,7 @@ def test_planned_events_as_subsets_unless_the_operator_says_otherwise(
     assert demo.prepare(paths, now=now, environ={variable: "false"})[variable] == "false"
 
 
-def test_a_key_in_the_environment_wins_and_the_demo_token_follows(paths: demo.DemoPaths, now):
+def test_a_key_in_the_environment_wins_and_the_demo_token_follows(paths: DemoPaths, now):
     demo.prepare(paths, now=now, environ={})
     links = snapshot(paths)["site_ad_accounts"]
     own_key = generate_key()
@@ -140,7 +142,7 @@ def test_a_key_in_the_environment_wins_and_the_demo_token_follows(paths: demo.De
     assert snapshot(paths)["site_ad_accounts"] == links
 
 
-def test_a_paused_demo_connection_is_revived(paths: demo.DemoPaths, now):
+def test_a_paused_demo_connection_is_revived(paths: DemoPaths, now):
     demo.prepare(paths, now=now, environ={})
     with Warehouse(paths.duckdb).connect() as con:
         sealed_at = registry.get_connection(con, demo.DEMO_CONNECTION).sealed_at
@@ -152,7 +154,7 @@ def test_a_paused_demo_connection_is_revived(paths: demo.DemoPaths, now):
         assert registry.get_connection(con, demo.DEMO_CONNECTION).status == ConnectionStatus.ACTIVE
 
 
-def test_run_prepares_then_supervises_dagster_dev(paths: demo.DemoPaths, monkeypatch, capsys):
+def test_run_prepares_then_supervises_dagster_dev(paths: DemoPaths, monkeypatch, capsys):
     handed = []
 
     def supervise(argv, env, watcher, output):
@@ -200,28 +202,28 @@ warnings.warn("an unrelated warning")
 
 
 def test_the_quieted_warnings_are_dagsters_own_and_only_those():
-    env = {**os.environ, "PYTHONWARNINGS": demo.quiet_warnings({})}
+    env = {**os.environ, "PYTHONWARNINGS": dagster_output.quiet_warnings({})}
     result = subprocess.run(
         [sys.executable, "-c", QUIET_PROBE], env=env, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
     assert "Warning" in result.stderr and "an unrelated warning" in result.stderr
-    for message in demo.QUIETED_WARNINGS:
+    for message in dagster_output.QUIETED_WARNINGS:
         assert message not in result.stderr
-    assert len(demo.quiet_warnings({"PYTHONWARNINGS": "default"}).split(",")) == 4
+    assert len(dagster_output.quiet_warnings({"PYTHONWARNINGS": "default"}).split(",")) == 4
 
 
-def test_progress_of_a_fresh_demo_and_no_snapshot_yet(paths: demo.DemoPaths, now):
+def test_progress_of_a_fresh_demo_and_no_snapshot_yet(paths: DemoPaths, now):
     demo.prepare(paths, now=now, environ={})
-    progress = demo.read_progress(paths.duckdb, now)
-    assert progress == demo.Progress(3, 0, 0, 270)
+    progress = watch.read_progress(paths.duckdb, now)
+    assert progress == watch.Progress(3, 0, 0, 270)
     assert progress.line() == "backfill: 0 of 3 accounts done, 0/270 account-days"
-    assert not demo.snapshot_ready(paths.data / "analytics.duckdb", 3)
+    assert not watch.snapshot_ready(paths.data / "analytics.duckdb", 3)
 
 
-def test_a_look_gives_way_to_a_writer(paths: demo.DemoPaths, now, monkeypatch):
+def test_a_look_gives_way_to_a_writer(paths: DemoPaths, now, monkeypatch):
     demo.prepare(paths, now=now, environ={})
-    monkeypatch.setattr(demo, "LOOK_LOCK_WAIT_SECONDS", 0.0)
+    monkeypatch.setattr(watch, "LOOK_LOCK_WAIT_SECONDS", 0.0)
     # What a look meets while the pipeline writes: another process holding the file.
     holder = subprocess.Popen(
         [
@@ -237,11 +239,11 @@ def test_a_look_gives_way_to_a_writer(paths: demo.DemoPaths, now, monkeypatch):
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        assert demo.read_progress(paths.duckdb, now) is None
+        assert watch.read_progress(paths.duckdb, now) is None
     finally:
         holder.stdin.close()
         holder.wait(timeout=30)
-    assert demo.read_progress(paths.duckdb, now) is not None
+    assert watch.read_progress(paths.duckdb, now) is not None
 
 
 class Clock:
@@ -252,24 +254,24 @@ class Clock:
         return self.now
 
 
-def test_the_watcher_says_ui_progress_then_ready_once(paths: demo.DemoPaths, monkeypatch, capsys):
+def test_the_watcher_says_ui_progress_then_ready_once(paths: DemoPaths, monkeypatch, capsys):
     clock = Clock()
     looks = iter(
         [
-            demo.Progress(3, 0, 0, 270),
+            watch.Progress(3, 0, 0, 270),
             None,  # the writers hold the file: nothing said, looked at again next tick
-            demo.Progress(3, 2, 200, 270),
-            demo.Progress(3, 3, 270, 270),
-            demo.Progress(3, 3, 270, 270),
+            watch.Progress(3, 2, 200, 270),
+            watch.Progress(3, 3, 270, 270),
+            watch.Progress(3, 3, 270, 270),
         ]
     )
     published = iter([False, True])
-    monkeypatch.setattr(demo, "read_progress", lambda path: next(looks))
-    monkeypatch.setattr(demo, "snapshot_ready", lambda path, accounts: next(published))
+    monkeypatch.setattr(watch, "read_progress", lambda path: next(looks))
+    monkeypatch.setattr(watch, "snapshot_ready", lambda path, accounts: next(published))
     up = iter([False, True])
-    monkeypatch.setattr(demo, "ui_up", lambda port: next(up, True))
+    monkeypatch.setattr(watch, "ui_up", lambda port: next(up, True))
     snapshot = paths.data / "analytics.duckdb"
-    watcher = demo.Watcher(paths, "3001", snapshot, ".venv/bin/rastro", clock)
+    watcher = watch.Watcher(paths, "3001", snapshot, ".venv/bin/rastro", clock)
     for at in (0, 2, 3, 4, 30, 45, 60, 80, 100, 200):
         clock.now = at
         watcher.tick()
@@ -279,14 +281,14 @@ def test_the_watcher_says_ui_progress_then_ready_once(paths: demo.DemoPaths, mon
         "rastro demo: backfill: 2 of 3 accounts done, 200/270 account-days",
         "rastro demo: backfill: 3 of 3 accounts done, 270/270 account-days;"
         " publishing the analytics snapshot",
-        f'rastro demo: ready: try .venv/bin/rastro sql "{demo.SAMPLE_QUERY}"',
+        f'rastro demo: ready: try .venv/bin/rastro sql "{watch.SAMPLE_QUERY}"',
     ]
 
 
 STOPPABLE = """
 import signal, sys
 from pathlib import Path
-from rastro_assets import demo
+from rastro_assets.demo import dagster_process
 
 class Quiet:
     def tick(self):
@@ -297,7 +299,7 @@ class Quiet:
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 # A child that outlives the demo's group: only a signal handed on reaches it.
 child = [sys.executable, "-c", "import time; print('child up', flush=True); time.sleep(600)"]
-sys.exit(demo.supervise(child, {}, Quiet()))
+sys.exit(dagster_process.supervise(child, {}, Quiet()))
 """
 
 
@@ -342,7 +344,7 @@ def test_run_outside_the_repo_root(tmp_path: Path, capsys):
 
 @pytest.mark.parametrize("hour", [1, 12, 23])
 def test_the_demos_date_axis_starts_on_the_first_day_its_accounts_are_owed(
-    paths: demo.DemoPaths, now, hour
+    paths: DemoPaths, now, hour
 ):
     """No day of the demo's grid is one no account is owed (it would read as "missing"), and
     no owed day is left off the axis, whatever the hour its accounts' local days differ."""
@@ -355,7 +357,7 @@ def test_the_demos_date_axis_starts_on_the_first_day_its_accounts_are_owed(
     assert date.fromisoformat(env["RASTRO_PARTITIONS_START"]) == first_owed
 
 
-def test_an_axis_start_already_set_wins_over_the_demos(paths: demo.DemoPaths, now):
+def test_an_axis_start_already_set_wins_over_the_demos(paths: DemoPaths, now):
     env = demo.prepare(paths, now=now, environ={"RASTRO_PARTITIONS_START": "2026-01-01"})
     assert env["RASTRO_PARTITIONS_START"] == "2026-01-01"
 
@@ -390,7 +392,7 @@ DAGSTER_LINES = [
 
 
 def sift(lines: list[str], threshold: int = logging.WARNING) -> list[str]:
-    output = demo.DagsterOutput(threshold)
+    output = dagster_output.DagsterOutput(threshold)
     return [line for line in lines if output.keep(line + "\n")]
 
 
@@ -426,19 +428,19 @@ def test_a_log_level_asked_for_shows_more_but_never_the_explained_warning():
     ],
 )
 def test_dagster_runs_at_the_users_log_level_else_warnings(extra, argv, threshold):
-    assert demo.dagster_log_level(extra) == (argv, threshold)
+    assert dagster_output.dagster_log_level(extra) == (argv, threshold)
 
 
 RELAYED = """
 import sys
-from rastro_assets import demo
+from rastro_assets.demo import dagster_output, dagster_process
 
 class Quiet:
     def tick(self):
         pass
 
 child = [sys.executable, "-c", sys.argv[1]]
-sys.exit(demo.supervise(child, {}, Quiet(), demo.DagsterOutput()))
+sys.exit(dagster_process.supervise(child, {}, Quiet(), dagster_output.DagsterOutput()))
 """
 NOISY = """
 import sys
@@ -461,12 +463,12 @@ def test_supervise_passes_on_what_dagster_output_keeps_on_the_same_stream():
 
 
 def test_an_unchanged_progress_line_is_not_repeated_at_every_look(
-    paths: demo.DemoPaths, monkeypatch, capsys
+    paths: DemoPaths, monkeypatch, capsys
 ):
     clock = Clock()
-    monkeypatch.setattr(demo, "read_progress", lambda path: demo.Progress(3, 0, 90, 270))
-    monkeypatch.setattr(demo, "ui_up", lambda port: False)
-    watcher = demo.Watcher(paths, "3001", paths.data / "analytics.duckdb", "rastro", clock)
+    monkeypatch.setattr(watch, "read_progress", lambda path: watch.Progress(3, 0, 90, 270))
+    monkeypatch.setattr(watch, "ui_up", lambda port: False)
+    watcher = watch.Watcher(paths, "3001", paths.data / "analytics.duckdb", "rastro", clock)
     for at in range(0, 200, 2):
         clock.now = at
         watcher.tick()
@@ -478,7 +480,7 @@ def test_an_unchanged_progress_line_is_not_repeated_at_every_look(
 # The demo's key file ------------------------------------------------------------
 
 
-def test_a_key_file_open_to_others_is_refused_and_left_as_it_is(paths: demo.DemoPaths, now):
+def test_a_key_file_open_to_others_is_refused_and_left_as_it_is(paths: DemoPaths, now):
     demo.prepare(paths, now=now, environ={})
     key = paths.key_file.read_text()
     paths.key_file.chmod(0o644)
@@ -487,7 +489,7 @@ def test_a_key_file_open_to_others_is_refused_and_left_as_it_is(paths: demo.Demo
     assert paths.key_file.read_text() == key
 
 
-def test_a_symlink_planted_as_the_key_file_is_refused(paths: demo.DemoPaths, now, tmp_path):
+def test_a_symlink_planted_as_the_key_file_is_refused(paths: DemoPaths, now, tmp_path):
     planted = tmp_path / "theirs.key"
     planted.write_text(generate_key() + "\n")
     planted.chmod(0o600)
@@ -499,7 +501,7 @@ def test_a_symlink_planted_as_the_key_file_is_refused(paths: demo.DemoPaths, now
 
 
 def test_the_demos_key_file_is_found_only_for_the_demos_warehouse(
-    paths: demo.DemoPaths, now, monkeypatch
+    paths: DemoPaths, now, monkeypatch
 ):
     demo.prepare(paths, now=now, environ={})
     inside = paths.root / "notebooks"

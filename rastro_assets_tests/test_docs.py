@@ -464,7 +464,7 @@ def test_the_docs_say_how_the_files_are_found():
 
 
 def test_the_docs_say_which_duckdb_opens_the_snapshot():
-    from rastro_assets.settings import DEFAULT_ANALYTICS_STORAGE_VERSION
+    from rastro_assets.process_settings import DEFAULT_ANALYTICS_STORAGE_VERSION
 
     guide = " ".join(guide_text().split())
     assert f"`RASTRO_ANALYTICS_STORAGE_VERSION`, default `{DEFAULT_ANALYTICS_STORAGE_VERSION}`" in (

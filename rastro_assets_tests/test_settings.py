@@ -11,13 +11,8 @@ from pathlib import Path
 import pytest
 
 from rastro_assets import settings
-from rastro_assets.settings import (
-    NotTheSnapshot,
-    Settings,
-    SettingsError,
-    idle_live_interval_minutes,
-    partitions_start,
-)
+from rastro_assets.process_settings import NotTheSnapshot, Settings
+from rastro_assets.settings import SettingsError, idle_live_interval_minutes, partitions_start
 
 
 def test_the_snapshot_sits_beside_the_pipeline_file_by_default():

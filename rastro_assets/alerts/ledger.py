@@ -16,13 +16,11 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-import duckdb
-
 from rastro_assets.alerts.channels import Channel, DeliveryError, Message
 from rastro_assets.alerts.incidents import Incident
 from rastro_assets.planner.instants import span, utc
 from rastro_assets.warehouse import incidents as store
-from rastro_assets.warehouse.connection import transaction
+from rastro_assets.warehouse.connection import Connection, transaction
 
 OPENED, REMINDER, RESOLVED = "opened", "reminder", "resolved"
 FIRST_RETRY = timedelta(minutes=1)
@@ -42,7 +40,7 @@ class Transition:
 
 
 def reconcile(
-    con: duckdb.DuckDBPyConnection,
+    con: Connection,
     found: Sequence[Incident],
     checked_kinds: Collection[str],
     channel_ids: Sequence[str],
@@ -65,34 +63,9 @@ def reconcile(
         stored = {incident.key: incident for incident in store.open_incidents(con)}
         for incident in found:
             before = stored.pop(incident.key, None)
-            if before is None:
-                opened = store.StoredIncident(
-                    key=incident.key,
-                    opened_at=now,
-                    kind=str(incident.kind),
-                    summary=incident.summary,
-                    detail=incident.detail,
-                    fix=incident.fix,
-                    accounts=incident.accounts,
-                    last_seen_at=now,
-                    notified_at=now,
-                )
-                store.insert_incident(con, opened)
-                transitions.append(Transition(OPENED, opened))
-                continue
-            due = before.notified_at is None or now - utc(before.notified_at) >= remind
-            seen = replace(
-                before,
-                summary=incident.summary,
-                detail=incident.detail,
-                fix=incident.fix,
-                accounts=incident.accounts,
-                last_seen_at=now,
-                notified_at=now if due else before.notified_at,
-            )
-            store.update_incident(con, seen)
-            if due:
-                transitions.append(Transition(REMINDER, seen))
+            transition = _store_found(con, incident, before, now, remind)
+            if transition is not None:
+                transitions.append(transition)
         for gone in stored.values():
             if gone.kind not in checked_kinds:
                 continue
@@ -109,6 +82,43 @@ def reconcile(
         store.record_check(con, store.DAEMON_CHECKER, now)
         store.prune(con, now, KEEP)
     return transitions
+
+
+def _store_found(
+    con: Connection,
+    incident: Incident,
+    before: store.StoredIncident | None,
+    now: datetime,
+    remind: timedelta,
+) -> Transition | None:
+    """Store an incident this check found: opened when it was not open, else seen again
+    with what it says now. The transition it makes, if any (a reminder only when due)."""
+    if before is None:
+        opened = store.StoredIncident(
+            key=incident.key,
+            opened_at=now,
+            kind=str(incident.kind),
+            summary=incident.summary,
+            detail=incident.detail,
+            fix=incident.fix,
+            accounts=incident.accounts,
+            last_seen_at=now,
+            notified_at=now,
+        )
+        store.insert_incident(con, opened)
+        return Transition(OPENED, opened)
+    due = before.notified_at is None or now - utc(before.notified_at) >= remind
+    seen = replace(
+        before,
+        summary=incident.summary,
+        detail=incident.detail,
+        fix=incident.fix,
+        accounts=incident.accounts,
+        last_seen_at=now,
+        notified_at=now if due else before.notified_at,
+    )
+    store.update_incident(con, seen)
+    return Transition(REMINDER, seen) if due else None
 
 
 def render(transition: Transition, now: datetime, origin: str) -> tuple[str, str]:

@@ -44,8 +44,9 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 
 # Named here too: a notebook catches it beside SnapshotMissing.
-from rastro_assets.settings import NotTheSnapshot as NotTheSnapshot
-from rastro_assets.settings import Settings, SettingsError, check_not_the_pipeline_file
+from rastro_assets.process_settings import NotTheSnapshot as NotTheSnapshot
+from rastro_assets.process_settings import Settings, check_not_the_pipeline_file
+from rastro_assets.settings import SettingsError
 
 if TYPE_CHECKING:
     import polars as pl

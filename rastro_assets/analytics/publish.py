@@ -40,7 +40,7 @@ import duckdb
 from rastro_assets.analytics import staging
 from rastro_assets.analytics.status import status_table
 from rastro_assets.planner.history import planned_accounts
-from rastro_assets.settings import (
+from rastro_assets.process_settings import (
     DEFAULT_ANALYTICS_STORAGE_VERSION,
     Settings,
     check_not_the_pipeline_file,

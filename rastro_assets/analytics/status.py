@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from datetime import datetime
 
 import pyarrow as pa
 
+from rastro_assets.analytics.frames import open_snapshot
 from rastro_assets.analytics.tables import STATUS_SCHEMA
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount
@@ -36,3 +38,12 @@ def status_table(accounts: Sequence[PlannedAccount], now: datetime) -> pa.Table:
         for name, value in row.items():
             columns[name].append(value)
     return pa.Table.from_pydict(columns, schema=STATUS_SCHEMA)
+
+
+def snapshot_backfill_counts(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """From the snapshot at `path`: how many accounts it holds, and how many of them were
+    still backfilling when it was published."""
+    with open_snapshot(path) as con:
+        return con.execute(
+            "SELECT count(*), count(backfill_total_days) FROM account_sync_status"
+        ).fetchone()

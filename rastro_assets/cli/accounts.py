@@ -41,9 +41,10 @@ from rastro_assets.cli.context import (
 from rastro_assets.cli.output import say_table
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.shards import crowded_warning
-from rastro_assets.warehouse import registry, shard_store
+from rastro_assets.warehouse import link_store, registry, shard_store
 from rastro_assets.warehouse.connection import Warehouse
-from rastro_assets.warehouse.registry import AccountToLink, LinkedAccount, RegistryError
+from rastro_assets.warehouse.link_store import AccountToLink
+from rastro_assets.warehouse.registry import LinkedAccount, RegistryError
 
 if TYPE_CHECKING:
     from rastro_assets.meta.client import MetaClient
@@ -224,17 +225,7 @@ def link_many(args: argparse.Namespace, ctx: Context) -> int:
     connection_id = registry.validate_identifier("connection id", args.connection)
     timezone = registry.validate_timezone(args.timezone) if args.timezone is not None else None
     currency = registry.normalize_currency(args.currency) if args.currency is not None else None
-    if args.all and (args.ad_account_ids or args.from_file):
-        raise UsageError("--all links every reachable account not linked yet: name no account"
-                         " and no --from-file with it")
-    if args.all and args.no_verify:
-        raise UsageError("--all asks Meta which accounts the token reaches: drop --no-verify")
-    named = list(args.ad_account_ids)
-    if args.from_file:
-        named += read_ids(ctx, args.from_file)
-    if not named and not args.all:
-        raise UsageError("no ad account to link: name AD_ACCOUNT_IDs, or give --all or"
-                         " --from-file F")
+    named = _named_accounts(args, ctx)
     warehouse = ctx.warehouse()
     if not os.path.exists(warehouse.path):
         # No site exists in a warehouse that does not: refused without making the file.
@@ -243,7 +234,7 @@ def link_many(args: argparse.Namespace, ctx: Context) -> int:
             f" {os.path.abspath(warehouse.path)} yet)"
         )
     with warehouse.connect() as con:
-        connection = registry.require_site_and_connection(con, site_id, connection_id)
+        connection = link_store.require_site_and_connection(con, site_id, connection_id)
         linked = {account.ad_account_id: account for account in registry.linked_accounts(con)}
 
     refuse = _Refusals(ctx)
@@ -268,6 +259,41 @@ def link_many(args: argparse.Namespace, ctx: Context) -> int:
             ctx.say(f"nothing to link: every account connection {connection_id}'s token reaches"
                     " is linked already")
             return EXIT_OK
+    accounts = _accounts_to_link(wanted, linked, read, timezone, currency)
+    linked_now, already = _link_in_batches(
+        ctx, warehouse, site_id, connection_id, accounts, refuse
+    )
+    ctx.say(f"{site_id}: {linked_now} linked, {already} already linked, {refuse.count} refused"
+            f" (via {connection_id})")
+    return EXIT_USAGE if refuse.count else EXIT_OK
+
+
+def _named_accounts(args: argparse.Namespace, ctx: Context) -> list[str]:
+    """The account ids the command names, as given (arguments, then `--from-file`);
+    UsageError when they and `--all` do not go together."""
+    if args.all and (args.ad_account_ids or args.from_file):
+        raise UsageError("--all links every reachable account not linked yet: name no account"
+                         " and no --from-file with it")
+    if args.all and args.no_verify:
+        raise UsageError("--all asks Meta which accounts the token reaches: drop --no-verify")
+    named = list(args.ad_account_ids)
+    if args.from_file:
+        named += read_ids(ctx, args.from_file)
+    if not named and not args.all:
+        raise UsageError("no ad account to link: name AD_ACCOUNT_IDs, or give --all or"
+                         " --from-file F")
+    return named
+
+
+def _accounts_to_link(
+    wanted: Mapping[str, None],
+    linked: Mapping[str, LinkedAccount],
+    read: Mapping[str, AdAccount],
+    timezone: str | None,
+    currency: str | None,
+) -> list[AccountToLink]:
+    """Each wanted account with its timezone and currency: as the command says, else as
+    stored for a linked account, else as Meta said. One Meta refused is left out."""
     accounts = []
     for act in wanted:
         known = linked.get(act)
@@ -280,12 +306,7 @@ def link_many(args: argparse.Namespace, ctx: Context) -> int:
             currency or (known.currency if known else meta.currency),
             meta.name if meta else None,
         ))
-    linked_now, already = _link_in_batches(
-        ctx, warehouse, site_id, connection_id, accounts, refuse
-    )
-    ctx.say(f"{site_id}: {linked_now} linked, {already} already linked, {refuse.count} refused"
-            f" (via {connection_id})")
-    return EXIT_USAGE if refuse.count else EXIT_OK
+    return accounts
 
 
 def _read_from_meta(
@@ -332,7 +353,7 @@ def _link_in_batches(
         for start in range(0, len(accounts), LINK_BATCH_ACCOUNTS):
             chunk = accounts[start : start + LINK_BATCH_ACCOUNTS]
             with warehouse.connect() as con:
-                batch = registry.link_accounts(
+                batch = link_store.link_accounts(
                     con, site_id, connection_id, chunk, ctx.now(), shards=shard_count,
                     shard_size=shard_size,
                 )

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, NoReturn, TextIO
 
-from rastro_assets.settings import Settings
+from rastro_assets.process_settings import Settings
 from rastro_assets.timekeeping import Clock, system_clock
 from rastro_assets.tokens import TOKEN_SHAPED
 from rastro_assets.vault import Vault

@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 
 from rastro_assets.cli.context import EXIT_OK, Context
-from rastro_assets.cli.sql import display_width
+from rastro_assets.cli.sql_print import display_width
 from rastro_assets.warehouse.connection import Warehouse
 
 

@@ -33,9 +33,10 @@ from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.shards import crowded_warning
 from rastro_assets.tokens import token_problem
 from rastro_assets.vault import generate_key
-from rastro_assets.warehouse import registry, shard_store
+from rastro_assets.warehouse import link_store, registry, shard_store, site_store
 from rastro_assets.warehouse.connection import Warehouse
-from rastro_assets.warehouse.registry import LinkResult, RegistryError
+from rastro_assets.warehouse.link_store import LinkResult
+from rastro_assets.warehouse.registry import RegistryError
 
 if TYPE_CHECKING:
     from rastro_assets.meta.models import AdAccount
@@ -86,8 +87,8 @@ def _site_add(args: argparse.Namespace, ctx: Context) -> int:
     site_id = registry.validate_identifier("site id", args.site_id)
     name = registry.validate_site_name(args.name) if args.name is not None else None
     with ctx.warehouse().connect() as con:
-        existed = registry.site_exists(con, site_id)
-        registry.add_site(con, site_id, name, ctx.now())
+        existed = site_store.site_exists(con, site_id)
+        site_store.add_site(con, site_id, name, ctx.now())
     ctx.say(f"site {site_id} {'updated' if existed else 'added'}")
     return EXIT_OK
 
@@ -97,7 +98,7 @@ def _site_list(args: argparse.Namespace, ctx: Context) -> int:
     if warehouse is None:
         return say_no_warehouse(ctx, args.json)
     with warehouse.connect(read_only=True) as con:
-        sites = registry.list_sites(con)
+        sites = site_store.list_sites(con)
     if args.json:
         entries = [
             {
@@ -134,7 +135,7 @@ def _site_rename(args: argparse.Namespace, ctx: Context) -> int:
     name = registry.validate_site_name(args.name)
     warehouse = _warehouse_holding_site(ctx, site_id)
     with warehouse.connect() as con:
-        old = registry.rename_site(con, site_id, name)
+        old = site_store.rename_site(con, site_id, name)
     ctx.say(f"site {site_id} renamed: {old or '(no name)'} -> {name}")
     return EXIT_OK
 
@@ -143,7 +144,7 @@ def _site_remove(args: argparse.Namespace, ctx: Context) -> int:
     site_id = registry.validate_identifier("site id", args.site_id)
     warehouse = _warehouse_holding_site(ctx, site_id)
     with warehouse.connect() as con:
-        registry.remove_site(con, site_id)
+        site_store.remove_site(con, site_id)
     ctx.say(f"site {site_id} removed")
     return EXIT_OK
 
@@ -296,7 +297,7 @@ def _link_one(args: argparse.Namespace, ctx: Context, raw_account_id: str) -> in
     name = None
     warehouse = _warehouse_holding_site(ctx, site_id)
     with warehouse.connect() as con:
-        connection = registry.require_site_and_connection(con, site_id, connection_id)
+        connection = link_store.require_site_and_connection(con, site_id, connection_id)
         known = registry.get_account(con, ad_account_id)
     if known is not None:
         # Linked already: what is stored is what the account's days mean.
@@ -314,7 +315,7 @@ def _link_one(args: argparse.Namespace, ctx: Context, raw_account_id: str) -> in
     settings = ctx.settings()
     shard_count = settings.account_shards
     with warehouse.connect() as con:
-        linked = registry.link_account(
+        linked = link_store.link_account(
             con, site_id, ad_account_id, connection_id, timezone, currency, ctx.now(), name=name,
             shards=shard_count, shard_size=settings.shard_accounts,
         )
@@ -387,7 +388,7 @@ def _unlink(args: argparse.Namespace, ctx: Context) -> int:
             f" {no_warehouse(ctx.warehouse().path)}"
         )
     with warehouse.connect() as con:
-        purged = registry.unlink_account(con, site_id, ad_account_id)
+        purged = link_store.unlink_account(con, site_id, ad_account_id)
     if purged:
         ctx.say(
             f"unlinked {site_id} from {ad_account_id}; no site links it any more, so its spend,"

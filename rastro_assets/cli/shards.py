@@ -152,6 +152,21 @@ def _move(args: argparse.Namespace, ctx: Context) -> int:
             "set DAGSTER_HOME to the daemon's instance: the move re-records each account's"
             " materialized days there"
         )
+    moved, skipped = _move_in_instance(ctx, shard_of, moves, shard_count)
+    if not moved and not skipped:
+        ctx.say(nothing)
+        return EXIT_OK
+    ctx.say(
+        f"moved {counted(moved, 'account')}" + (f"; {skipped} left for later" if skipped else "")
+    )
+    return EXIT_OK
+
+
+def _move_in_instance(
+    ctx: Context, shard_of: dict[str, int], moves: dict[str, int], shard_count: int
+) -> tuple[int, int]:
+    """In the daemon's instance, finish the moves a kill interrupted, then move each account
+    of `moves`: how many accounts moved, and how many a run in flight left for later."""
     # Imported here: it loads Dagster, which no other command needs.
     from rastro_assets.instance.accounts import (
         busy,
@@ -173,7 +188,7 @@ def _move(args: argparse.Namespace, ctx: Context) -> int:
             if account in moves or held == {shard}:
                 continue
             if account in in_flight:
-                ctx.warn(f"{account}: a run or backfill is in flight; run the move again later")
+                _left_for_later(ctx, account)
                 skipped += 1
                 continue
             place_account(instance, account, shard, held)
@@ -185,7 +200,7 @@ def _move(args: argparse.Namespace, ctx: Context) -> int:
         cache: dict = {}
         for account, target in sorted(moves.items()):
             if account in in_flight:
-                ctx.warn(f"{account}: a run or backfill is in flight; run the move again later")
+                _left_for_later(ctx, account)
                 skipped += 1
                 continue
             result = move_account(
@@ -198,19 +213,22 @@ def _move(args: argparse.Namespace, ctx: Context) -> int:
                 shard_count=shard_count,
             )
             moved += 1
-            ctx.say(
-                f"{account}: {shards.ad_spend_name(result.old_shard)} ->"
-                f" {shards.ad_spend_name(result.new_shard)},"
-                f" {counted(result.partitions, 'account-day')}"
-                f" ({counted(result.recorded, 'event')} recorded) in {result.seconds:.2f} s"
-            )
-    if not moved and not skipped:
-        ctx.say(nothing)
-        return EXIT_OK
+            _say_moved(ctx, account, result)
+    return moved, skipped
+
+
+def _left_for_later(ctx: Context, account: str) -> None:
+    ctx.warn(f"{account}: a run or backfill is in flight; run the move again later")
+
+
+def _say_moved(ctx: Context, account: str, result) -> None:
+    """What one move did; `result` is what `move_account` answers."""
     ctx.say(
-        f"moved {counted(moved, 'account')}" + (f"; {skipped} left for later" if skipped else "")
+        f"{account}: {shards.ad_spend_name(result.old_shard)} ->"
+        f" {shards.ad_spend_name(result.new_shard)},"
+        f" {counted(result.partitions, 'account-day')}"
+        f" ({counted(result.recorded, 'event')} recorded) in {result.seconds:.2f} s"
     )
-    return EXIT_OK
 
 
 def _store_shard(ctx: Context, ad_account_id: str, shard: int) -> None:

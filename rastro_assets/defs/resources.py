@@ -11,7 +11,7 @@ import dagster as dg
 
 from rastro_assets.analytics.publish import Publisher
 from rastro_assets.meta import make_client
-from rastro_assets.settings import Settings
+from rastro_assets.process_settings import Settings
 from rastro_assets.sync.syncer import Syncer
 from rastro_assets.timekeeping import Clock, system_clock
 from rastro_assets.warehouse.connection import Warehouse

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from rastro_assets.meta.client import MetaClient
 
 if TYPE_CHECKING:
-    from rastro_assets.settings import Settings
+    from rastro_assets.process_settings import Settings
 
 FAKE_GRAPH_BASE_URL = "https://graph.facebook.com/v25.0"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 
@@ -125,27 +125,40 @@ class Syncer(Wiring):
                         pool.submit(_read, spend, writer, target, synced_at, dead): index
                         for index, target in enumerate(targets)
                     }
-                    waiting: list[Unwritten] = []
-                    for done, future in enumerate(as_completed(reads), start=1):
-                        index = reads[future]
-                        result, unwritten = future.result()
-                        outcomes[index] = result
-                        if unwritten is None:
-                            settle(targets[index], result)
-                        else:
-                            waiting.append(unwritten)
-                        if waiting and (len(waiting) >= WAVE_WRITE_BATCH or done == len(reads)):
-                            # Written here while the pool goes on reading Meta.
-                            writer.write_many(waiting, synced_at)
-                            for read in waiting:
-                                settle(read.target, read.result)
-                            waiting = []
+                    self._write_as_read(reads, targets, outcomes, synced_at, settle)
             finally:
                 finished.flush()
         return WaveOutcome(
             outcomes=[outcome for outcome in outcomes if outcome is not None],
             refused=[(request, str(exc)) for request, exc in refused],
         )
+
+    def _write_as_read(
+        self,
+        reads: dict[Future, int],
+        targets: Sequence[Target],
+        outcomes: list[SyncOutcome | None],
+        synced_at: datetime,
+        settle: Callable[[Target, SyncOutcome], None],
+    ) -> None:
+        """Take each of a wave's reads as it finishes (`reads` maps each to its target's
+        index): its outcome goes in `outcomes`; its rows wait for `WAVE_WRITE_BATCH` others,
+        or the last read, to be written with them; then it is settled."""
+        waiting: list[Unwritten] = []
+        for done, future in enumerate(as_completed(reads), start=1):
+            index = reads[future]
+            result, unwritten = future.result()
+            outcomes[index] = result
+            if unwritten is None:
+                settle(targets[index], result)
+            else:
+                waiting.append(unwritten)
+            if waiting and (len(waiting) >= WAVE_WRITE_BATCH or done == len(reads)):
+                # Written here while the pool goes on reading Meta.
+                self.writer.write_many(waiting, synced_at)
+                for read in waiting:
+                    settle(read.target, read.result)
+                waiting = []
 
     def _catalog_then_end(
         self, target: Target, result: SyncOutcome, finished: _FinishedRuns

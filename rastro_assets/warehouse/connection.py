@@ -20,7 +20,7 @@ from pathlib import Path
 
 import duckdb
 
-from rastro_assets.settings import default_analytics_path
+from rastro_assets.process_settings import default_analytics_path
 from rastro_assets.warehouse import schema
 
 FIRST_RETRY_SECONDS = 0.05

@@ -178,32 +178,7 @@ def _write_batch(
     answers: dict[str, SpendWriteResult | WriteRefusal] = {}
     _register(con, batch)
     try:
-        refused = set()
-        stored = 0
-        for account, sites, repeated, rows_stored, newer in con.execute(
-            _CHECKS,
-            {
-                **_bounds(batch),
-                "synced_at": synced_at,
-                "own_runs": sorted({read.run_id for read in batch.values() if read.run_id}),
-            },
-        ).fetchall():
-            if newer:
-                answers[account] = AccountTakenOver(
-                    f"{account}: a sync that started after this run's holds the account now; "
-                    "nothing of this run was written"
-                )
-                refused.add(account)
-            elif repeated:
-                answers[account] = SpendInputError(
-                    f"the read repeats an ad-day: {first_duplicate(batch[account].table)}"
-                )
-                refused.add(account)
-            elif not sites:
-                answers[account] = not_linked(account)
-                refused.add(account)
-            else:
-                stored += rows_stored
+        refused, stored = _check_batch(con, batch, synced_at, answers)
         if refused:
             batch = {account: read for account, read in batch.items() if account not in refused}
             if not batch:
@@ -233,6 +208,44 @@ def _write_batch(
             days={day: found.get(day, DaySummary(ZERO_SPEND, 0)) for day in read.days},
         )
     return answers
+
+
+def _check_batch(
+    con: duckdb.DuckDBPyConnection,
+    batch: dict[str, _Read],
+    synced_at: datetime,
+    answers: dict[str, SpendWriteResult | WriteRefusal],
+) -> tuple[set[str], int]:
+    """The accounts of the batch refused (each with its refusal in `answers`): taken over
+    by a newer sync, a repeated ad-day, no site linking it; and the rows already stored for
+    the days the others write."""
+    refused = set()
+    stored = 0
+    for account, sites, repeated, rows_stored, newer in con.execute(
+        _CHECKS,
+        {
+            **_bounds(batch),
+            "synced_at": synced_at,
+            "own_runs": sorted({read.run_id for read in batch.values() if read.run_id}),
+        },
+    ).fetchall():
+        if newer:
+            answers[account] = AccountTakenOver(
+                f"{account}: a sync that started after this run's holds the account now; "
+                "nothing of this run was written"
+            )
+            refused.add(account)
+        elif repeated:
+            answers[account] = SpendInputError(
+                f"the read repeats an ad-day: {first_duplicate(batch[account].table)}"
+            )
+            refused.add(account)
+        elif not sites:
+            answers[account] = not_linked(account)
+            refused.add(account)
+        else:
+            stored += rows_stored
+    return refused, stored
 
 
 def _apply(

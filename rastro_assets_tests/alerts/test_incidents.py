@@ -11,7 +11,7 @@ from rastro_assets.alerts.incidents import IncidentKind
 from rastro_assets.meta.models import Ad
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.settings import AlertThresholds, SettingsError
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.catalog import upsert_catalog
 from rastro_assets_tests.conftest import record_sync_run
 
@@ -26,14 +26,14 @@ def world(warehouse):
     """Connection c1 serves act_1, act_2 (site s1) and act_3 (site s2); c2 serves act_9."""
     with warehouse.connect() as con:
         for site in ("s1", "s2"):
-            registry.add_site(con, site, None, LINKED)
+            site_store.add_site(con, site, None, LINKED)
         for connection in ("c1", "c2"):
             registry.save_connection(con, connection, b"\0" * 40, LINKED)
         for site, account, connection in (
             ("s1", "act_1", "c1"), ("s1", "act_2", "c1"), ("s2", "act_3", "c1"),
             ("s1", "act_9", "c2"),
         ):
-            registry.link_account(
+            link_store.link_account(
                 con, site, account, connection, "America/Sao_Paulo", "BRL", LINKED
             )
             # Backfilled, and its today read an hour ago: healthy.
@@ -121,9 +121,9 @@ def test_the_stale_threshold_is_a_setting(world):
 
 def test_a_backfill_that_has_not_moved_for_an_hour_is_stuck(warehouse):
     with warehouse.connect() as con:
-        registry.add_site(con, "s1", None, NOW)
+        site_store.add_site(con, "s1", None, NOW)
         registry.save_connection(con, "c1", b"\0" * 40, NOW)
-        registry.link_account(con, "s1", "act_5", "c1", "America/Sao_Paulo", "BRL", NOW)
+        link_store.link_account(con, "s1", "act_5", "c1", "America/Sao_Paulo", "BRL", NOW)
     assert incidents_at(warehouse, NOW + timedelta(minutes=59)) == []
     [stuck] = incidents_at(warehouse, NOW + timedelta(minutes=61))
     assert (stuck.key, stuck.accounts) == ("stuck:c1", ("act_5",))

@@ -21,7 +21,7 @@ from rastro_assets.analytics.frames import (
 )
 from rastro_assets.analytics.publish import Publisher
 from rastro_assets.sync.types import SyncRequest
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import site_store
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.analytics.helpers import WEEK, publish_week
 from rastro_assets_tests.analytics.sandbox import (
@@ -316,7 +316,7 @@ def test_each_call_reads_the_latest_publish_even_with_a_session_open(
         with snap.connect() as held:
             fake_clock.advance(timedelta(minutes=10))
             with warehouse.connect() as con:
-                registry.add_site(con, "s3", "Site three", now)
+                site_store.add_site(con, "s3", "Site three", now)
             Publisher(warehouse, snapshot_path, clock=fake_clock, timer=fake_clock).publish()
             # An open connection keeps the publish it opened...
             assert held.execute("SELECT count(*) FROM sites").fetchone()[0] == 2

@@ -13,9 +13,10 @@ import pytest
 
 from rastro_assets.analytics.publish import Publisher, PublishError
 from rastro_assets.analytics.tables import ANALYST_TABLES
-from rastro_assets.settings import NotTheSnapshot, Settings, SettingsError
+from rastro_assets.process_settings import NotTheSnapshot, Settings
+from rastro_assets.settings import SettingsError
 from rastro_assets.sync.types import SyncRequest
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store
 from rastro_assets_tests.analytics.analyst import Analyst
 from rastro_assets_tests.analytics.helpers import WEEK, assert_snapshot_equals_pipeline
 from rastro_assets_tests.conftest import TOKEN
@@ -78,12 +79,12 @@ def test_unlinking_and_relinking_reach_the_snapshot(
     assert syncer.sync(SyncRequest("act_202", *WEEK, run_id="r1")).ok
     publisher.publish()
     with warehouse.connect() as con:
-        registry.unlink_account(con, "s2", "act_202")
+        link_store.unlink_account(con, "s2", "act_202")
     publisher.publish()
     assert_snapshot_equals_pipeline(warehouse, snapshot_path)
     with warehouse.connect() as con:
-        registry.unlink_account(con, "s1", "act_202")
-        registry.link_account(
+        link_store.unlink_account(con, "s1", "act_202")
+        link_store.link_account(
             con, "s2", "act_202", "c1", "Asia/Tokyo", "JPY", now + timedelta(hours=1)
         )
     result = publisher.publish()
@@ -110,9 +111,9 @@ def test_a_relink_the_delta_cannot_tell_from_the_old_link_is_healed(
     assert syncer.sync(SyncRequest("act_202", *WEEK, run_id="r1")).ok
     publisher.publish()
     with warehouse.connect() as con:  # purged and linked again within the same instant
-        registry.unlink_account(con, "s1", "act_202")
-        registry.unlink_account(con, "s2", "act_202")
-        registry.link_account(con, "s2", "act_202", "c1", "Asia/Tokyo", "JPY", now)
+        link_store.unlink_account(con, "s1", "act_202")
+        link_store.unlink_account(con, "s2", "act_202")
+        link_store.link_account(con, "s2", "act_202", "c1", "Asia/Tokyo", "JPY", now)
     result = publisher.publish()
     assert "ad_spend_daily" in result.healed
     assert_snapshot_equals_pipeline(warehouse, snapshot_path)

@@ -12,7 +12,7 @@ import pytest
 
 from rastro_assets.cli.cadence import parse_instant
 from rastro_assets.meta.models import Ad, InsightRow, insight_table
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.catalog import upsert_catalog
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.spend import write_spend
@@ -33,11 +33,11 @@ STATUS_HEADER = ["ACCOUNT", "SITES", "STATE", "LAST SYNC", "NEXT SYNC", "BACKFIL
 
 
 def link(con, site: str, account: str, connection: str, timezone: str, at: datetime) -> None:
-    if not registry.site_exists(con, site):
-        registry.add_site(con, site, None, at)
+    if not site_store.site_exists(con, site):
+        site_store.add_site(con, site, None, at)
     if registry.get_connection(con, connection) is None:
         registry.save_connection(con, connection, b"\0" * 40, at)
-    registry.link_account(con, site, account, connection, timezone, "USD", at)
+    link_store.link_account(con, site, account, connection, timezone, "USD", at)
 
 
 def sync_run(

@@ -11,7 +11,7 @@ import pytest
 from rastro_assets.analytics.publish import Publisher
 from rastro_assets.meta.models import Ad
 from rastro_assets.warehouse import incidents as store
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.catalog import upsert_catalog
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.conftest import record_sync_run
@@ -32,9 +32,9 @@ def healthy(duckdb_path) -> Warehouse:
     warehouse = Warehouse(duckdb_path)
     linked = NOW - timedelta(hours=2)
     with warehouse.connect() as con:
-        registry.add_site(con, "s1", None, linked)
+        site_store.add_site(con, "s1", None, linked)
         registry.save_connection(con, "c1", b"\0" * 40, linked)
-        registry.link_account(con, "s1", "act_1", "c1", "America/Sao_Paulo", "BRL", linked)
+        link_store.link_account(con, "s1", "act_1", "c1", "America/Sao_Paulo", "BRL", linked)
         record_sync_run(con, "fill", "act_1", "backfill", TODAY - timedelta(89), TODAY,
                         linked + timedelta(minutes=5))
         record_sync_run(con, "live", "act_1", "live", TODAY - timedelta(1), TODAY,

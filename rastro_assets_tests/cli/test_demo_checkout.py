@@ -17,6 +17,7 @@ import pytest
 from rastro_assets import demo
 from rastro_assets.cli import tools
 from rastro_assets.cli.context import Context
+from rastro_assets.demo.paths import DemoPaths
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
@@ -42,32 +43,32 @@ def never_printed() -> list[str]:
 
 
 @pytest.fixture
-def checkout(tmp_path: Path, now: datetime, monkeypatch: pytest.MonkeyPatch) -> demo.DemoPaths:
+def checkout(tmp_path: Path, now: datetime, monkeypatch: pytest.MonkeyPatch) -> DemoPaths:
     """A checkout where `rastro demo` has prepared data/, as the working directory."""
     root = tmp_path / "repo"
     root.mkdir()
     for name in ("dagster.yaml", "workspace.yaml"):
         shutil.copy(REPO / name, root / name)
-    paths = demo.DemoPaths(root)
+    paths = DemoPaths(root)
     demo.prepare(paths, now=now, environ={})
     monkeypatch.chdir(root)
     return paths
 
 
 @pytest.fixture
-def daemon_env(checkout: demo.DemoPaths, now: datetime) -> dict[str, str]:
+def daemon_env(checkout: DemoPaths, now: datetime) -> dict[str, str]:
     """The environment `rastro demo` starts Dagster with, when RASTRO_SECRETS_KEY is unset."""
     return demo.prepare(checkout, now=now, environ={})
 
 
-def sealed(paths: demo.DemoPaths, connection_id: str) -> bytes | None:
+def sealed(paths: DemoPaths, connection_id: str) -> bytes | None:
     with Warehouse(paths.duckdb).connect(read_only=True) as con:
         connection = registry.get_connection(con, connection_id)
     return connection.sealed_token if connection else None
 
 
 def test_connect_in_the_demos_checkout_seals_with_the_key_its_daemon_has(
-    rastro: Rastro, checkout: demo.DemoPaths, daemon_env: dict[str, str]
+    rastro: Rastro, checkout: DemoPaths, daemon_env: dict[str, str]
 ):
     code, out, err = rastro("connect", "mine", "--no-verify", stdin=TOKEN)
     assert (code, err) == (0, "")
@@ -78,7 +79,7 @@ def test_connect_in_the_demos_checkout_seals_with_the_key_its_daemon_has(
 
 
 def test_a_key_in_the_environment_wins_over_the_demos_file(
-    rastro: Rastro, checkout: demo.DemoPaths
+    rastro: Rastro, checkout: DemoPaths
 ):
     own = generate_key()
     code, out, _ = rastro("connect", "mine", "--no-verify", stdin=TOKEN, environ={ENV_VAR: own})
@@ -88,7 +89,7 @@ def test_a_key_in_the_environment_wins_over_the_demos_file(
 
 @pytest.mark.parametrize("mode", [0o640, 0o644])
 def test_a_demo_key_file_others_may_read_is_refused_and_nothing_is_sealed(
-    rastro: Rastro, checkout: demo.DemoPaths, mode: int
+    rastro: Rastro, checkout: DemoPaths, mode: int
 ):
     checkout.key_file.chmod(mode)
     assert_usage_error(
@@ -100,7 +101,7 @@ def test_a_demo_key_file_others_may_read_is_refused_and_nothing_is_sealed(
 
 
 def test_a_symlink_at_the_demos_key_file_is_refused(
-    rastro: Rastro, checkout: demo.DemoPaths, tmp_path: Path
+    rastro: Rastro, checkout: DemoPaths, tmp_path: Path
 ):
     theirs = tmp_path / "theirs.key"
     theirs.write_text(generate_key())
@@ -115,7 +116,7 @@ def test_a_symlink_at_the_demos_key_file_is_refused(
 
 
 def test_another_warehouse_from_the_checkout_names_the_demo_key_not_taken(
-    rastro: Rastro, checkout: demo.DemoPaths, tmp_path: Path
+    rastro: Rastro, checkout: DemoPaths, tmp_path: Path
 ):
     other = tmp_path / "other.duckdb"
     line = assert_usage_error(
@@ -134,7 +135,7 @@ def test_another_warehouse_from_the_checkout_names_the_demo_key_not_taken(
 
 
 def test_the_demos_warehouse_from_outside_its_checkout_names_the_key_beside_it(
-    rastro: Rastro, checkout: demo.DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    rastro: Rastro, checkout: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -166,7 +167,7 @@ def test_without_a_demo_key_file_the_variable_is_asked_for(rastro: Rastro, tmp_p
     )
 
 
-def test_sealing_vault_says_nothing_when_the_variable_is_set(checkout: demo.DemoPaths):
+def test_sealing_vault_says_nothing_when_the_variable_is_set(checkout: DemoPaths):
     key = generate_key()
     out = io.StringIO()
     ctx = Context(environ={ENV_VAR: key}, stdin=io.StringIO(), stdout=out, stderr=io.StringIO())
@@ -178,7 +179,7 @@ def test_sealing_vault_says_nothing_when_the_variable_is_set(checkout: demo.Demo
 # publish --------------------------------------------------------------------------
 
 
-def test_publish_writes_the_snapshot_now(rastro: Rastro, checkout: demo.DemoPaths):
+def test_publish_writes_the_snapshot_now(rastro: Rastro, checkout: DemoPaths):
     snapshot = checkout.data / "analytics.duckdb"
     assert not snapshot.exists()
     code, out, err = rastro("publish")
@@ -196,7 +197,7 @@ def test_publish_without_a_warehouse_writes_nothing(rastro: Rastro, tmp_path: Pa
     assert not missing.parent.exists()
 
 
-def test_publish_prints_no_warning_of_dagsters(checkout: demo.DemoPaths):
+def test_publish_prints_no_warning_of_dagsters(checkout: DemoPaths):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RASTRO_", "DAGSTER_"))}
     rastro = Path(sys.executable).parent / "rastro"
     result = subprocess.run(

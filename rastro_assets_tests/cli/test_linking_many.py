@@ -15,7 +15,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from rastro_assets.warehouse.registry import MAX_LINKS_PER_CONNECTION
+from rastro_assets.warehouse.link_store import MAX_LINKS_PER_CONNECTION
 from rastro_assets_tests.cli.conftest import assert_usage_error
 
 TOKEN = "EAAB0manyAccountsToken0123456789ab"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rastro_assets.cli import EXIT_BROKEN_PIPE
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store, registry, site_store
 
 SCRIPT = Path(sys.executable).with_name("rastro")
 
@@ -34,9 +34,9 @@ def run_into_closed_pipe(args: list[str], env: dict[str, str]) -> subprocess.Com
 )
 def test_a_closed_pipe_ends_quietly(args, warehouse, now):
     with warehouse.connect() as con:
-        registry.add_site(con, "s1", None, now)
+        site_store.add_site(con, "s1", None, now)
         registry.save_connection(con, "c1", b"\0" * 40, now)
-        registry.link_account(con, "s1", "act_1", "c1", "UTC", "USD", now)
+        link_store.link_account(con, "s1", "act_1", "c1", "UTC", "USD", now)
     env = {**os.environ, "RASTRO_DUCKDB_PATH": str(warehouse.path)}
     env.pop("DAGSTER_HOME", None)
     result = run_into_closed_pipe(args, env)

@@ -9,7 +9,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from rastro_assets.warehouse import registry, shard_store
+from rastro_assets.warehouse import link_store, registry, shard_store, site_store
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.cli.conftest import assert_usage_error
 
@@ -21,10 +21,10 @@ def spread(warehouse: Warehouse, duckdb_path: Path, now: datetime) -> Path:
     """Twelve accounts in shard 0, act_201 in shard 1, act_301 in shard 3 (declared by no
     setting below: an install that lowered RASTRO_ACCOUNT_SHARDS before moving it)."""
     with warehouse.connect() as con:
-        registry.add_site(con, "s1", None, now)
+        site_store.add_site(con, "s1", None, now)
         registry.save_connection(con, "c1", b"\0" * 40, now)
         for account in [*TWELVE, "act_201", "act_301"]:
-            registry.link_account(con, "s1", account, "c1", "UTC", "USD", now)
+            link_store.link_account(con, "s1", account, "c1", "UTC", "USD", now)
         shard_store.set_account_shard(con, "act_201", 1)
         shard_store.set_account_shard(con, "act_301", 3)
     return duckdb_path
@@ -88,9 +88,9 @@ def test_a_crowded_shard_is_warned_of_beside_the_listing(rastro, spread):
 
 def test_counts_are_said_in_the_right_number(rastro, warehouse, now):
     with warehouse.connect() as con:
-        registry.add_site(con, "s1", None, now)
+        site_store.add_site(con, "s1", None, now)
         registry.save_connection(con, "c1", b"\0" * 40, now)
-        registry.link_account(con, "s1", "act_1", "c1", "UTC", "USD", now)
+        link_store.link_account(con, "s1", "act_1", "c1", "UTC", "USD", now)
     assert rastro("shard", "move", "--dry-run") == (
         0, "nothing to move: 1 account over 1 shard\n", ""
     )

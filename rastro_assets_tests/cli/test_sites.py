@@ -10,7 +10,7 @@ import duckdb
 import pytest
 import wcwidth
 
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.cli.conftest import assert_usage_error
 
@@ -22,12 +22,12 @@ TOKYO = "東京の店 ☀️ 👨‍👩‍👧"
 def sites(warehouse: Warehouse, duckdb_path: Path, now: datetime) -> Path:
     """bare (no name, nothing linked), s1 linking act_1 and act_2, tokyo linking nothing."""
     with warehouse.connect() as con:
-        registry.add_site(con, "s1", "Site one", now)
-        registry.add_site(con, "tokyo", TOKYO, now + timedelta(minutes=5))
-        registry.add_site(con, "bare", None, now + timedelta(hours=1))
+        site_store.add_site(con, "s1", "Site one", now)
+        site_store.add_site(con, "tokyo", TOKYO, now + timedelta(minutes=5))
+        site_store.add_site(con, "bare", None, now + timedelta(hours=1))
         registry.save_connection(con, "c1", b"\0" * 40, now)
         for account in ("act_1", "act_2"):
-            registry.link_account(con, "s1", account, "c1", "UTC", "USD", now)
+            link_store.link_account(con, "s1", account, "c1", "UTC", "USD", now)
     return duckdb_path
 
 
@@ -140,7 +140,7 @@ def test_remove_is_refused_while_the_site_links_accounts(rastro, sites):
 def test_remove_names_a_few_accounts_on_one_line(rastro, sites, now):
     with Warehouse(sites).connect() as con:
         for n in range(3, 10):
-            registry.link_account(con, "s1", f"act_{n}", "c1", "UTC", "USD", now)
+            link_store.link_account(con, "s1", f"act_{n}", "c1", "UTC", "USD", now)
     line = assert_usage_error(rastro("site", "remove", "s1"))
     assert "9 ad accounts (act_1, act_2, act_3, act_4, act_5 and 4 more)" in line
 

@@ -19,7 +19,7 @@ import duckdb
 import pytest
 import wcwidth
 
-from rastro_assets.cli.sql import _duration
+from rastro_assets.cli.sql_print import _duration
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.analytics.helpers import publish_week
 from rastro_assets_tests.analytics.sandbox import (

@@ -34,7 +34,7 @@ from rastro_assets.defs.partitions import (
     reach_start,
     shard_account_partitions,
 )
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store, registry
 from rastro_assets_tests.conftest import NOW, record_sync_run
 from rastro_assets_tests.defs.conftest import TODAY
 
@@ -78,7 +78,7 @@ def target_accounts(request) -> set[str]:
 
 def link(warehouse, account: str, at) -> None:
     with warehouse.connect() as con:
-        registry.link_account(con, "s1", account, "c1", "America/Sao_Paulo", "BRL", at)
+        link_store.link_account(con, "s1", account, "c1", "America/Sao_Paulo", "BRL", at)
 
 
 def test_new_accounts_become_partitions_and_share_one_fill_backfill(instance, rastro):

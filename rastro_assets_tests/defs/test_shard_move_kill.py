@@ -21,7 +21,7 @@ from rastro_assets import shards
 from rastro_assets.cli import run
 from rastro_assets.cli.context import Context
 from rastro_assets.defs.partitions import spend_shard
-from rastro_assets.warehouse import registry, shard_store
+from rastro_assets.warehouse import link_store, registry, shard_store, site_store
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.defs.instance_events import add_run, record_spend
 
@@ -47,10 +47,10 @@ def world(tmp_path):
     warehouse = Warehouse(tmp_path / "rastro.duckdb")
     now = datetime(2026, 12, 1, tzinfo=UTC)
     with warehouse.connect() as con:
-        registry.add_site(con, "s1", None, now)
+        site_store.add_site(con, "s1", None, now)
         registry.save_connection(con, "c1", b"\0" * 40, now)
         for account in ACCOUNTS:
-            registry.link_account(con, "s1", account, "c1", "UTC", "USD", now)
+            link_store.link_account(con, "s1", account, "c1", "UTC", "USD", now)
     with _instance(home) as instance:
         instance.add_dynamic_partitions(shards.accounts_name(0), ACCOUNTS)
         add_run(instance, "r1")

@@ -15,7 +15,7 @@ from rastro_assets.defs.spend.assets import build_meta_spend
 from rastro_assets.defs.spend.checks import build_sum_check
 from rastro_assets.instance.accounts import move_account
 from rastro_assets.instance.run_queue import AccountRunCoordinator, range_priority, run_account
-from rastro_assets.warehouse import registry, shard_store
+from rastro_assets.warehouse import link_store, registry, shard_store, site_store
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.defs.instance_events import add_run, record_spend
 from rastro_assets_tests.defs.waves import live, run_wave
@@ -104,7 +104,7 @@ def test_new_accounts_become_partitions_of_their_shard_and_backfill_there(
 
     apply(instance, result)
     with rastro.warehouse().connect() as con:
-        registry.unlink_account(con, "s1", "act_101")
+        link_store.unlink_account(con, "s1", "act_101")
     after = evaluate(defs, "meta_accounts", instance, rastro)
     assert [
         (type(change).__name__, change.partitions_def_name, list(change.partition_keys))
@@ -232,16 +232,16 @@ def test_planned_moves_spread_accounts_evenly_and_are_idempotent():
 
 
 def test_links_fill_shards_in_turn_and_each_account_keeps_its_own(con, now):
-    registry.add_site(con, "s1", None, now)
+    site_store.add_site(con, "s1", None, now)
     registry.save_connection(con, "c1", b"\0" * 40, now)
     for n in range(7):
-        registry.link_account(con, "s1", f"act_{n}", "c1", "UTC", "USD", now, shards=3,
+        link_store.link_account(con, "s1", f"act_{n}", "c1", "UTC", "USD", now, shards=3,
                               shard_size=2)
     assert shard_store.account_shards(con) == {
         "act_0": 0, "act_1": 0, "act_2": 1, "act_3": 1, "act_4": 2, "act_5": 2, "act_6": 0
     }
-    registry.add_site(con, "s2", None, now)
-    registry.link_account(con, "s2", "act_4", "c1", "UTC", "USD", now, shards=3, shard_size=2)
+    site_store.add_site(con, "s2", None, now)
+    link_store.link_account(con, "s2", "act_4", "c1", "UTC", "USD", now, shards=3, shard_size=2)
     assert shard_store.account_shards(con, ["act_4"]) == {"act_4": 2}
 
 

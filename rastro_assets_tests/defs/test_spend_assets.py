@@ -19,7 +19,7 @@ from rastro_assets.defs.keys import AD_SPEND_DAILY, SITE_SPEND_DAILY
 from rastro_assets.defs.partitions import spend_partition_key
 from rastro_assets.defs.spend.assets import meta_spend
 from rastro_assets.defs.spend.checks import site_spend_equals_ad_sums
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store
 from rastro_assets_tests.conftest import TOKEN
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.truth import assert_equals_truth, stored_rows
@@ -230,7 +230,7 @@ def act_1(warehouse, linked_world, now) -> str:
         "act_1", timezone="America/Sao_Paulo", currency="BRL", n_ads=3, token=TOKEN
     )
     with warehouse.connect() as con:
-        registry.link_account(con, "s1", "act_1", "c1", "America/Sao_Paulo", "BRL", now)
+        link_store.link_account(con, "s1", "act_1", "c1", "America/Sao_Paulo", "BRL", now)
     return "act_1"
 
 

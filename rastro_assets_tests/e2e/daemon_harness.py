@@ -21,7 +21,7 @@ from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.timekeeping import local_date
 from rastro_assets.vault import Vault
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.conftest import TOKEN
 from rastro_assets_tests.truth import assert_equals_truth
@@ -65,10 +65,10 @@ def linked_warehouse(
     vault = Vault.from_env()
     now = datetime.now(UTC)
     with warehouse.connect() as con:
-        registry.add_site(con, "s1", "Site one", now)
+        site_store.add_site(con, "s1", "Site one", now)
         registry.save_connection(con, "c1", vault.seal("c1", TOKEN), now)
         for account in accounts:
-            registry.link_account(con, "s1", account, "c1", timezone, currency, now)
+            link_store.link_account(con, "s1", account, "c1", timezone, currency, now)
     snapshot_path = directory / "analytics.duckdb"
     Publisher(warehouse, snapshot_path).publish()
     return warehouse, snapshot_path

@@ -38,7 +38,8 @@ from typing import TypeVar
 import duckdb
 import pytest
 
-from rastro_assets.demo import COLOURS, DEMO_CONNECTION, DEMO_LINKS, DEMO_SITES, QUIETED_WARNINGS
+from rastro_assets.demo import DEMO_CONNECTION, DEMO_LINKS, DEMO_SITES
+from rastro_assets.demo.dagster_output import COLOURS, QUIETED_WARNINGS
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
 from rastro_fake_graph.world import DEMO_TOKEN, FakeWorld

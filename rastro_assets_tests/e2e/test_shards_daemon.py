@@ -21,7 +21,7 @@ from rastro_assets import shards
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.timekeeping import days_between, local_date
-from rastro_assets.warehouse import registry, shard_store
+from rastro_assets.warehouse import link_store, registry, shard_store
 from rastro_assets_tests.conftest import TOKEN
 from rastro_assets_tests.e2e.daemon_harness import (
     ACCOUNT,
@@ -139,7 +139,7 @@ def test_three_shards_backfill_sync_by_hand_and_unlink_each_in_its_own_pair(shar
         now = datetime.now(UTC)
         with warehouse.connect() as con:
             for account, (timezone, currency) in LINKED_LATER.items():
-                registry.link_account(
+                link_store.link_account(
                     con, "s1", account, "c1", timezone, currency, now, shards=SHARDS,
                     shard_size=SHARD_SIZE,
                 )
@@ -208,7 +208,7 @@ def test_three_shards_backfill_sync_by_hand_and_unlink_each_in_its_own_pair(shar
 
         # Unlinked, an account leaves its own shard's partitions; the others keep theirs.
         with warehouse.connect() as con:
-            registry.unlink_account(con, "s1", "act_703")
+            link_store.unlink_account(con, "s1", "act_703")
         wait_for(
             "act_703 to leave its shard's partitions",
             lambda: partitions(home)[2] == [],

@@ -55,7 +55,7 @@ from rastro_assets.defs.keys import (
 from rastro_assets.defs.partitions import date_partitions
 from rastro_assets.instance.accounts import add_account_partitions
 from rastro_assets.timekeeping import local_date
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.conftest import TOKEN, record_sync_run
 from rastro_assets_tests.e2e.daemon_harness import (
@@ -148,7 +148,7 @@ def link_live_accounts(
     warehouse, snapshot_path = linked_warehouse(directory, [], "UTC", "USD")
     with warehouse.connect() as con:
         for account, (timezone, currency) in accounts.items():
-            registry.link_account(
+            link_store.link_account(
                 con, "s1", account, "c1", timezone, currency, now - timedelta(minutes=2)
             )
             today = local_date(now, timezone)

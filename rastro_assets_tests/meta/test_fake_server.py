@@ -15,7 +15,7 @@ import pytest
 from rastro_assets.meta import FAKE_GRAPH_BASE_URL, make_client
 from rastro_assets.meta.client import MetaClient
 from rastro_assets.meta.errors import ErrorKind, MetaError
-from rastro_assets.settings import Settings
+from rastro_assets.process_settings import Settings
 from rastro_assets_tests.insight_rows import chunk_rows
 from rastro_assets_tests.meta.conftest import BRL, TOKEN, truth_rows
 from rastro_fake_graph import DEMO_TOKEN, FakeWorld, serve

@@ -15,7 +15,7 @@ import pytest
 
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets_tests.planner.history import COLUMNS, History
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -137,10 +137,10 @@ def histories(tmp_path_factory):
     rows = sorted((row for history in built for row in history.rows),
                   key=lambda row: row["started_at"])
     with warehouse.connect() as con:
-        registry.add_site(con, "s1", "Site", NOW - timedelta(days=200))
+        site_store.add_site(con, "s1", "Site", NOW - timedelta(days=200))
         registry.save_connection(con, "c1", b"\0" * 40, NOW - timedelta(days=200))
         for history in built:
-            registry.link_account(con, "s1", history.account, "c1", history.timezone, "BRL",
+            link_store.link_account(con, "s1", history.account, "c1", history.timezone, "BRL",
                                   history.linked_at)
         table = pa.table({name: pa.array([row[name] for row in rows], kind)
                           for name, kind in COLUMNS})

@@ -15,7 +15,7 @@ from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.planner.state import AccountState, Delivery, SyncRun
 from rastro_assets.timekeeping import local_date
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.account_states import recent_deliveries
 from rastro_assets.warehouse.catalog import upsert_catalog
 from rastro_assets.warehouse.spend import write_spend
@@ -185,11 +185,11 @@ def spend(con, account: str, day: date, amount: str, ad: str = "a1",
 
 @pytest.fixture
 def warehouse_accounts(con):
-    registry.add_site(con, "s1", "Site", LINKED - DAY)
+    site_store.add_site(con, "s1", "Site", LINKED - DAY)
     registry.save_connection(con, "c1", b"\0" * 40, LINKED - DAY)
     for index, ad_account_id in enumerate(ACCOUNTS):
         timezone = TIMEZONES.get(ad_account_id, "UTC")
-        registry.link_account(con, "s1", ad_account_id, "c1", timezone, "USD", LINKED)
+        link_store.link_account(con, "s1", ad_account_id, "c1", timezone, "USD", LINKED)
         record_sync_run(con, f"b{index}", ad_account_id, "backfill",
                         TODAY - timedelta(days=89), TODAY + DAY, BACKFILLED, catalog=True)
     spend(con, "act_10", TODAY, "12.3400")

@@ -12,7 +12,7 @@ from rastro_assets.planner.history import planned_accounts
 from rastro_assets.planner.rules import GAP_AFTER
 from rastro_assets.settings import RETENTION
 from rastro_assets.timekeeping import local_date, local_midnight
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.runs import prune_sync_runs
 from rastro_assets_tests.conftest import NOW, record_sync_run
 from rastro_assets_tests.planner.history import COLUMNS, History
@@ -69,9 +69,9 @@ def insert_runs(con, rows) -> None:
 @pytest.fixture
 def linked(con) -> History:
     """`act_1` linked 90 days ago, its 90-day backfill read at linking; no other run yet."""
-    registry.add_site(con, "s1", "Site one", LINKED_AT)
+    site_store.add_site(con, "s1", "Site one", LINKED_AT)
     registry.save_connection(con, "c1", b"\0" * 40, LINKED_AT)
-    registry.link_account(con, "s1", "act_1", "c1", TIMEZONE, "BRL", LINKED_AT)
+    link_store.link_account(con, "s1", "act_1", "c1", TIMEZONE, "BRL", LINKED_AT)
     history = History("act_1", TIMEZONE, LINKED_AT)
     history.backfill(LINKED_AT + timedelta(minutes=1))
     return history

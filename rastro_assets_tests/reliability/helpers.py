@@ -67,15 +67,15 @@ def build_world(clock, token: str):
 
 def link_world(warehouse: Warehouse, vault, world, token: str, now) -> None:
     """Site s1 links both accounts through connection c1; site s2 shares act_202."""
-    from rastro_assets.warehouse import registry
+    from rastro_assets.warehouse import link_store, registry, site_store
 
     with warehouse.connect() as con:
-        registry.add_site(con, "s1", "Site one", now)
-        registry.add_site(con, "s2", "Site two", now)
+        site_store.add_site(con, "s1", "Site one", now)
+        site_store.add_site(con, "s2", "Site two", now)
         registry.save_connection(con, "c1", vault.seal("c1", token), now)
         for site, account in (("s1", "act_101"), ("s1", "act_202"), ("s2", "act_202")):
             fake = world.accounts[account]
-            registry.link_account(con, site, account, "c1", fake.timezone, fake.currency, now)
+            link_store.link_account(con, site, account, "c1", fake.timezone, fake.currency, now)
 
 
 # -- what the warehouse holds ----------------------------------------------------

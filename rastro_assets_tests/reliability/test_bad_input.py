@@ -35,7 +35,7 @@ from rastro_assets.sync.syncer import Syncer
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets.timekeeping import days_between
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.connection import Warehouse, transaction
 from rastro_assets.warehouse.run_history import sync_run_rows
 from rastro_assets.warehouse.spend import write_spend
@@ -308,11 +308,11 @@ def bench(tmp_path_factory) -> Bench:
     warehouse = Warehouse(tmp_path_factory.mktemp("bench") / "rastro.duckdb", lock_wait_seconds=5)
     warehouse.migrate()
     with warehouse.connect() as con:
-        registry.add_site(con, "s1", "Site one", NOW)
-        registry.add_site(con, "s2", "Site two", NOW)
+        site_store.add_site(con, "s1", "Site one", NOW)
+        site_store.add_site(con, "s2", "Site two", NOW)
         registry.save_connection(con, "c1", vault.seal("c1", TOKEN), NOW)
-        registry.link_account(con, "s1", ACCOUNT, "c1", "America/Sao_Paulo", "BRL", NOW)
-        registry.link_account(con, "s2", ACCOUNT, "c1", "America/Sao_Paulo", "BRL", NOW)
+        link_store.link_account(con, "s1", ACCOUNT, "c1", "America/Sao_Paulo", "BRL", NOW)
+        link_store.link_account(con, "s2", ACCOUNT, "c1", "America/Sao_Paulo", "BRL", NOW)
     with warehouse.held():
         yield Bench(warehouse, vault)
 
@@ -616,7 +616,7 @@ def test_link_input_is_taken_as_given_or_refused(shell, site, account, timezone,
                 [normalized],
             ).fetchall()
             assert stored == [(timezone.strip(), currency.strip().upper())]
-            registry.unlink_account(con, "s1", normalized)  # back to the snapshot
+            link_store.unlink_account(con, "s1", normalized)  # back to the snapshot
         assert cli_snapshot(shell.warehouse) == before
     else:
         assert not valid, (site, account, timezone, currency, result)

@@ -29,7 +29,7 @@ from rastro_assets.planner.history import planned_accounts
 from rastro_assets.planner.runs import runs_by_account
 from rastro_assets.sync.syncer import Syncer
 from rastro_assets.sync.types import SyncRequest
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.connection import Warehouse, WarehouseLocked
 from rastro_assets.warehouse.run_history import sync_run_rows
 from rastro_assets_tests.conftest import NOW, TOKEN
@@ -244,7 +244,7 @@ def test_a_wave_finding_its_connection_s_token_dead_at_once_records_every_accoun
     world = FakeWorld(clock=fake_clock, seed=3)
     accounts = [f"act_{300 + n}" for n in range(8)]
     with warehouse.connect() as con:
-        registry.add_site(con, "s1", None, NOW)
+        site_store.add_site(con, "s1", None, NOW)
         for account in accounts:
             world.add_account(account, timezone="UTC", currency="USD", n_ads=2, token=TOKEN)
     syncer = make_syncer(warehouse, world, fake_clock)
@@ -252,7 +252,7 @@ def test_a_wave_finding_its_connection_s_token_dead_at_once_records_every_accoun
         with warehouse.connect() as con:
             registry.save_connection(con, "c1", vault.seal("c1", TOKEN), fake_clock())
             for account in accounts:
-                registry.link_account(con, "s1", account, "c1", "UTC", "USD", NOW)
+                link_store.link_account(con, "s1", account, "c1", "UTC", "USD", NOW)
         world.kill_token(TOKEN, subcode=463)
         requests = [SyncRequest(account, TODAY, TODAY, run_id=f"wave-{round_}")
                     for account in accounts]

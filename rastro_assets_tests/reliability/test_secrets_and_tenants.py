@@ -29,7 +29,7 @@ from rastro_assets.defs.spend.assets import meta_spend
 from rastro_assets.sync.catalog import CatalogSyncer
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets.vault import ENV_VAR, Vault
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.conftest import NOW, TOKEN
 from rastro_assets_tests.pinned import pinned
@@ -209,7 +209,7 @@ def test_a_sealed_token_copied_to_another_connection_does_not_open(
         stolen = registry.get_connection(con, "c1").sealed_token
         con.execute("UPDATE meta_connections SET sealed_token = ? WHERE connection_id = 'c2'",
                     [stolen])
-        registry.add_site(con, "s3", "Site three", NOW)
+        site_store.add_site(con, "s3", "Site three", NOW)
         con.execute("UPDATE meta_ad_accounts SET connection_id = 'c2'"
                     " WHERE ad_account_id = 'act_202'")
     requests = linked_world.record_requests()
@@ -236,11 +236,11 @@ def tenants(tmp_path, secrets_key):
     vault = Vault.from_env()
     with warehouse.connect() as con:
         for site in ("sa", "sb"):
-            registry.add_site(con, site, f"Site {site}", NOW)
+            site_store.add_site(con, site, f"Site {site}", NOW)
         registry.save_connection(con, "ca", vault.seal("ca", TOKEN), NOW)
         registry.save_connection(con, "cb", vault.seal("cb", TOKEN_B), NOW)
-        registry.link_account(con, "sa", "act_101", "ca", "America/Sao_Paulo", "BRL", NOW)
-        registry.link_account(con, "sb", "act_202", "cb", "Asia/Tokyo", "JPY", NOW)
+        link_store.link_account(con, "sa", "act_101", "ca", "America/Sao_Paulo", "BRL", NOW)
+        link_store.link_account(con, "sb", "act_202", "cb", "Asia/Tokyo", "JPY", NOW)
     return world, warehouse, clock
 
 

@@ -16,7 +16,7 @@ from rastro_assets.meta.models import Ad, CallStats, Thumbnail
 from rastro_assets.sync import catalog as catalog_sync
 from rastro_assets.sync.catalog import CatalogSyncer
 from rastro_assets.sync.types import CatalogRefused, SyncRequest
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store
 from rastro_assets_tests.conftest import NOW, TOKEN
 
 TODAY = date(2026, 11, 30)  # local today of both fake accounts at NOW
@@ -416,7 +416,7 @@ def test_a_spend_read_names_its_ads(syncer, warehouse, linked_world):
 def test_a_spend_name_never_refiles_an_ad(syncer, warehouse, linked_world):
     ad_id = linked_world.truth("act_101", TODAY)[0].ad_id
     with warehouse.connect() as con:
-        registry.link_account(con, "s1", "act_303", "c1", "UTC", "USD", NOW)
+        link_store.link_account(con, "s1", "act_303", "c1", "UTC", "USD", NOW)
         con.execute("INSERT INTO ad_catalog (ad_id, ad_account_id, ad_name) VALUES "
                     "(?, 'act_303', 'kept')", [ad_id])
     syncer.sync(SyncRequest("act_101", TODAY, TODAY))

@@ -7,7 +7,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 from rastro_assets.meta.models import Ad, InsightRow, insight_table
-from rastro_assets.warehouse import registry, shard_store
+from rastro_assets.warehouse import link_store, registry, shard_store, site_store
 from rastro_assets.warehouse.account_states import LinkedState, linked_states, recent_deliveries
 from rastro_assets.warehouse.catalog import upsert_catalog
 from rastro_assets.warehouse.spend import write_spend
@@ -18,9 +18,9 @@ DAY = timedelta(days=1)
 
 
 def test_linked_states_carry_sites_shard_and_the_connection_s_state(con, linked_account):
-    registry.add_site(con, "s2", "Site two", NOW)
-    registry.link_account(con, "s2", "act_1", "c1", "America/Sao_Paulo", "BRL", NOW)
-    registry.link_account(con, "s2", "act_2", "c1", "Asia/Tokyo", "JPY", NOW)
+    site_store.add_site(con, "s2", "Site two", NOW)
+    link_store.link_account(con, "s2", "act_1", "c1", "America/Sao_Paulo", "BRL", NOW)
+    link_store.link_account(con, "s2", "act_2", "c1", "Asia/Tokyo", "JPY", NOW)
     shard_store.set_account_shard(con, "act_2", 3)
     registry.request_sync(con, "act_2", NOW + DAY)
     registry.mark_connection_invalid(con, "c1", "Meta said no", NOW + DAY, token_sealed_at=NOW)
@@ -44,7 +44,7 @@ def spend(con, account: str, day, amount: str) -> None:
 
 def test_recent_deliveries_name_the_last_day_with_spend_and_any_active_ad(con, linked_account):
     for account in ("act_2", "act_3", "act_4"):
-        registry.link_account(con, "s1", account, "c1", "UTC", "USD", NOW)
+        link_store.link_account(con, "s1", account, "c1", "UTC", "USD", NOW)
     record_sync_run(con, "newest", "act_1", "live", TODAY - DAY, TODAY, NOW)
     spend(con, "act_1", TODAY - DAY, "1.5000")
     spend(con, "act_1", TODAY - 10 * DAY, "9.0000")

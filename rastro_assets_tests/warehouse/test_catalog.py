@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from rastro_assets.meta.models import Ad, InsightRow, insight_table
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store, site_store
 from rastro_assets.warehouse.catalog import (
     CatalogWriteResult,
     catalog_size,
@@ -68,7 +68,7 @@ def catalog(con, ad_id: str) -> dict:
 @pytest.fixture
 def two_accounts(con, now, linked_account):
     """act_1 (from `linked_account`) and act_2, both linked to site s1."""
-    registry.link_account(con, "s1", "act_2", "c1", "UTC", "USD", now)
+    link_store.link_account(con, "s1", "act_2", "c1", "UTC", "USD", now)
     return "act_1", "act_2"
 
 
@@ -209,7 +209,7 @@ def leads(con, site: str, ad_id: str, day: date, count: int = 1) -> None:
 
 
 def test_missing_names_are_recent_unnamed_and_ours(con, now, two_accounts):
-    registry.add_site(con, "s9", None, now)
+    site_store.add_site(con, "s9", None, now)
     since = DAY - timedelta(days=6)
     leads(con, "s1", "10", DAY, 3)  # never seen: asked
     leads(con, "s1", "11", since)  # filed under act_1 without a name: asked
@@ -298,7 +298,7 @@ def test_unlinking_purges_the_catalog_and_its_thumbnails(con, now, two_accounts)
     upsert_catalog(con, "act_2", [ad("2")], now, refile=True)
     store_thumbnails(con, "act_1", [fetched("1", "101")], now)
     store_thumbnails(con, "act_2", [fetched("2", "201")], now)
-    registry.unlink_account(con, "s1", "act_1")
+    link_store.unlink_account(con, "s1", "act_1")
     assert con.execute("SELECT ad_id FROM ad_catalog").fetchall() == [("2",)]
     assert con.execute("SELECT ad_id FROM ad_thumbnails").fetchall() == [("2",)]
 

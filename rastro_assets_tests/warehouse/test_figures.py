@@ -5,13 +5,13 @@ from __future__ import annotations
 from datetime import date
 from decimal import Decimal
 
-from rastro_assets.warehouse import registry, shard_store
+from rastro_assets.warehouse import link_store, shard_store
 from rastro_assets.warehouse.figures import spend_table_figures
 from rastro_assets_tests.conftest import NOW
 
 
 def test_figures_cover_the_table_or_one_shards_accounts(con, linked_account):
-    registry.link_account(con, "s1", "act_2", "c1", "Asia/Tokyo", "JPY", NOW)
+    link_store.link_account(con, "s1", "act_2", "c1", "Asia/Tokyo", "JPY", NOW)
     shard_store.set_account_shard(con, "act_2", 1)
     con.execute(
         "INSERT INTO ad_spend_daily (ad_account_id, ad_id, day, spend, impressions, clicks,"

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from rastro_assets.meta.models import InsightRow, insight_table
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.catalog import CatalogWriteResult, upsert_spend_names
 from rastro_assets.warehouse.connection import transaction
 from rastro_assets.warehouse.errors import AccountNotLinked
@@ -38,10 +38,10 @@ def catalog(con) -> list[tuple]:
 @pytest.fixture
 def accounts(con):
     """act_1 and act_2 linked to s1; act_3 linked to nothing; ad 9 is act_8's."""
-    registry.add_site(con, "s1", None, AT)
+    site_store.add_site(con, "s1", None, AT)
     registry.save_connection(con, "c1", b"\0" * 40, AT)
     for account in ("act_1", "act_2"):
-        registry.link_account(con, "s1", account, "c1", "UTC", "USD", AT)
+        link_store.link_account(con, "s1", account, "c1", "UTC", "USD", AT)
     con.execute("INSERT INTO ad_catalog (ad_id, ad_account_id, ad_name) VALUES ('9', 'act_8', 'x')")
 
 

@@ -9,8 +9,9 @@ import duckdb
 import pytest
 
 from rastro_assets.meta.models import InsightRow, insight_table
-from rastro_assets.warehouse import registry, shard_store
-from rastro_assets.warehouse.registry import LinkResult, RegistryError
+from rastro_assets.warehouse import link_store, registry, shard_store, site_store
+from rastro_assets.warehouse.link_store import LinkResult
+from rastro_assets.warehouse.registry import RegistryError
 from rastro_assets.warehouse.spend import write_spend
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact, site_rows
 
@@ -82,10 +83,10 @@ def test_bad_identifiers_are_refused(raw: str):
 
 
 def test_add_site_is_idempotent_and_renames(con, now):
-    registry.add_site(con, "s1", "One", now)
-    registry.add_site(con, "s1", "One", now + timedelta(hours=1))
-    registry.add_site(con, "s1", "Renamed", now + timedelta(hours=2))
-    registry.add_site(con, "s1", None, now + timedelta(hours=3))
+    site_store.add_site(con, "s1", "One", now)
+    site_store.add_site(con, "s1", "One", now + timedelta(hours=1))
+    site_store.add_site(con, "s1", "Renamed", now + timedelta(hours=2))
+    site_store.add_site(con, "s1", None, now + timedelta(hours=3))
     assert con.execute("SELECT site_id, name, created_at FROM sites").fetchall() == [
         ("s1", "Renamed", now)
     ]
@@ -144,12 +145,12 @@ def test_a_run_with_an_old_token_cannot_condemn_a_new_one(con, now):
 
 
 def test_link_creates_the_account_and_a_relink_is_a_no_op(con, now):
-    registry.add_site(con, "s1", None, now)
+    site_store.add_site(con, "s1", None, now)
     registry.save_connection(con, "c1", SEALED, now)
-    assert registry.link_account(con, "s1", "123", "c1", "UTC", "usd", now, name="Shop") == (
-        registry.Linked(LinkResult.LINKED, 0)
+    assert link_store.link_account(con, "s1", "123", "c1", "UTC", "usd", now, name="Shop") == (
+        link_store.Linked(LinkResult.LINKED, 0)
     )
-    again = registry.link_account(con, "s1", "act_123", "c1", "UTC", "USD", now + timedelta(1))
+    again = link_store.link_account(con, "s1", "act_123", "c1", "UTC", "USD", now + timedelta(1))
     assert again.result == LinkResult.ALREADY_LINKED == "already_linked"
     assert con.execute("SELECT * FROM meta_ad_accounts").fetchall() == [
         ("act_123", "c1", "UTC", "USD", "Shop", now, None)
@@ -158,18 +159,18 @@ def test_link_creates_the_account_and_a_relink_is_a_no_op(con, now):
 
 
 def test_link_account_answers_the_shard_it_chose_and_a_relink_the_one_kept(con, now):
-    registry.add_site(con, "s1", None, now)
-    registry.add_site(con, "s2", None, now)
+    site_store.add_site(con, "s1", None, now)
+    site_store.add_site(con, "s2", None, now)
     registry.save_connection(con, "c1", SEALED, now)
 
-    def link(site: str, act: str) -> registry.Linked:
-        return registry.link_account(
+    def link(site: str, act: str) -> link_store.Linked:
+        return link_store.link_account(
             con, site, act, "c1", "UTC", "USD", now, shards=3, shard_size=1
         )
 
     assert [link("s1", act).shard for act in ("act_1", "act_2")] == [0, 1]
-    assert link("s2", "act_2") == registry.Linked(LinkResult.LINKED, 1)
-    assert link("s2", "act_2") == registry.Linked(LinkResult.ALREADY_LINKED, 1)
+    assert link("s2", "act_2") == link_store.Linked(LinkResult.LINKED, 1)
+    assert link("s2", "act_2") == link_store.Linked(LinkResult.ALREADY_LINKED, 1)
     assert shard_store.account_shards(con) == {"act_1": 0, "act_2": 1}
 
 
@@ -178,34 +179,34 @@ def test_link_account_answers_the_shard_it_chose_and_a_relink_the_one_kept(con, 
     [("nope", "c1", "unknown site 'nope'"), ("s1", "nope", "unknown connection 'nope'")],
 )
 def test_link_to_unknown_site_or_connection_is_refused(con, now, site, connection, message):
-    registry.add_site(con, "s1", None, now)
+    site_store.add_site(con, "s1", None, now)
     registry.save_connection(con, "c1", SEALED, now)
     with pytest.raises(RegistryError, match=message):
-        registry.link_account(con, site, "act_1", connection, "UTC", "USD", now)
+        link_store.link_account(con, site, "act_1", connection, "UTC", "USD", now)
     assert count(con, "meta_ad_accounts") == count(con, "site_ad_accounts") == 0
 
 
 def test_account_synced_through_another_connection_is_refused(con, now, linked_account):
-    registry.add_site(con, "s2", None, now)
+    site_store.add_site(con, "s2", None, now)
     registry.save_connection(con, "c2", SEALED, now)
     with pytest.raises(RegistryError, match="already synced through connection 'c1'"):
-        registry.link_account(con, "s2", "act_1", "c2", "America/Sao_Paulo", "BRL", now)
+        link_store.link_account(con, "s2", "act_1", "c2", "America/Sao_Paulo", "BRL", now)
     with pytest.raises(RegistryError, match="already synced through connection 'c1'"):
-        registry.link_account(con, "s1", "act_1", "c2", "America/Sao_Paulo", "BRL", now)
+        link_store.link_account(con, "s1", "act_1", "c2", "America/Sao_Paulo", "BRL", now)
     assert con.execute("SELECT site_id FROM site_ad_accounts").fetchall() == [("s1",)]
 
 
 def test_a_different_timezone_or_currency_for_a_linked_account_is_refused(con, now, linked_account):
-    registry.add_site(con, "s2", None, now)
+    site_store.add_site(con, "s2", None, now)
     with pytest.raises(RegistryError, match="stored with timezone America/Sao_Paulo"):
-        registry.link_account(con, "s2", "act_1", "c1", "UTC", "BRL", now)
+        link_store.link_account(con, "s2", "act_1", "c1", "UTC", "BRL", now)
     with pytest.raises(RegistryError, match="currency BRL"):
-        registry.link_account(con, "s1", "act_1", "c1", "America/Sao_Paulo", "USD", now)
+        link_store.link_account(con, "s1", "act_1", "c1", "America/Sao_Paulo", "USD", now)
     assert count(con, "site_ad_accounts") == 1
 
 
 def test_bad_inputs_to_link_write_nothing(con, now):
-    registry.add_site(con, "s1", None, now)
+    site_store.add_site(con, "s1", None, now)
     registry.save_connection(con, "c1", SEALED, now)
     for bad in (
         ("act_x", "UTC", "USD"),
@@ -213,14 +214,14 @@ def test_bad_inputs_to_link_write_nothing(con, now):
         ("act_1", "UTC", "US"),
     ):
         with pytest.raises(ValueError):
-            registry.link_account(con, "s1", bad[0], "c1", bad[1], bad[2], now)
+            link_store.link_account(con, "s1", bad[0], "c1", bad[1], bad[2], now)
     assert count(con, "meta_ad_accounts") == count(con, "site_ad_accounts") == 0
 
 
 def test_second_site_gets_the_existing_spend_at_once(con, now, linked_account):
     spend(con, "act_1", now, ("a1", DAY1, "1.5000"), ("a2", DAY1, "2.2500"), ("a1", DAY2, "3"))
-    registry.add_site(con, "s2", None, now)
-    registry.link_account(con, "s2", "act_1", "c1", "America/Sao_Paulo", "BRL", now)
+    site_store.add_site(con, "s2", None, now)
+    link_store.link_account(con, "s2", "act_1", "c1", "America/Sao_Paulo", "BRL", now)
     assert_site_spend_exact(con)
     assert {(row[0], row[2], row[3]) for row in site_rows(con)} == {
         ("s1", DAY1, Decimal("3.7500")),
@@ -231,9 +232,9 @@ def test_second_site_gets_the_existing_spend_at_once(con, now, linked_account):
 
 
 def test_linked_accounts_and_get_account(con, now, linked_account):
-    registry.add_site(con, "s0", None, now)
-    registry.link_account(con, "s0", "act_1", "c1", "America/Sao_Paulo", "BRL", now)
-    registry.link_account(con, "s1", "act_0", "c1", "UTC", "USD", now, name="Zero")
+    site_store.add_site(con, "s0", None, now)
+    link_store.link_account(con, "s0", "act_1", "c1", "America/Sao_Paulo", "BRL", now)
+    link_store.link_account(con, "s1", "act_0", "c1", "UTC", "USD", now, name="Zero")
     accounts = registry.linked_accounts(con)
     assert [account.ad_account_id for account in accounts] == ["act_0", "act_1"]
     act_1 = accounts[1]
@@ -274,10 +275,10 @@ def seed_catalog(con, account: str, ad_id: str, now: datetime) -> None:
 
 
 def test_unlink_one_of_two_sites_keeps_the_account(con, now, linked_account):
-    registry.add_site(con, "s2", None, now)
-    registry.link_account(con, "s2", "act_1", "c1", "America/Sao_Paulo", "BRL", now)
+    site_store.add_site(con, "s2", None, now)
+    link_store.link_account(con, "s2", "act_1", "c1", "America/Sao_Paulo", "BRL", now)
     spend(con, "act_1", now, ("a1", DAY1, "1"))
-    assert registry.unlink_account(con, "s1", "act_1") is False
+    assert link_store.unlink_account(con, "s1", "act_1") is False
     assert [row[0] for row in site_rows(con)] == ["s2"]
     assert count(con, "ad_spend_daily") == 1
     assert registry.get_account(con, "act_1").sites == ("s2",)
@@ -285,11 +286,11 @@ def test_unlink_one_of_two_sites_keeps_the_account(con, now, linked_account):
 
 
 def test_last_unlink_purges_the_account_and_only_it(con, now, linked_account):
-    registry.link_account(con, "s1", "act_2", "c1", "UTC", "USD", now)
+    link_store.link_account(con, "s1", "act_2", "c1", "UTC", "USD", now)
     for account, ad in (("act_1", "11"), ("act_2", "21")):
         spend(con, account, now, (ad, DAY1, "1.0001"))
         seed_catalog(con, account, ad, now)
-    assert registry.unlink_account(con, "s1", "1") is True
+    assert link_store.unlink_account(con, "s1", "1") is True
     for table in (
         "ad_spend_daily",
         "site_spend_daily",
@@ -311,9 +312,9 @@ def test_last_unlink_purges_the_account_and_only_it(con, now, linked_account):
 
 def test_relink_after_purge_starts_fresh_and_may_change_connection(con, now, linked_account):
     spend(con, "act_1", now, ("a1", DAY1, "5"))
-    registry.unlink_account(con, "s1", "act_1")
+    link_store.unlink_account(con, "s1", "act_1")
     registry.save_connection(con, "c2", SEALED, now)
-    assert registry.link_account(con, "s1", "act_1", "c2", "UTC", "USD", now).result == (
+    assert link_store.link_account(con, "s1", "act_1", "c2", "UTC", "USD", now).result == (
         LinkResult.LINKED
     )
     account = registry.get_account(con, "act_1")
@@ -322,11 +323,11 @@ def test_relink_after_purge_starts_fresh_and_may_change_connection(con, now, lin
 
 
 def test_unlinking_a_missing_link_is_refused(con, now, linked_account):
-    registry.add_site(con, "s2", None, now)
+    site_store.add_site(con, "s2", None, now)
     with pytest.raises(RegistryError, match="site 's2' is not linked to act_1"):
-        registry.unlink_account(con, "s2", "act_1")
+        link_store.unlink_account(con, "s2", "act_1")
     with pytest.raises(ValueError):
-        registry.unlink_account(con, "s1", "act_one")
+        link_store.unlink_account(con, "s1", "act_one")
     assert count(con, "site_ad_accounts") == 1
 
 
@@ -334,9 +335,9 @@ def test_registry_calls_join_an_outer_transaction(con, now):
     from rastro_assets.warehouse.connection import transaction
 
     with pytest.raises(RuntimeError), transaction(con):
-        registry.add_site(con, "s1", None, now)
+        site_store.add_site(con, "s1", None, now)
         registry.save_connection(con, "c1", SEALED, now)
-        registry.link_account(con, "s1", "act_1", "c1", "UTC", "USD", now)
+        link_store.link_account(con, "s1", "act_1", "c1", "UTC", "USD", now)
         raise RuntimeError("abandon the whole unit")
     for table in ("sites", "meta_connections", "meta_ad_accounts", "site_ad_accounts"):
         assert count(con, table) == 0

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from rastro_assets.meta.models import InsightRow, UnrepresentableRow, insight_table
 from rastro_assets.spend_schema import SPEND_TYPE
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.connection import Warehouse, transaction
 from rastro_assets.warehouse.errors import AccountNotLinked
 from rastro_assets.warehouse.site_spend import rebuild_site_spend
@@ -126,7 +126,7 @@ def test_an_empty_partial_read_changes_nothing(con, now, linked_account):
 
 
 def test_other_accounts_and_days_are_untouched(con, now, linked_account):
-    registry.link_account(con, "s1", "act_2", "c1", "UTC", "USD", now)
+    link_store.link_account(con, "s1", "act_2", "c1", "UTC", "USD", now)
     write(con, READ, at=now)
     write(con, [row("a1", D1, "9"), row("a1", D3, "1")], at=now, account="act_2")
     write(con, [], days=[D1], complete=[D1], at=now)
@@ -139,8 +139,8 @@ def test_other_accounts_and_days_are_untouched(con, now, linked_account):
 
 
 def test_two_sites_sharing_an_account(con, now, linked_account):
-    registry.add_site(con, "s2", "Two", now)
-    registry.link_account(con, "s2", "act_1", "c1", "America/Sao_Paulo", "BRL", now)
+    site_store.add_site(con, "s2", "Two", now)
+    link_store.link_account(con, "s2", "act_1", "c1", "America/Sao_Paulo", "BRL", now)
     write(con, READ, at=now)
     assert_site_spend_exact(con)
     write(con, [row("a9", D1, "0.0003")], days=[D1], at=now)
@@ -277,7 +277,7 @@ def test_synced_at_must_be_aware(con, linked_account):
 def test_an_unlinked_account_gets_nothing(con, now, linked_account):
     with pytest.raises(AccountNotLinked, match="act_9"):
         write(con, READ, at=now, account="act_9")
-    registry.unlink_account(con, "s1", "act_1")
+    link_store.unlink_account(con, "s1", "act_1")
     with pytest.raises(AccountNotLinked):
         write(con, READ, at=now)
     assert spend_rows(con) == []
@@ -286,7 +286,7 @@ def test_an_unlinked_account_gets_nothing(con, now, linked_account):
 
 def test_unlink_during_a_run_leaves_nothing_behind(warehouse: Warehouse, now, linked_account):
     with warehouse.connect() as other:
-        registry.unlink_account(other, "s1", "act_1")
+        link_store.unlink_account(other, "s1", "act_1")
     with warehouse.connect() as con, pytest.raises(AccountNotLinked):
         write(con, READ, at=now)
     with warehouse.connect() as con:
@@ -319,8 +319,8 @@ def test_spend_by_day_lists_every_day(con, now, linked_account):
 
 
 def test_rebuild_repairs_a_damaged_site_table(con, now, linked_account):
-    registry.add_site(con, "s2", None, now)
-    registry.link_account(con, "s2", "act_1", "c1", "America/Sao_Paulo", "BRL", now)
+    site_store.add_site(con, "s2", None, now)
+    link_store.link_account(con, "s2", "act_1", "c1", "America/Sao_Paulo", "BRL", now)
     write(con, READ, at=now)
     con.execute("UPDATE site_spend_daily SET spend = spend + 1 WHERE site_id = 's1'")
     con.execute("DELETE FROM site_spend_daily WHERE site_id = 's2' AND day = ?", [D2])
@@ -348,12 +348,12 @@ def test_writer_matches_a_model(tmp_path_factory, sequence, second_site):
     at = datetime(2026, 12, 1, tzinfo=UTC)
     model: dict[tuple[str, date], tuple] = {}
     with warehouse.connect() as con:
-        registry.add_site(con, "s1", None, at)
-        registry.add_site(con, "s2", None, at)
+        site_store.add_site(con, "s1", None, at)
+        site_store.add_site(con, "s2", None, at)
         registry.save_connection(con, "c1", b"\0" * 40, at)
-        registry.link_account(con, "s1", "act_1", "c1", "UTC", "USD", at)
+        link_store.link_account(con, "s1", "act_1", "c1", "UTC", "USD", at)
         if second_site:
-            registry.link_account(con, "s2", "act_1", "c1", "UTC", "USD", at)
+            link_store.link_account(con, "s2", "act_1", "c1", "UTC", "USD", at)
         for days, complete, read in sequence:
             complete = complete & days
             rows = [

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rastro_assets.meta.models import InsightRow, insight_table
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.connection import Warehouse, transaction
 from rastro_assets.warehouse.errors import AccountNotLinked
 from rastro_assets.warehouse.spend import (
@@ -34,13 +34,13 @@ AT = datetime(2026, 12, 1, tzinfo=UTC)
 def linked_warehouse(path, second_site: bool) -> Warehouse:
     warehouse = Warehouse(path)
     with warehouse.connect() as con:
-        registry.add_site(con, "s1", None, AT)
-        registry.add_site(con, "s2", None, AT)
+        site_store.add_site(con, "s1", None, AT)
+        site_store.add_site(con, "s2", None, AT)
         registry.save_connection(con, "c1", b"\0" * 40, AT)
         for account in ACCOUNTS[:2]:  # act_3 stays unlinked
-            registry.link_account(con, "s1", account, "c1", "UTC", "USD", AT)
+            link_store.link_account(con, "s1", account, "c1", "UTC", "USD", AT)
         if second_site:
-            registry.link_account(con, "s2", "act_1", "c1", "UTC", "USD", AT)
+            link_store.link_account(con, "s2", "act_1", "c1", "UTC", "USD", AT)
     return warehouse
 
 
