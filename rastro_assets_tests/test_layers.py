@@ -16,8 +16,8 @@ last tests can plant a bad import in a copy of the tree and watch the rule catch
   reads the planner and the snapshot to say the backfills' progress) and `cli/` sit on top
   (the CLI may reach `defs` and `instance` lazily).
 - The leaves (the package itself, settings and a process's settings, time, vault, shared
-  vocabulary, account ids, token shape, shards, the spend schema, the loader of the instance
-  plug-ins' old paths) import nothing of ours but other leaves.
+  vocabulary, counts in words, account ids, token shape, shards, the spend schema, the loader
+  of the instance plug-ins' old paths) import nothing of ours but other leaves.
 - Within `defs/`, the keys, tags and limits (`defs/keys.py`) import nothing of ours but the
   leaves, so the daemon loading the run queue loads nothing else. Each domain (spend,
   catalog, analytics, cadence, the registry's external assets, retention) imports the shared
@@ -54,7 +54,7 @@ LEAVES = {
         f"{PRODUCT}.{leaf}"
         for leaf in (
             "settings", "process_settings", "timekeeping", "vault", "outcomes", "accounts",
-            "spend_schema", "tokens", "shards", "instance.moved",
+            "spend_schema", "tokens", "shards", "words", "instance.moved",
         )
     ),
 }

@@ -36,7 +36,6 @@ from rastro_assets.cli.context import (
     Subparsers,
     UsageError,
     command,
-    counted,
 )
 from rastro_assets.cli.output import say_table
 from rastro_assets.meta.errors import ErrorKind, MetaError
@@ -45,6 +44,7 @@ from rastro_assets.warehouse import link_store, registry, shard_store
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.link_store import AccountToLink
 from rastro_assets.warehouse.registry import LinkedAccount, RegistryError
+from rastro_assets.words import counted
 
 if TYPE_CHECKING:
     from rastro_assets.meta.client import MetaClient

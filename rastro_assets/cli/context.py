@@ -103,11 +103,6 @@ class Context:
         return make_client(self.settings(), token)
 
 
-def counted(count: int, noun: str) -> str:
-    """`1 account`, `2 accounts`: the count with its noun in the right number."""
-    return f"{count} {noun if count == 1 else noun + 's'}"
-
-
 Handler = Callable[[argparse.Namespace, Context], int]
 Subparsers = argparse._SubParsersAction  # argparse exposes no public name for it
 Registrar = Callable[[Subparsers], None]

@@ -17,15 +17,7 @@ from typing import TYPE_CHECKING
 
 from rastro_assets.accounts import normalize_account_id
 from rastro_assets.cli.cadence import NO_VALUE
-from rastro_assets.cli.context import (
-    EXIT_OK,
-    Context,
-    Registrar,
-    Subparsers,
-    UsageError,
-    command,
-    counted,
-)
+from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
 from rastro_assets.cli.output import existing_warehouse, no_warehouse, say_no_warehouse, say_table
 from rastro_assets.cli.tools import sealing_vault
 from rastro_assets.meta.errors import ErrorKind, MetaError
@@ -37,6 +29,7 @@ from rastro_assets.warehouse import link_store, registry, shard_store, site_stor
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.link_store import LinkResult
 from rastro_assets.warehouse.registry import RegistryError
+from rastro_assets.words import counted
 
 if TYPE_CHECKING:
     from rastro_assets.meta.models import AdAccount

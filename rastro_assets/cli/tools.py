@@ -23,12 +23,12 @@ from rastro_assets.cli.context import (
     Subparsers,
     UsageError,
     command,
-    counted,
 )
 from rastro_assets.settings import project_root
 from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault, read_key_file
 from rastro_assets.warehouse.connection import Connection, transaction
 from rastro_assets.warehouse.sealed_tokens import sealed_tokens, store_resealed_tokens
+from rastro_assets.words import counted
 
 # rotate-key -----------------------------------------------------------------
 

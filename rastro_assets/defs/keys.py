@@ -61,10 +61,6 @@ def sum_check_key(shard: int = 0) -> dg.AssetCheckKey:
     return dg.AssetCheckKey(site_spend_key(shard), SUM_CHECK)
 
 
-def freshness_check_key(shard: int = 0) -> dg.AssetCheckKey:
-    return dg.AssetCheckKey(ad_spend_key(shard), ACCOUNTS_FRESH)
-
-
 # Run tags: ours, and Dagster's that we read.
 ACCOUNT_TAG = "meta_account"
 """The account a run syncs; `dagster.yaml` runs one at a time per value."""

@@ -18,6 +18,7 @@ from rastro_assets.defs.keys import SUM_CHECK, sum_check_key
 from rastro_assets.defs.partitions import spend_partition_key, spend_shard
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.warehouse.audit import site_spend_mismatches
+from rastro_assets.words import counted
 
 MAX_SHOWN_MISMATCHES = 20
 FAILURES_LOOKED_AT = 1000
@@ -136,7 +137,3 @@ def mismatch_metadata(mismatches: list) -> dict:
             "\n".join(map(str, mismatches[:MAX_SHOWN_MISMATCHES])) or "none"
         ),
     }
-
-
-def counted(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")

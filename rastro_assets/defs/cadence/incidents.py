@@ -37,7 +37,7 @@ from rastro_assets.defs.keys import (
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS, AlertThresholds, SettingsError
 from rastro_assets.warehouse import incidents as store
-from rastro_assets.warehouse.connection import WarehouseLocked
+from rastro_assets.warehouse.connection import Warehouse, WarehouseLocked
 
 INCIDENTS_SENSOR = "meta_incidents"
 INCIDENTS_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 60
@@ -364,7 +364,7 @@ def _log_deliveries(context: dg.SensorEvaluationContext, attempts: Iterable) -> 
 
 def _report(
     context: dg.SensorEvaluationContext,
-    warehouse,
+    warehouse: Warehouse,
     labels: dict[str, str],
     channel_problem: str | None,
 ) -> dg.SensorResult:
