@@ -37,6 +37,7 @@ class IncidentKind(StrEnum):
     SENSOR = "sensor"
     DAEMON = "daemon"
     CHANNELS = "channels"
+    UNRECORDED = "unrecorded"
 
 
 # What only the daemon sees (Dagster's runs and ticks); `rastro status --check` takes these
