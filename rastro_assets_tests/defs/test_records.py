@@ -10,14 +10,21 @@ import pytest
 
 from rastro_assets import shards
 from rastro_assets.defs.cadence import records
+from rastro_assets.defs.cadence.health import meta_account_health
 from rastro_assets.defs.cadence.records import (
     RECORDED_FROM,
     SYNC_RUN_ID,
+    UNRECORDED,
     UNRECORDED_DAYS,
     latest_unrecorded,
     meta_records_sensor,
 )
-from rastro_assets.defs.keys import AD_SPEND_DAILY, SITE_SPEND_DAILY, fill_key
+from rastro_assets.defs.keys import (
+    AD_SPEND_DAILY,
+    META_ACCOUNT_HEALTH,
+    SITE_SPEND_DAILY,
+    fill_key,
+)
 from rastro_assets.defs.partitions import AXIS_START
 from rastro_assets.timekeeping import days_between
 from rastro_assets.warehouse.runs import SyncRunEnd, SyncRunStart, finish_sync_runs, start_sync_runs
@@ -171,3 +178,57 @@ def test_only_the_asset_a_killed_run_left_unrecorded_is_recorded(
     }
     observed = [e for e in result.asset_events if isinstance(e, dg.AssetObservation)]
     assert [e.metadata[UNRECORDED_DAYS].value for e in observed] == [0]
+
+
+def cadence_health(instance, rastro, cursor=None):
+    from rastro_assets.definitions import defs
+    from rastro_assets.defs.cadence.sensors import meta_cadence_sensor
+
+    context = dg.build_sensor_context(
+        instance=instance, cursor=cursor, definitions=defs, resources={"rastro": rastro}
+    )
+    result = meta_cadence_sensor(context)
+    found = [
+        e for e in result.asset_events
+        if isinstance(e, dg.AssetMaterialization) and e.asset_key == META_ACCOUNT_HEALTH
+    ]
+    return result.cursor, found
+
+
+def test_the_health_counts_stored_days_not_recorded_while_any_remain(
+    instance, rastro, warehouse, linked_world, monkeypatch
+):
+    monkeypatch.setattr(records, "EVENTS_PER_TICK", 100)
+    with warehouse.connect() as con:
+        for account in ACCOUNTS:
+            record_sync_run(con, "fill", account, "backfill", FIRST, TODAY, LINKED)
+    # Its own run counts them now, whatever the sensors said.
+    run = dg.materialize([meta_account_health], instance=instance, resources={"rastro": rastro})
+    [event] = run.asset_materializations_for_node("meta_account_health")
+    assert event.metadata[UNRECORDED].value == 180
+
+    first = tick(instance, rastro)
+    cursor, [health] = cadence_health(instance, rastro)
+    assert health.metadata[UNRECORDED].value == 180 - 50
+    assert health.description.endswith("; 130 stored account-days not recorded in Dagster yet")
+    records_cursor = first.cursor
+    while materialized(result := tick(instance, rastro, records_cursor)):
+        records_cursor = result.cursor
+    # A change of the count is a change of the health: recorded at once.
+    _, [health] = cadence_health(instance, rastro, cursor)
+    assert health.metadata[UNRECORDED].value == 0
+    assert "not recorded" not in health.description
+
+
+def test_meta_accounts_no_longer_says_its_partitions_are_up_to_date(
+    instance, rastro, warehouse, linked_world
+):
+    from rastro_assets.defs.cadence.sensors import meta_accounts_sensor
+
+    with warehouse.connect() as con:
+        for account in ACCOUNTS:
+            record_sync_run(con, "fill", account, "backfill", FIRST, TODAY, LINKED)
+    context = dg.build_sensor_context(instance=instance, resources={"rastro": rastro})
+    reason = meta_accounts_sensor(context).skip_message
+    assert "up to date" not in reason
+    assert reason.startswith("no backfill owed; the account partitions match the linked")

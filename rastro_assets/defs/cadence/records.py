@@ -79,6 +79,8 @@ WHOLE_ASSET_OVER = 50_000
 RECORDED_FROM = "recorded_from"
 WAREHOUSE = "warehouse"
 SYNC_RUN_ID = "sync_run_id"
+UNRECORDED = "unrecorded"
+"""`meta_account_health`'s entry: stored account-days not recorded."""
 UNRECORDED_DAYS = "unrecorded_days"
 UNRECORDED_ACCOUNTS = "unrecorded_accounts"
 
