@@ -192,9 +192,6 @@ def test_exit_2_without_the_dagster_instance_it_compares_the_warehouse_with(
 def test_stored_days_dagster_does_not_record_are_open_until_recorded(
     rastro, healthy, tmp_path, monkeypatch, duckdb_path, dagster_home
 ):
-    from rastro_assets.defs.cadence.records import meta_records_sensor
-    from rastro_assets_tests.pinned import pinned
-
     home = tmp_path / "empty_home"
     home.mkdir()
     environ = {"DAGSTER_HOME": str(home)}
@@ -227,6 +224,9 @@ def test_stored_days_dagster_does_not_record_are_open_until_recorded(
                     [NOW - timedelta(minutes=61)])
     code, out, _ = rastro("status", "--check", environ=environ)
     assert code == 1 and out.startswith("unrecorded: 1 account-day the warehouse holds"), out
+
+    from rastro_assets.defs.cadence.records import meta_records_sensor
+    from rastro_assets_tests.pinned import pinned
 
     monkeypatch.setenv("RASTRO_DUCKDB_PATH", str(duckdb_path))
     with dg.DagsterInstance.from_config(str(dagster_home)) as instance:

@@ -232,3 +232,9 @@ def test_meta_accounts_no_longer_says_its_partitions_are_up_to_date(
     reason = meta_accounts_sensor(context).skip_message
     assert "up to date" not in reason
     assert reason.startswith("no backfill owed; the account partitions match the linked")
+
+
+def test_its_partition_keys_are_the_spend_assets_own():
+    from rastro_assets.defs.partitions import spend_partition_key
+
+    assert records.partition_key("act_1", TODAY) == str(spend_partition_key("act_1", TODAY))

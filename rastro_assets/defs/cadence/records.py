@@ -47,7 +47,6 @@ from rastro_assets.defs.partitions import (
     AXIS_START,
     SHARD_COUNT,
     reach_start,
-    spend_partition_key,
     spend_shard,
 )
 from rastro_assets.defs.resources import RastroResource
@@ -73,8 +72,6 @@ PARTITIONS_PER_QUERY = 2_000
 RECORD_GRACE = timedelta(minutes=60)
 """How long a stored day may wait for `meta_records` before `rastro status --check` reports
 it: a sweep over 12,000 accounts at one tick a minute."""
-WHOLE_ASSET_OVER = 50_000
-"""Keys past which one query for every materialized partition of the asset is cheaper."""
 
 RECORDED_FROM = "recorded_from"
 WAREHOUSE = "warehouse"
@@ -98,7 +95,7 @@ class MissingDay:
 
     @property
     def partition(self) -> str:
-        return str(spend_partition_key(self.ad_account_id, self.stored.day))
+        return partition_key(self.ad_account_id, self.stored.day)
 
 
 @dataclass
@@ -191,12 +188,14 @@ def missing_records(
         )
         members = [a for a in members if a.ad_account_id in placed]
         keys = {
-            str(spend_partition_key(a.ad_account_id, d.day)): (a.ad_account_id, d)
+            partition_key(a.ad_account_id, d.day): (a.ad_account_id, d)
             for a in members
             for d in days.get(a.ad_account_id, ())
         }
+        # Every account of the shard asked: one read of the asset's keys beats many lookups.
+        whole = len(members) == len(placed)
         lacking = {
-            asset_key: set(keys) - recorded_partitions(instance, asset_key, keys)
+            asset_key: set(keys) - recorded_partitions(instance, asset_key, keys, whole=whole)
             for asset_key in spend_shard(shard).keys
         }
         for key, (account, day) in keys.items():
@@ -221,13 +220,25 @@ def _owes_no_fill(account: PlannedAccount, now: datetime, in_flight: Collection[
     return owes_no_fill(account.state, now, first, in_flight)
 
 
+def partition_key(ad_account_id: str, day: date) -> str:
+    """`str(spend_partition_key(ad_account_id, day))`, without building the key object: a
+    pass over a shard builds tens of thousands."""
+    return f"{ad_account_id}|{day.isoformat()}"
+
+
 def recorded_partitions(
-    instance: dg.DagsterInstance, asset_key: dg.AssetKey, partitions: Collection[str]
+    instance: dg.DagsterInstance,
+    asset_key: dg.AssetKey,
+    partitions: Collection[str],
+    *,
+    whole: bool = False,
 ) -> set[str]:
-    """Of `partitions`, those the asset has a materialization of."""
+    """Of `partitions`, those the asset has a materialization of. `whole`: `partitions` are
+    about all the asset holds, so one read of every materialized key costs less than looking
+    them up."""
     if not partitions:
         return set()
-    if len(partitions) > WHOLE_ASSET_OVER:
+    if whole and len(partitions) > PARTITIONS_PER_QUERY:
         return instance.get_materialized_partitions(asset_key) & set(partitions)
     found: set[str] = set()
     ordered = sorted(partitions)
