@@ -35,7 +35,12 @@ from rastro_assets.defs.keys import (
     is_fill_key,
 )
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS, AlertThresholds, SettingsError
+from rastro_assets.settings import (
+    SENSOR_INTERVAL_OVERRIDE_SECONDS,
+    AlertThresholds,
+    SettingsError,
+    load_time_refusals,
+)
 from rastro_assets.warehouse import incidents as store
 from rastro_assets.warehouse.connection import Warehouse, WarehouseLocked
 
@@ -183,7 +188,10 @@ def look(
     with warehouse.connect(read_only=True) as con:
         incidents, _ = warehouse_incidents(con, publisher, now, thresholds)
     incidents += [item for item in [found.channels_incident(channel_problem)] if item]
+    refused = found.settings_incident(list(load_time_refusals().values()))
+    incidents += [refused] if refused else []
     checked = {kind.value for kind in IncidentKind if kind not in DAEMON_KINDS}
+    checked.add(IncidentKind.SETTINGS.value)
     # The daemon's own silence is the probe's to see, never the daemon's.
     checked.discard(IncidentKind.DAEMON.value)
     notes = []
