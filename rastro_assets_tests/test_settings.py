@@ -289,3 +289,16 @@ def test_a_bad_setting_that_shapes_the_definitions_loads_and_stops_every_tick(
     for sensor in ("retention", "meta_incidents"):
         assert said[sensor].startswith(f"refused: {name} must be "), said
         assert said[sensor].endswith(f"not {raw!r}"), said
+
+
+def test_the_running_guide_gives_every_numeric_setting_its_range():
+    guide = (Path(__file__).resolve().parents[1] / "docs/running.md").read_text()
+    section = guide[guide.index("\n## Settings\n"):].split("\n\n")
+    table = next(chunk for chunk in section if chunk.startswith("| variable"))
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines()[2:]}
+    for name, (_, least, most) in NUMERIC_SETTINGS.items():
+        row = rows.get(f"`{name}`") or rows.get(f"`{name}` (octal)")
+        if name.startswith("RASTRO_ALERT_") and name.endswith("_MINUTES"):
+            row = rows["the `RASTRO_ALERT_*_MINUTES` thresholds"]
+        assert row is not None, name
+        assert most in row and least in row, row
