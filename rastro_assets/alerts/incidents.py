@@ -40,8 +40,9 @@ class IncidentKind(StrEnum):
     SETTINGS = "settings"
 
 
-# What only the daemon sees (Dagster's runs and ticks); `rastro status --check` takes these
-# from the stored incidents instead of finding them itself.
+# What only the daemon sees (Dagster's runs and ticks, the values its code location loaded
+# with); `rastro status --check` takes these from the stored incidents instead of finding
+# them itself.
 DAEMON_KINDS = frozenset({IncidentKind.RUN_FAILURES, IncidentKind.SENSOR, IncidentKind.SETTINGS})
 
 

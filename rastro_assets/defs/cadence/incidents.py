@@ -3,9 +3,10 @@
 Each tick finds the incidents (`alerts.incidents`): from the warehouse, each connection's
 dead token, lost permissions, long throttles, stuck backfills and stale accounts, and the
 snapshot left behind; from Dagster, jobs whose runs keep failing and cadence sensors that
-stopped or keep failing. The ledger stores them, owes each channel a notice of each
-change (`alerts.ledger`), and the tick then delivers what is due. The `no_open_incidents`
-check on `meta_account_health` names what is open, and which channel is failing.
+stopped or keep failing; and the settings the code location refused as it loaded. The
+ledger stores them, owes each channel a notice of each change (`alerts.ledger`), and the
+tick then delivers what is due. The `no_open_incidents` check on `meta_account_health`
+names what is open, and which channel is failing.
 
 Fill runs are left out of the runs counted: one fails whenever an account of it is
 throttled or paused, which its accounts' own incidents say better, and a backfill that
