@@ -361,7 +361,7 @@ def measure_waves(sizes: list[int], kinds: list[str], backend: str = "sqlite",
                 "RASTRO_SECRETS_KEY": key,
                 # Waves here follow each other within seconds: their publishes are measured
                 # apart (`publish_cpu`) and counted at the cadence's pace in the model.
-                "RASTRO_ANALYTICS_LAG_SECONDS": "1000000000",
+                "RASTRO_ANALYTICS_LAG_SECONDS": "604800",
             }
             env.pop("DAGSTER_EVENT_BATCH_SIZE", None)
             if event_batch_size:

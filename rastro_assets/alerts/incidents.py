@@ -37,11 +37,13 @@ class IncidentKind(StrEnum):
     SENSOR = "sensor"
     DAEMON = "daemon"
     CHANNELS = "channels"
+    SETTINGS = "settings"
 
 
-# What only the daemon sees (Dagster's runs and ticks); `rastro status --check` takes these
-# from the stored incidents instead of finding them itself.
-DAEMON_KINDS = frozenset({IncidentKind.RUN_FAILURES, IncidentKind.SENSOR})
+# What only the daemon sees (Dagster's runs and ticks, the values its code location loaded
+# with); `rastro status --check` takes these from the stored incidents instead of finding
+# them itself.
+DAEMON_KINDS = frozenset({IncidentKind.RUN_FAILURES, IncidentKind.SENSOR, IncidentKind.SETTINGS})
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,20 @@ def channels_incident(problem: str | None) -> Incident | None:
         summary=f"no alert can be sent: {problem}",
         fix=f"correct the variable in the daemon's environment and restart it ({RUNBOOK}, "
         '"Alerts")',
+    )
+
+
+def settings_incident(refusals: Sequence[str]) -> Incident | None:
+    """Values the code location refused when it loaded, each read as its default instead."""
+    if not refusals:
+        return None
+    return Incident(
+        key=IncidentKind.SETTINGS.value,
+        kind=IncidentKind.SETTINGS,
+        summary=f"the code location refused {len(refusals)} setting"
+        f"{'' if len(refusals) == 1 else 's'} and reads the default instead: {'; '.join(refusals)}",
+        fix="correct the variable in the environment of the daemon and the code location and"
+        ' restart them (docs/running.md, "Settings")',
     )
 
 

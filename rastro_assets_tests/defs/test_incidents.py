@@ -23,6 +23,7 @@ from rastro_assets.defs.cadence.incidents import INCIDENTS_SENSOR, meta_incident
 from rastro_assets.defs.keys import NO_OPEN_INCIDENTS, RANGE_END_TAG, RANGE_START_TAG
 from rastro_assets.defs.spend.fill import build_spend_fill
 from rastro_assets.planner.runs import runs_by_account
+from rastro_assets.settings import MAX_ALERT_MINUTES
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.run_history import sync_run_rows
 from rastro_assets_tests.alerts.receivers import (
@@ -80,7 +81,7 @@ def alerting(monkeypatch, hook: WebhookReceiver, smtp: SmtpReceiver, caplog) -> 
         monkeypatch.delenv(name, raising=False)
     # The snapshot is judged on the wall clock, which publishes stamp, and this world's clock
     # is pinned days before it: never published would count from a link days old.
-    monkeypatch.setenv("RASTRO_ALERT_SNAPSHOT_MINUTES", str(10**8))
+    monkeypatch.setenv("RASTRO_ALERT_SNAPSHOT_MINUTES", str(MAX_ALERT_MINUTES))
     # Everything the product logs is captured, so the leak scan reads all of it.
     caplog.set_level(logging.DEBUG)
 
