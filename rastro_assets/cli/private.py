@@ -66,7 +66,7 @@ def seal_process(home: Path) -> Path:
     if len(os.fsencode(temp)) + TEMP_NAME_LENGTH > MAX_SOCKET_PATH:
         raise UsageError(
             f"DAGSTER_HOME {home} is too long for the code server's socket inside it:"
-            f" keep it under {MAX_SOCKET_PATH - TEMP_NAME_LENGTH - len(TEMP_DIR_NAME) - 1} bytes"
+            f" at most {MAX_SOCKET_PATH - TEMP_NAME_LENGTH - len(TEMP_DIR_NAME) - 1} bytes"
         )
     os.umask(PROCESS_UMASK)
     # A symlinked DAGSTER_HOME is an operator's choice; what it points at is closed.
