@@ -125,7 +125,12 @@ def _close(path: Path, info: os.stat_result) -> int:
     mode = stat.S_IMODE(info.st_mode)
     if not mode & OPEN_TO_OTHERS:
         return 0
-    os.chmod(path, mode & ~OPEN_TO_OTHERS)
+    try:
+        os.chmod(path, mode & ~OPEN_TO_OTHERS)
+    except OSError:
+        # A file on a read-only mount (a ConfigMap's dagster.yaml) keeps its mode: closing
+        # what an earlier start left open is a second line behind the umask, not a reason to stop.
+        return 0
     return 1
 
 
