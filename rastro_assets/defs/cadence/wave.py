@@ -221,11 +221,15 @@ def _requests(config: WaveConfig, run_id: str, rastro: RastroResource) -> list[S
 def _request(item: WaveSync, run_id: str) -> SyncRequest:
     try:
         account = normalize_account_id(item.ad_account_id)
-        since, until = date.fromisoformat(item.since), date.fromisoformat(item.until)
     except ValueError as exc:
+        raise dg.Failure(description=f"meta_sync_wave refused: {exc}") from None
+    try:
+        since, until = date.fromisoformat(item.since), date.fromisoformat(item.until)
+    except ValueError:
         shown = f"{item.since!r}..{item.until!r}"[:60]
-        what = str(exc) if "account id" in str(exc) else f"dates {shown} are not YYYY-MM-DD"
-        raise dg.Failure(description=f"meta_sync_wave refused: {what}") from None
+        raise dg.Failure(
+            description=f"meta_sync_wave refused: {account}: dates {shown} are not YYYY-MM-DD"
+        ) from None
     return SyncRequest(account, since, until, kind=item.kind, run_id=run_id, catalog=item.catalog)
 
 
