@@ -28,6 +28,7 @@ from rastro_assets.alerts.channels import Channel, channels_from_env
 from rastro_assets.alerts.incidents import DAEMON_KINDS, Incident, IncidentKind
 from rastro_assets.alerts.ledger import deliver, reconcile
 from rastro_assets.alerts.look import warehouse_incidents
+from rastro_assets.alerts.quoted import quoted
 from rastro_assets.defs.dagster_private import AssetCheckEvaluationTargetMaterializationData
 from rastro_assets.defs.keys import (
     META_ACCOUNT_HEALTH,
@@ -158,7 +159,7 @@ def sensor_incidents(
                     key=f"{IncidentKind.SENSOR.value}:{name}",
                     kind=IncidentKind.SENSOR,
                     summary=f"the sensor {name} fails at every tick",
-                    detail=f"latest error: {error[:300]}" if error else "",
+                    detail=f"latest error: {quoted(error)}" if error else "",
                     fix=f"open {name} in the Dagster UI (Automation) for the tick's error",
                     since=since,
                 )
