@@ -16,10 +16,11 @@ sensor's tick then takes no write on the warehouse, no table is added, and a run
 second warehouse transaction to prove itself before its syncs open their leases.
 
 Re-executing a sensor's wave from the UI copies its sealed config. The seal covers when the
-wave was planned, and a plan is honoured for `PLAN_LIFETIME` only, as long as a wave can
-wait in the queue behind fill runs and then run; a replay after that is refused, so no
-old plan is recorded as the cadence's history. A replay within it re-reads what the
-planner asked for moments before, and records it truly.
+wave was planned, and its kinds are honoured for `PLAN_LIFETIME` only: a replay within it
+re-reads what the planner asked for moments before, and records it truly. An older plan
+(a replay, or a wave the queue held back for long) still reads what it lists, but records
+it as `manual` (`plan_is_stale`): its reads are real, its kinds no longer the cadence's
+history, and failing a run that does no harm would only page someone.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from rastro_assets.vault import derived_key
 SEAL_LABEL = b"rastro/meta_sync_wave plan seal v1"
 PLAN_LIFETIME = timedelta(minutes=75)
 """A fill run's hour, which a wave may wait behind for a run slot, and the wave's own 15
-minutes (its lease): a sealed plan older than this is refused."""
+minutes (its lease): a sealed plan older than this records `manual`."""
 CLOCK_SKEW = timedelta(minutes=2)
 """How far in the future a plan's instant may be (the sensor and the run on two hosts)."""
 HAND_KIND = SyncKind.MANUAL
@@ -79,10 +80,14 @@ def seal_refusal(
             f"plan: a wave launched or edited by hand has kind {HAND_KIND.value}"
         )
     planned = utc(datetime.fromisoformat(issued_at))
-    if planned > utc(now) + CLOCK_SKEW or utc(now) - planned > PLAN_LIFETIME:
+    if planned > utc(now) + CLOCK_SKEW:
         return (
-            f"this wave was planned at {planned:%Y-%m-%d %H:%M} UTC, over "
-            f"{int(PLAN_LIFETIME.total_seconds() // 60)} minutes ago: an old plan is not the "
-            f"cadence's history; launch it again with kind {HAND_KIND.value}"
+            f"this wave says it was planned at {planned:%Y-%m-%d %H:%M} UTC, which is still to "
+            f"come: launch it again with kind {HAND_KIND.value}"
         )
     return None
+
+
+def plan_is_stale(issued_at: str, now: datetime) -> bool:
+    """Whether a sealed plan is older than `PLAN_LIFETIME`: its reads then record `manual`."""
+    return utc(now) - utc(datetime.fromisoformat(issued_at)) > PLAN_LIFETIME

@@ -47,7 +47,7 @@ def refusal(result) -> str:
 def kinds_recorded(warehouse) -> list[tuple[str, str]]:
     with warehouse.connect(read_only=True) as con:
         return con.execute(
-            "SELECT ad_account_id, kind FROM meta_sync_runs ORDER BY ad_account_id"
+            "SELECT ad_account_id, kind FROM meta_sync_runs ORDER BY ad_account_id, started_at"
         ).fetchall()
 
 
@@ -90,7 +90,7 @@ def test_a_sealed_plan_edited_by_hand_is_refused(instance, rastro, warehouse, li
     assert_refused_untouched(launch(instance, rastro, moved), warehouse, linked_world, "seal")
 
 
-def test_a_sensor_wave_re_executed_after_its_plan_is_old_is_refused(
+def test_a_sensor_wave_re_executed_after_its_plan_is_old_records_manual(
     instance, rastro_at, warehouse, linked_world
 ):
     request = wave_request(
@@ -99,12 +99,13 @@ def test_a_sensor_wave_re_executed_after_its_plan_is_old_is_refused(
     config = request.run_config["ops"]["sync_wave"]["config"]
     from rastro_assets.planner.wave_seal import PLAN_LIFETIME
 
-    later = rastro_at(NOW + PLAN_LIFETIME + timedelta(minutes=1))
-    result = launch(instance, later, config, tags=request.tags)
-    assert_refused_untouched(result, warehouse, linked_world, "planned at 2026-11-30 12:00 UTC")
     # Within its lifetime the sensor's plan records its kind.
     assert launch(instance, rastro_at(NOW + timedelta(minutes=5)), config).success
     assert kinds_recorded(warehouse) == [("act_101", "live")]
+    # Later, its reads are still real, but no longer the cadence's history.
+    later = rastro_at(NOW + PLAN_LIFETIME + timedelta(minutes=1))
+    assert launch(instance, later, config, tags=request.tags).success
+    assert kinds_recorded(warehouse) == [("act_101", "live"), ("act_101", "manual")]
 
 
 def test_a_manual_wave_from_the_launchpad_syncs_and_records_manual(

@@ -33,7 +33,14 @@ from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.sum_check import evaluate_sum_checks
 from rastro_assets.planner import cadence
-from rastro_assets.planner.wave_seal import SEALED_FIELDS, seal, seal_refusal
+from rastro_assets.planner.wave_seal import (
+    HAND_KIND,
+    PLAN_LIFETIME,
+    SEALED_FIELDS,
+    plan_is_stale,
+    seal,
+    seal_refusal,
+)
 from rastro_assets.sync.spend import range_refusal
 from rastro_assets.sync.types import SyncOutcome, SyncRequest
 from rastro_assets.timekeeping import local_date, zone
@@ -155,7 +162,7 @@ def _first_wave_of_block(outcome: SyncOutcome) -> bool:
     pool="meta_api",
 )
 def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: RastroResource):
-    requests = _requests(config, context.run_id, rastro)
+    requests = _requests(context, config, rastro)
     wave = rastro.syncer().sync_wave(
         requests, synced_at=rastro.run_started_at(context), concurrency=WAVE_CONCURRENCY
     )
@@ -182,7 +189,9 @@ def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: Rastro
         raise dg.Failure(description=f"every account of the wave failed ({tally.failed})")
 
 
-def _requests(config: WaveConfig, run_id: str, rastro: RastroResource) -> list[SyncRequest]:
+def _requests(
+    context: dg.OpExecutionContext, config: WaveConfig, rastro: RastroResource
+) -> list[SyncRequest]:
     """The wave's syncs, each account once, or `dg.Failure` with one line before anything is
     read or written: kinds only the cadence's sensors may record without their seal, an
     account id or a date that cannot be read, an account listed twice with two different
@@ -196,9 +205,16 @@ def _requests(config: WaveConfig, run_id: str, rastro: RastroResource) -> list[S
         refusal = f"this wave's seal cannot be checked: {exc}"
     if refusal is not None:
         raise dg.Failure(description=f"meta_sync_wave refused: {refusal}")
+    stale = config.seal and plan_is_stale(config.planned_at, rastro.clock()())
+    if stale:
+        context.log.warning(
+            f"this wave was planned at {config.planned_at}, over "
+            f"{int(PLAN_LIFETIME.total_seconds() // 60)} minutes ago: its reads record "
+            f"{HAND_KIND.value}, not the cadence's kinds"
+        )
     requests: dict[str, SyncRequest] = {}
     for item in config.syncs:
-        request = _request(item, run_id)
+        request = _request(item, context.run_id, HAND_KIND.value if stale else None)
         known = requests.setdefault(request.ad_account_id, request)
         if known != request:
             raise dg.Failure(
@@ -218,7 +234,7 @@ def _requests(config: WaveConfig, run_id: str, rastro: RastroResource) -> list[S
     return list(requests.values())
 
 
-def _request(item: WaveSync, run_id: str) -> SyncRequest:
+def _request(item: WaveSync, run_id: str, kind: str | None = None) -> SyncRequest:
     try:
         account = normalize_account_id(item.ad_account_id)
     except ValueError as exc:
@@ -230,7 +246,9 @@ def _request(item: WaveSync, run_id: str) -> SyncRequest:
         raise dg.Failure(
             description=f"meta_sync_wave refused: {account}: dates {shown} are not YYYY-MM-DD"
         ) from None
-    return SyncRequest(account, since, until, kind=item.kind, run_id=run_id, catalog=item.catalog)
+    return SyncRequest(
+        account, since, until, kind=kind or item.kind, run_id=run_id, catalog=item.catalog
+    )
 
 
 @dataclass
