@@ -73,6 +73,9 @@ def _by_day_and_ad(pages: list[pa.Table]) -> pa.Table:
                                                        ("ad_id", "ascending")])
 
 
+META_INSIGHTS_MONTHS = 37
+"""How long Meta keeps insights: a range starting before the same day this many months
+before the account's local today is refused whole (#3018)."""
 TARGET_ROWS_PER_RANGE = 2_000
 """Rows a range sized from an account's history aims at: four pages of 500. Meta names no
 cap, so this is a guess meant to sit below it (the fake refuses above 5,000); a refusal
