@@ -10,7 +10,7 @@ from rastro_assets.defs.analytics import (
 )
 from rastro_assets.defs.cadence.health import meta_account_health
 from rastro_assets.defs.cadence.incidents import meta_incidents_sensor, no_open_incidents
-from rastro_assets.defs.cadence.records import build_meta_records_sensor, meta_records_sensor
+from rastro_assets.defs.cadence.recorder import build_meta_records_sensor, meta_records_sensor
 from rastro_assets.defs.cadence.sensors import (
     build_meta_accounts_sensor,
     build_meta_cadence_sensor,

@@ -3,7 +3,8 @@
 Pure: the warehouse says which days finished ok syncs read completely
 (`warehouse.complete_reads`); this module keeps those that are partitions (from the date
 axis's first day to the account's local today), and says whether an account owes no fill.
-Dagster's side (what is recorded, and recording the rest) is `defs/cadence/records.py`.
+Dagster's side is `defs/cadence/records.py` (what is recorded) and `recorder.py` (the
+sensor recording the rest).
 """
 
 from __future__ import annotations

@@ -9,15 +9,15 @@ import dagster as dg
 import pytest
 
 from rastro_assets import shards
-from rastro_assets.defs.cadence import records
+from rastro_assets.defs.cadence import recorder, records
 from rastro_assets.defs.cadence.health import meta_account_health
+from rastro_assets.defs.cadence.recorder import meta_records_sensor
 from rastro_assets.defs.cadence.records import (
     RECORDED_FROM,
     SYNC_RUN_ID,
     UNRECORDED,
     UNRECORDED_DAYS,
     latest_unrecorded,
-    meta_records_sensor,
 )
 from rastro_assets.defs.keys import (
     AD_SPEND_DAILY,
@@ -137,7 +137,7 @@ def test_truncated_not_begun_off_axis_and_in_flight_days_are_not_recorded(
 def test_a_tick_records_at_most_its_share_and_the_next_goes_on(
     instance, rastro, warehouse, linked_world, monkeypatch
 ):
-    monkeypatch.setattr(records, "EVENTS_PER_TICK", 50)
+    monkeypatch.setattr(recorder, "EVENTS_PER_TICK", 50)
     with warehouse.connect() as con:
         for account in ACCOUNTS:
             record_sync_run(con, "fill", account, "backfill", FIRST, TODAY, LINKED)
@@ -198,7 +198,7 @@ def cadence_health(instance, rastro, cursor=None):
 def test_the_health_counts_stored_days_not_recorded_while_any_remain(
     instance, rastro, warehouse, linked_world, monkeypatch
 ):
-    monkeypatch.setattr(records, "EVENTS_PER_TICK", 100)
+    monkeypatch.setattr(recorder, "EVENTS_PER_TICK", 100)
     with warehouse.connect() as con:
         for account in ACCOUNTS:
             record_sync_run(con, "fill", account, "backfill", FIRST, TODAY, LINKED)

@@ -13,7 +13,8 @@ import dagster as dg
 import pytest
 
 from rastro_assets import shards
-from rastro_assets.defs.cadence.records import RECORDED_FROM, SYNC_RUN_ID, meta_records_sensor
+from rastro_assets.defs.cadence.recorder import meta_records_sensor
+from rastro_assets.defs.cadence.records import RECORDED_FROM, SYNC_RUN_ID
 from rastro_assets.defs.keys import AD_SPEND_DAILY, SITE_SPEND_DAILY, fill_key
 from rastro_assets.timekeeping import days_between
 from rastro_assets.warehouse.run_history import sync_run_rows

@@ -1,32 +1,25 @@
-"""`meta_records`: Dagster's record of the spend grid follows the warehouse, after any crash.
+"""Dagster's record of the spend grid against the warehouse: what the instance lacks.
 
 A run records each account-day it wrote as a materialization once the rows are committed.
 A worker killed between the two leaves days the warehouse holds, read completely, that
 Dagster shows as missing; and a later read that changes nothing records nothing (a wave
-records changed days only, and days past the weekly re-sync are never read again). So
-this sensor compares the two, a slice of accounts each tick, and records each such day of
-both spend assets as a runless materialization that says it was `recorded_from` the
-warehouse and which sync read it; nothing is read from Meta. It also records the
-`spend_backfill` partition of each account the planner owes no fill, whatever ran its
-blocks (a killed fill run, or an install older than the fill asset).
+records changed days only, and days past the weekly re-sync are never read again). This
+module finds those days (`missing_records`), and the `spend_backfill` partitions of
+accounts the planner owes no fill, whatever ran their blocks (a killed fill run, or an
+install older than the fill asset); and builds their runless materializations, whose
+metadata says they were `recorded_from` the warehouse and which sync read the day. The
+`meta_records` sensor (`recorder.py`) records them; `rastro status --check` and the
+`meta_account_health` run count them.
 
-What it never records: a day of a sync whose Dagster run is still in flight (that run
+What is never counted: a day of a sync whose Dagster run is still in flight (that run
 records its own), a day a sync left incomplete (`META_TRUNCATED`) unless another read it
-whole, a day before the date axis or after the account's local today, and an account that
-is not among its shard's `meta_ad_account` partitions yet.
-
-The cost of a tick is bounded whatever the install's size: `ACCOUNTS_PER_TICK` accounts
-(their complete days from the warehouse, then their partitions' latest materialization
-ids from the instance, a query per asset and chunk of keys) and at most
-`EVENTS_PER_TICK` events, each of which the daemon stores as one write. The cursor says
-where the walk over the accounts stands, and how many account-days each account visited
-still lacked; their total goes to `meta_account_health` as an observation whenever it
-changes, and `rastro status --check` counts the same days itself (`missing_records`).
+whole, and a day before the date axis or after the account's local today. An account its
+shard's `meta_ad_account` partitions do not hold yet is counted apart (`unplaced`): none
+of its days can be recorded until `meta_accounts` adds it.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +33,6 @@ from rastro_assets.defs.keys import (
     IN_FLIGHT_STATUSES,
     MAX_RUNTIME_TAG,
     META_ACCOUNT_HEALTH,
-    SENSOR_LOCK_WAIT_SECONDS,
     fill_key,
 )
 from rastro_assets.defs.partitions import (
@@ -49,24 +41,12 @@ from rastro_assets.defs.partitions import (
     reach_start,
     spend_shard,
 )
-from rastro_assets.defs.resources import RastroResource
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.planner.records import StoredDay, owes_no_fill, stored_days
-from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS
 from rastro_assets.timekeeping import local_date
 from rastro_assets.warehouse.complete_reads import CompleteDay, complete_days
-from rastro_assets.warehouse.connection import Connection, Warehouse, WarehouseLocked
-from rastro_assets.warehouse.shard_store import account_shards
+from rastro_assets.warehouse.connection import Connection, Warehouse
 
-RECORDS_SENSOR = "meta_records"
-RECORDS_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 60
-ACCOUNTS_PER_TICK = 200
-"""Accounts a tick compares: a shard's worth or two, so a tick's queries stay near a second
-at any number of accounts (docs/growing.md); every account is visited once per
-accounts / 200 ticks."""
-EVENTS_PER_TICK = 1_000
-"""Materializations a tick records at most: the daemon stores each as one write (~10 ms on
-SQLite), after the tick, on the sensor's thread. What is left waits for the next tick."""
 PARTITIONS_PER_QUERY = 2_000
 """Partition keys one query of the instance names (a bound parameter each)."""
 RECORD_GRACE = timedelta(minutes=60)
@@ -80,9 +60,6 @@ UNRECORDED = "unrecorded"
 """`meta_account_health`'s entry: stored account-days not recorded."""
 UNRECORDED_DAYS = "unrecorded_days"
 UNRECORDED_ACCOUNTS = "unrecorded_accounts"
-
-
-# -- What is missing ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -305,157 +282,3 @@ def latest_unrecorded(instance: dg.DagsterInstance) -> int | None:
         if value is not None:
             return int(value.value)
     return None
-
-
-# -- The sensor -----------------------------------------------------------------------------
-
-
-@dataclass
-class RecordsCursor:
-    """Where the walk over the accounts stands, and what each account visited still lacks."""
-
-    after: str = ""
-    """The last account compared; the next tick starts after it ("" for the first)."""
-    unrecorded: dict[str, int] = field(default_factory=dict)
-    """Account-days each account lacked when last visited, after that tick's records."""
-    reported: int | None = None
-    """The total last reported to `meta_account_health`."""
-
-    @classmethod
-    def from_json(cls, text: str | None) -> RecordsCursor:
-        try:
-            raw = json.loads(text or "{}")
-            return cls(
-                after=str(raw.get("after", "")),
-                unrecorded={str(k): int(v) for k, v in raw.get("unrecorded", {}).items()},
-                reported=None if raw.get("reported") is None else int(raw["reported"]),
-            )
-        except (ValueError, TypeError, AttributeError):
-            return cls()
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {"after": self.after, "unrecorded": self.unrecorded, "reported": self.reported},
-            sort_keys=True,
-        )
-
-
-def next_slice(ids: Sequence[str], after: str, size: int) -> tuple[list[str], str]:
-    """The next `size` accounts of `ids` (sorted) after `after`, wrapping to the first once
-    every account was visited; and the cursor's next `after` ("" once the last is in it)."""
-    rest = [account for account in ids if account > after] or list(ids)
-    chosen = rest[:size]
-    return chosen, ("" if not chosen or chosen[-1] == ids[-1] else chosen[-1])
-
-
-def _within(missing: MissingRecords, limit: int) -> MissingRecords:
-    """The records of whole accounts, in order, that fit `limit` events; when the first
-    account alone has more, its first `limit`."""
-    by_account: dict[str, list[MissingDay]] = {}
-    for day in missing.days:
-        by_account.setdefault(day.ad_account_id, []).append(day)
-    fills = {account: key for key, account in missing.fills}
-    kept = MissingRecords()
-    for account in sorted(set(by_account) | set(fills)):
-        days = by_account.get(account, [])
-        room = limit - len(kept.days) - len(kept.fills)
-        if len(days) + (account in fills) > room:
-            if not kept.days and not kept.fills:
-                kept.days += days[:room]
-            break
-        kept.days += days
-        if account in fills:
-            kept.fills.append((fills[account], account))
-    return kept
-
-
-def _left(missing: MissingRecords, kept: MissingRecords) -> MissingRecords:
-    recorded = {(d.asset_key, d.ad_account_id, d.stored.day) for d in kept.days}
-    return MissingRecords(
-        days=[d for d in missing.days if (d.asset_key, d.ad_account_id, d.stored.day)
-              not in recorded],
-        fills=[fill for fill in missing.fills if fill not in kept.fills],
-        unplaced=missing.unplaced,
-    )
-
-
-def records_tick(
-    context: dg.SensorEvaluationContext, rastro: RastroResource, shard_count: int
-) -> dg.SensorResult | dg.SkipReason:
-    now = rastro.clock()()
-    cursor = RecordsCursor.from_json(context.cursor)
-    in_flight = runs_in_flight(context.instance)
-    warehouse = rastro.warehouse()
-    warehouse.lock_wait_seconds = SENSOR_LOCK_WAIT_SECONDS
-    try:
-        with warehouse.connect(read_only=True) as con:
-            ids = sorted(account_shards(con))
-            chosen, after = next_slice(ids, cursor.after, ACCOUNTS_PER_TICK)
-            stored = read_stored(con, in_flight, chosen)
-    except WarehouseLocked as exc:
-        return dg.SkipReason(f"the warehouse is busy: {exc}")
-    missing = missing_records(context.instance, stored, now, in_flight, shard_count)
-    kept = _within(missing, EVENTS_PER_TICK)
-    left = _left(missing, kept)
-    pending = sorted({d.ad_account_id for d in left.days} | {a for _, a in left.fills})
-    if pending:
-        # The next tick starts with the first account this one could not finish.
-        after = max((account for account in ids if account < pending[0]), default="")
-    unrecorded = {
-        account: count
-        for account, count in cursor.unrecorded.items()
-        if account not in chosen and account in ids
-    }
-    unrecorded.update(left.account_days())
-    total = sum(unrecorded.values())
-    events: list[dg.AssetMaterialization | dg.AssetObservation] = [*record_events(kept)]
-    if total != cursor.reported:
-        events.append(
-            dg.AssetObservation(
-                asset_key=META_ACCOUNT_HEALTH,
-                description="Account-days the warehouse holds that Dagster does not show as "
-                "materialized yet, as meta_records last found them",
-                metadata={UNRECORDED_DAYS: total, UNRECORDED_ACCOUNTS: len(unrecorded)},
-            )
-        )
-    return dg.SensorResult(
-        asset_events=events,
-        cursor=RecordsCursor(after, unrecorded, total).to_json(),
-        skip_reason=_summary(kept, chosen, total),
-    )
-
-
-def _summary(kept: MissingRecords, chosen: Sequence[str], total: int) -> str:
-    span = f"{chosen[0]} .. {chosen[-1]}" if chosen else "no linked accounts"
-    days = len({(d.ad_account_id, d.stored.day) for d in kept.days})
-    done = (
-        f"recorded {days} stored account-days and {len(kept.fills)} fills from the warehouse"
-        if days or kept.fills
-        else "every stored account-day recorded"
-    )
-    later = f"; {total} stored account-days not recorded yet" if total else ""
-    return f"{span}: {done}{later}"
-
-
-def build_meta_records_sensor(shard_count: int) -> dg.SensorDefinition:
-    """`meta_records` over the spend pairs and fills of `shard_count` shards."""
-
-    @dg.sensor(
-        name=RECORDS_SENSOR,
-        minimum_interval_seconds=RECORDS_SENSOR_SECONDS,
-        default_status=dg.DefaultSensorStatus.RUNNING,
-        description="Records, from the warehouse and without reading Meta, each account-day "
-        "a finished sync read completely that the spend assets do not show as materialized "
-        "(a run killed between its write and its events), and the spend_backfill partition "
-        f"of each account that owes no fill; {ACCOUNTS_PER_TICK} accounts a tick, at most "
-        f"{EVENTS_PER_TICK} events. Each event's metadata says recorded_from: warehouse and "
-        "the sync_run_id that read the day.",
-    )
-    def meta_records_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
-        return records_tick(context, rastro, shard_count)
-
-    return meta_records_sensor
-
-
-meta_records_sensor = build_meta_records_sensor(SHARD_COUNT)
-
