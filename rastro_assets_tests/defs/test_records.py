@@ -238,3 +238,27 @@ def test_its_partition_keys_are_the_spend_assets_own():
     from rastro_assets.defs.partitions import spend_partition_key
 
     assert records.partition_key("act_1", TODAY) == str(spend_partition_key("act_1", TODAY))
+
+
+def test_with_shards_each_account_is_recorded_in_its_own_shards_pair(
+    rastro, warehouse, linked_world
+):
+    from rastro_assets.defs.cadence.recorder import build_meta_records_sensor
+    from rastro_assets.defs.keys import ad_spend_key, site_spend_key
+    from rastro_assets.warehouse.shard_store import store_shards
+
+    with warehouse.connect() as con:
+        store_shards(con, {"act_202": 1})
+        for account in ACCOUNTS:
+            record_sync_run(con, "live", account, "live", TODAY - timedelta(1), TODAY, LINKED)
+    with dg.DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions(shards.accounts_name(0), ["act_101"])
+        instance.add_dynamic_partitions(shards.accounts_name(1), ["act_202"])
+        context = dg.build_sensor_context(instance=instance, resources={"rastro": rastro})
+        for event in build_meta_records_sensor(2)(context).asset_events:
+            instance.report_runless_asset_event(event)
+        for shard, account in enumerate(ACCOUNTS):
+            for asset_key in (ad_spend_key(shard), site_spend_key(shard)):
+                assert instance.get_materialized_partitions(asset_key) == grid(
+                    [account], TODAY - timedelta(1), TODAY
+                ), asset_key
