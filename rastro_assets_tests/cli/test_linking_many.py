@@ -11,6 +11,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import duckdb
@@ -162,6 +163,32 @@ def test_accounts_of_a_missing_connection_or_a_meta_failure_is_one_line(
     assert_usage_error(rastro("accounts", "c9"), "unknown connection 'c9'")
     fake_world.fail("adaccounts", "permission", skip=2)
     assert_usage_error(rastro("accounts", "c1"), "could not list", "'c1'", "code 200")
+    assert snapshot(duckdb_path) == before
+
+
+@pytest.mark.timeout(60)  # without bounds, these never end: fail in a minute instead
+@pytest.mark.parametrize(
+    ("fault", "fragment"),
+    [
+        ("endless_paging", "Meta kept paging GET me/adaccounts past 20 pages; stopped"),
+        ("slow_body", "Meta's answers to GET me/adaccounts took over 1s in all; stopped"),
+        ("huge_body", "GET me/adaccounts is over the 4,194,304-byte cap; not read further"),
+    ],
+)
+def test_accounts_stops_at_its_page_cap_deadline_and_body_cap(
+    rastro, registered, fake_world, duckdb_path, monkeypatch, fault, fragment
+):
+    # Small page and time bounds, so the test takes a second; the body cap is the real one.
+    from rastro_assets.meta import client
+
+    bounds = replace(client.ACCOUNT_LISTING_BOUNDS, max_pages=20, seconds=1)
+    monkeypatch.setattr(client, "ACCOUNT_LISTING_BOUNDS", bounds)
+    fake_world.slow_body_byte_seconds = 0.01
+    fake_world.huge_body_bytes = 50 << 20
+    fake_world.fail("adaccounts", fault, times=None, skip=1)
+    before = snapshot(duckdb_path)
+    for args in (("accounts", "c1"), ("link", "s1", "--all", "--connection", "c1")):
+        assert_usage_error(rastro(*args), "could not list", "'c1'", fragment)
     assert snapshot(duckdb_path) == before
 
 
