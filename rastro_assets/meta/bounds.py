@@ -28,6 +28,15 @@ class ReadBounds:
     max_pages: int | None = None
     seconds: float | None = None
 
+    def deadline(self, now: float) -> Deadline | None:
+        """When a read started at `now` must be over; None without `seconds`."""
+        return None if self.seconds is None else Deadline(now + self.seconds, self.seconds)
+
+    def check_page(self, read: int, what: str) -> None:
+        """`OutOfBounds` when `read` pages already are as many as may be."""
+        if self.max_pages is not None and read >= self.max_pages:
+            raise OutOfBounds(f"Meta kept paging {what} past {self.max_pages} pages; stopped")
+
 
 ANY_ANSWER = ReadBounds()
 """Every answer within `GRAPH_BODY_MAX_BYTES`; no other bound."""

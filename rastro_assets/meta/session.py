@@ -31,7 +31,6 @@ from rastro_assets.meta.bounds import (
     GRAPH_BODY_MAX_BYTES,
     Deadline,
     Limits,
-    OutOfBounds,
     ReadBounds,
     too_big,
 )
@@ -177,9 +176,7 @@ class GraphSession:
         after: str | None = None
         next_url: str | None = None
         seen: set[str] = set()
-        deadline = None
-        if bounds.seconds is not None:
-            deadline = Deadline(self.monotonic() + bounds.seconds, bounds.seconds)
+        deadline = bounds.deadline(self.monotonic())
         read = 0
         # The URL httpx would build from `params` (and `after`), encoded once: httpx
         # re-checks every character of a merged query in Python, on every page.
@@ -191,10 +188,7 @@ class GraphSession:
                 url = f"{first_url}{'&' if params else '?'}{urlencode({'after': after})}"
             else:
                 url = first_url
-            if bounds.max_pages is not None and read >= bounds.max_pages:
-                raise OutOfBounds(
-                    f"Meta kept paging {what} past {bounds.max_pages} pages; stopped"
-                )
+            bounds.check_page(read, what)
             body = self.call("GET", url, what=what, retry_timeouts=retry_timeouts,
                              read_page=read_page, max_body_bytes=bounds.max_body_bytes,
                              deadline=deadline)

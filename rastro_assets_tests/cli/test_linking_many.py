@@ -18,12 +18,12 @@ import duckdb
 import pytest
 
 from rastro_assets import cli
-from rastro_assets.cli.accounts import (
+from rastro_assets.cli.context import Context
+from rastro_assets.cli.id_file import (
     FROM_FILE_MAX_CHARS,
     FROM_FILE_MAX_IDS,
     FROM_FILE_MAX_LINE_CHARS,
 )
-from rastro_assets.cli.context import Context
 from rastro_assets.warehouse.link_store import MAX_LINKS_PER_CONNECTION
 from rastro_assets_tests.cli.conftest import assert_usage_error
 
