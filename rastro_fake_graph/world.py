@@ -294,6 +294,11 @@ def _throttles() -> dict[str, FailureSpec]:
 
 
 FAILURES = _failure_catalog()
+# Answers without end (or at a byte a second) are staged where a person waits on them (the
+# account listings and reads of `rastro accounts` and `link`), not mid-sync.
+UNBOUNDED_FAULTS = frozenset({"endless", "slow", "huge"})
+ACCOUNT_POINTS = frozenset({"adaccounts", "owned_ad_accounts", "client_ad_accounts", "account",
+                            "me"})
 FAILURE_POINTS = frozenset(
     {"insights", "insights_page", "async", "report", "report_insights", "ads", "ads_by_id",
      "account", "me", "adaccounts", "owned_ad_accounts", "client_ad_accounts", "thumbnail"}
@@ -671,7 +676,8 @@ class FakeWorld:
         `job_skipped`, `job_stuck` decide how the job ends instead), report,
         report_insights, ads, ads_by_id, account, me, adaccounts (any page of
         `/me/adaccounts`), owned_ad_accounts, client_ad_accounts, thumbnail. Errors: the
-        keys of `FAILURES`. `times=None` fails until `clear_failures()`.
+        keys of `FAILURES` (`endless_paging`, `slow_body` and `huge_body` at the account
+        points only). `times=None` fails until `clear_failures()`.
         `skip` lets that many matching requests through first, so a failure
         can land in the middle of a sync.
         """
@@ -681,6 +687,8 @@ class FakeWorld:
             raise ValueError(f"unknown failure {error!r}")
         if FAILURES[error].job_outcome and point != "async":
             raise ValueError(f"{error} only applies to point 'async'")
+        if FAILURES[error].fault in UNBOUNDED_FAULTS and point not in ACCOUNT_POINTS:
+            raise ValueError(f"{error} only applies to the account points {sorted(ACCOUNT_POINTS)}")
         if skip < 0:
             raise ValueError("skip must be >= 0")
         with self.lock:

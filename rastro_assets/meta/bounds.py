@@ -55,8 +55,11 @@ class Deadline:
 
     at: float  # on the session's `monotonic` clock
     seconds: float
+    whole_read: bool = True  # False: the deadline of one answer
 
     def passed(self, what: str) -> OutOfBounds:
+        if not self.whole_read:
+            return OutOfBounds(f"Meta's answer to {what} took over {self.seconds:g}s; stopped")
         return OutOfBounds(f"Meta's answers to {what} took over {self.seconds:g}s in all; stopped")
 
 

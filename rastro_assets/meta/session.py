@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 BACKOFF_BASE_SECONDS = 1.0
 BACKOFF_CAP_SECONDS = 60.0
+# One answer, however slowly its bytes come, has this many request timeouts to arrive whole.
+ANSWER_TIMEOUTS = 2
 
 T = TypeVar("T")
 
@@ -309,11 +311,12 @@ class GraphSession:
         read_page: PageReader | None,
         limits: Limits,
     ) -> Any:
-        timeout = self.timeout_seconds
-        if limits.deadline is not None:
-            timeout = min(timeout, limits.deadline.at - self.monotonic())
-            if timeout <= 0:
-                raise limits.deadline.passed(what)
+        now = self.monotonic()
+        deadline = self._answer_deadline(now, limits.deadline)
+        timeout = min(self.timeout_seconds, deadline.at - now)
+        if timeout <= 0:
+            raise deadline.passed(what)
+        limits = Limits(limits.max_body_bytes, deadline)
         try:
             response, raw = without_httpx_errors(
                 lambda: self._exchange(method, url, params, data, what, limits, timeout),
@@ -334,6 +337,14 @@ class GraphSession:
             raise
         self._record(usage)
         return body
+
+    def _answer_deadline(self, now: float, read: Deadline | None) -> Deadline:
+        """The sooner of the read's deadline and the answer's own: the request timeout bounds
+        each wait for bytes, so an answer dribbled a byte at a time would never meet it."""
+        seconds = ANSWER_TIMEOUTS * self.timeout_seconds
+        if read is not None and read.at <= now + seconds:
+            return read
+        return Deadline(now + seconds, seconds, whole_read=False)
 
     def _exchange(
         self,

@@ -90,3 +90,21 @@ def test_every_other_answer_has_the_sessions_cap(many: FakeWorld, client_for):
         client_for().account(BRL)
     # Within the caps, the listing reads as before.
     assert len(client_for(page_size=50).reachable_accounts()) == 122
+
+
+def test_one_answer_dribbled_a_byte_at_a_time_has_twice_the_request_timeout(
+    world: FakeWorld, client_for
+):
+    world.slow_body_byte_seconds = 0.01  # a node of about 200 bytes: two seconds
+    world.fail("account", "slow_body")
+    started = time.monotonic()
+    with pytest.raises(OutOfBounds) as stopped:
+        client_for(timeout_seconds=0.2).account(BRL)
+    assert str(stopped.value) == f"Meta's answer to GET {BRL} took over 0.4s; stopped"
+    assert time.monotonic() - started < 1.5
+
+
+def test_the_unbounded_answers_are_staged_only_where_a_person_waits(world: FakeWorld):
+    for point in ("insights", "ads", "thumbnail"):
+        with pytest.raises(ValueError, match="account points"):
+            world.fail(point, "slow_body")
