@@ -83,7 +83,8 @@ def add_sql(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--output",
         metavar="FILE.parquet",
-        help="write the result to a Parquet file instead of printing it",
+        help="write the result to a Parquet file instead of printing it (at most"
+        " RASTRO_SQL_OUTPUT_MAX_MB MiB, 1024 unset; never in the product's own directories)",
     )
     parser.add_argument(
         "--replace",

@@ -57,11 +57,16 @@ def output_max_bytes(environ: Mapping[str, str]) -> int:
 def product_directories(settings: Settings, environ: Mapping[str, str]) -> Places:
     """The directories of the pipeline's file and of the snapshot, and DAGSTER_HOME: the
     product's own, where no analyst's file belongs. Each as it is now, links followed; one
-    that cannot be looked at is left out (nothing is written through a path we cannot)."""
-    named = [
-        (Path(settings.duckdb_path).parent, "the pipeline's directory, RASTRO_DUCKDB_PATH"),
-        (Path(settings.snapshot_path).parent, "the snapshot's directory, RASTRO_ANALYTICS_PATH"),
-    ]
+    that cannot be looked at is left out (nothing is written through a path we cannot), and
+    so is the pipeline's when its path is only a guess (an analyst's own `data/`)."""
+    named = []
+    if settings.not_found is None:
+        named.append(
+            (Path(settings.duckdb_path).parent, "the pipeline's directory, RASTRO_DUCKDB_PATH")
+        )
+    named.append(
+        (Path(settings.snapshot_path).parent, "the snapshot's directory, RASTRO_ANALYTICS_PATH")
+    )
     if environ.get("DAGSTER_HOME"):
         named.append((Path(environ["DAGSTER_HOME"]), "Dagster's storage, DAGSTER_HOME"))
     places: dict[tuple[int, int], str] = {}

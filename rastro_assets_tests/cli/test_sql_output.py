@@ -109,6 +109,18 @@ def test_the_snapshots_own_directory_is_refused(
     assert (code, err) == (0, "")
 
 
+def test_an_analysts_own_data_folder_is_no_guess_of_the_pipelines(
+    rastro, snapshot_path, tmp_path, monkeypatch
+):
+    folder = tmp_path / "ana"
+    (folder / "data").mkdir(parents=True)
+    monkeypatch.chdir(folder)
+    environ = {"RASTRO_DUCKDB_PATH": "", "RASTRO_ANALYTICS_PATH": str(snapshot_path)}
+    code, _, err = rastro("sql", SPEND, "--output", "data/spend.parquet", environ=environ)
+    assert (code, err) == (0, "")
+    assert (folder / "data" / "spend.parquet").is_file()
+
+
 # --replace: a regular file of yours ----------------------------------------------------------
 
 
