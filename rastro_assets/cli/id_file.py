@@ -40,11 +40,13 @@ def _ids_in(lines: TextIO, source: str) -> list[str]:
     while line := lines.readline(FROM_FILE_MAX_LINE_CHARS + 1):
         read += len(line)
         if "\0" in line:
-            raise UsageError(f"--from-file {source!r} is not a list of ids: it holds NUL bytes")
+            raise UsageError(
+                f"--from-file {source!r} is not a list of ids: it holds NUL bytes; nothing linked"
+            )
         if len(line.rstrip("\r\n")) > FROM_FILE_MAX_LINE_CHARS:
             raise UsageError(
                 f"--from-file {source!r} is not a list of ids: a line is longer than"
-                f" {FROM_FILE_MAX_LINE_CHARS:,} characters"
+                f" {FROM_FILE_MAX_LINE_CHARS:,} characters; nothing linked"
             )
         if read > FROM_FILE_MAX_CHARS:
             raise UsageError(

@@ -419,4 +419,3 @@ class GraphSession:
                 f"Meta answered {what} with JSON that is not an object", http_status=status
             )
         return body
-
