@@ -10,13 +10,12 @@ an account is seen the same way wherever the question is asked. Each asks what i
 """
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import dagster as dg
 
 from rastro_assets import shards
-from rastro_assets.defs.cadence.backfills import first_data_accounts
 from rastro_assets.defs.dagster_private import (
     BulkActionsFilter,
     BulkActionStatus,
@@ -63,7 +62,11 @@ def in_flight(instance: dg.DagsterInstance, now: float | None = None) -> InFligh
 
 
 def busy_accounts(
-    instance: dg.DagsterInstance, now: float | None = None, *, queued_backfill_runs=False
+    instance: dg.DagsterInstance,
+    now: float | None = None,
+    *,
+    queued_backfill_runs: bool = False,
+    besides: str | None = None,
 ) -> tuple[set[str], bool]:
     """Accounts a run in flight holds, and whether a wave is in flight.
 
@@ -72,7 +75,8 @@ def busy_accounts(
     for hours, and the queue's limit of one run per `meta_account` and the spend writer's
     fencing (of two syncs of one account, only the one that started later writes; the other
     ends `RUN_TIMEOUT`, which no back-off follows) already keep such a run and a wave from
-    writing one account at once. `queued_backfill_runs` counts those runs too (a move).
+    writing one account at once. `queued_backfill_runs` counts those runs too (a move);
+    `besides` is a run id whose own accounts are not counted (a run asking about the others).
 
     A run started longer ago than its maximum runtime (`MAX_RUNTIME_TAG`) is
     dead, whatever its status says: a killed run worker leaves its run
@@ -85,6 +89,8 @@ def busy_accounts(
     accounts_of_shard: dict[int, list[str]] = {}
     for record in instance.get_run_records(filters=dg.RunsFilter(statuses=IN_FLIGHT_STATUSES)):
         run = record.dagster_run
+        if run.run_id == besides:
+            continue
         limit = float(run.tags.get(MAX_RUNTIME_TAG) or DEFAULT_MAX_RUNTIME_SECONDS)
         if record.start_time is not None and now - record.start_time > limit:
             continue
@@ -126,6 +132,15 @@ def _run_accounts(
             low, high = sorted((accounts.index(first), accounts.index(last)))
             return set(accounts[low : high + 1])
     return {first, last}
+
+
+def first_data_accounts(run_config: Mapping) -> set[str]:
+    """The accounts a first-data run (or any `meta_sync_wave` run) reads, from its config."""
+    try:
+        syncs = run_config["ops"]["sync_wave"]["config"]["syncs"]
+        return {str(sync["ad_account_id"]) for sync in syncs}
+    except (KeyError, TypeError):
+        return set()
 
 
 def fill_targets(instance: dg.DagsterInstance) -> set[str]:
