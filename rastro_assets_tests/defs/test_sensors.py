@@ -648,3 +648,23 @@ def test_a_run_over_one_date_of_many_accounts_holds_each_of_them(instance):
         )
     )
     assert busy_accounts(instance) == ({"act_1", "act_2", "act_3"}, False)
+
+
+def test_of_queued_runs_only_the_cadences_own_hold_their_accounts(instance):
+    from rastro_assets.defs.cadence.busy import busy_accounts, move_blockers
+
+    syncs = [{"ad_account_id": "act_1", "kind": "backfill", "since": "2026-11-01",
+              "until": "2026-11-30"}]
+    for run_id, tags, run_config in (
+        ("first-data", {WAVE_TAG: "true", FIRST_DATA_TAG: "1"},
+         {"ops": {"sync_wave": {"config": {"syncs": syncs}}}}),
+        ("by hand", {ACCOUNT_TAG: "act_2"}, None),
+    ):
+        instance.add_run(
+            dg.DagsterRun(
+                job_name="j", run_id=run_id, tags=tags, run_config=run_config,
+                status=dg.DagsterRunStatus.QUEUED, remote_job_origin=_job_origin(),
+            )
+        )
+    assert busy_accounts(instance) == ({"act_1"}, False)
+    assert move_blockers(instance) == {"act_1", "act_2"}

@@ -24,7 +24,6 @@ from rastro_assets.defs.dagster_private import (
 from rastro_assets.defs.keys import (
     ACCOUNT_DIMENSION_TAG,
     ACCOUNT_TAG,
-    BACKFILL_ID_TAG,
     DEFAULT_MAX_RUNTIME_SECONDS,
     FIRST_DATA_TAG,
     IN_FLIGHT_STATUSES,
@@ -35,6 +34,8 @@ from rastro_assets.defs.keys import (
     is_fill_key,
 )
 from rastro_assets.defs.partitions import SHARD_COUNT
+
+QUEUED = dg.DagsterRunStatus.QUEUED
 
 
 @dataclass(frozen=True)
@@ -61,22 +62,26 @@ def in_flight(instance: dg.DagsterInstance, now: float | None = None) -> InFligh
     return InFlight(frozenset(held), frozenset(fill_targets(instance)), wave)
 
 
+LAUNCHED_STATUSES = [status for status in IN_FLIGHT_STATUSES if status != QUEUED]
+
+
 def busy_accounts(
     instance: dg.DagsterInstance,
     now: float | None = None,
     *,
-    queued_backfill_runs: bool = False,
+    queued: bool = False,
     besides: str | None = None,
 ) -> tuple[set[str], bool]:
-    """Accounts a run in flight holds, and whether a wave is in flight.
+    """Accounts a run in flight holds, and whether a cadence wave is in flight.
 
-    A run holds its accounts from the moment it is launched. Queued, it holds them only when
-    no backfill made it: a backfill's runs are all queued at once and wait for one another
-    for hours, and the queue's limit of one run per `meta_account` and the spend writer's
-    fencing (of two syncs of one account, only the one that started later writes; the other
-    ends `RUN_TIMEOUT`, which no back-off follows) already keep such a run and a wave from
-    writing one account at once. `queued_backfill_runs` counts those runs too (a move);
-    `besides` is a run id whose own accounts are not counted (a run asking about the others).
+    A run holds its accounts once the queue has launched it. Queued, only the cadence's own
+    runs (`meta_sync_wave`'s: waves and first-data runs) count, or the sensors would ask for
+    them again. Any other queued run holds nothing yet: a backfill's runs are all queued at
+    once and may wait for hours, and a run the queue launches while a wave syncs one of its
+    accounts cannot corrupt it: the spend writer lets only the later of two syncs of one
+    account write (the other ends `RUN_TIMEOUT`, which no back-off follows), and a wave
+    skips at its start any account another run holds by then. `queued` counts every queued
+    run (a move); `besides` is a run whose own accounts are left out (a run asking).
 
     A run started longer ago than its maximum runtime (`MAX_RUNTIME_TAG`) is
     dead, whatever its status says: a killed run worker leaves its run
@@ -87,26 +92,30 @@ def busy_accounts(
     busy: set[str] = set()
     wave_in_flight = False
     accounts_of_shard: dict[int, list[str]] = {}
-    for record in instance.get_run_records(filters=dg.RunsFilter(statuses=IN_FLIGHT_STATUSES)):
+    for record in _runs_in_flight(instance, queued):
         run = record.dagster_run
         if run.run_id == besides:
             continue
         limit = float(run.tags.get(MAX_RUNTIME_TAG) or DEFAULT_MAX_RUNTIME_SECONDS)
         if record.start_time is not None and now - record.start_time > limit:
             continue
-        if run.tags.get(WAVE_TAG) == "true":
-            wave_in_flight = True
-        if (
-            run.status == dg.DagsterRunStatus.QUEUED
-            and BACKFILL_ID_TAG in run.tags
-            and not queued_backfill_runs
-        ):
-            continue
         if run.tags.get(FIRST_DATA_TAG):
             # A wave job's run, but no cadence wave: live syncs of the others go on.
             busy.update(first_data_accounts(run.run_config))
+        elif run.tags.get(WAVE_TAG) == "true":
+            wave_in_flight = True
         busy.update(_run_accounts(instance, run.tags, accounts_of_shard))
     return busy, wave_in_flight
+
+
+def _runs_in_flight(instance: dg.DagsterInstance, queued: bool) -> list[dg.RunRecord]:
+    if queued:
+        return list(instance.get_run_records(dg.RunsFilter(statuses=IN_FLIGHT_STATUSES)))
+    # Two queries, so that the thousands of runs a backfill queues are never read.
+    return [
+        *instance.get_run_records(dg.RunsFilter(statuses=LAUNCHED_STATUSES)),
+        *instance.get_run_records(dg.RunsFilter(statuses=[QUEUED], tags={WAVE_TAG: "true"})),
+    ]
 
 
 def _run_accounts(
@@ -160,7 +169,7 @@ def move_blockers(instance: dg.DagsterInstance, now: float | None = None) -> set
     """Accounts something could still write: a run in flight, queued ones included, or a
     requested backfill of their spend or fill partitions, whether its runs reached them yet
     or not. Moving such an account would strand the events its runs record later."""
-    busy, _ = busy_accounts(instance, now, queued_backfill_runs=True)
+    busy, _ = busy_accounts(instance, now, queued=True)
     for backfill in _requested_backfills(instance):
         busy.update(backfill_accounts(backfill))
     return busy
