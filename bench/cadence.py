@@ -57,10 +57,15 @@ from zoneinfo import ZoneInfo
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rastro_assets.defs.cadence.wave import LIVE_RECORD_BLOCK_MINUTES  # noqa: E402
+from rastro_assets.defs.cadence.wave import (  # noqa: E402
+    LIVE_RECORD_BLOCK_MINUTES,
+    sealed_wave_config,
+)
 from rastro_assets.planner import cadence  # noqa: E402
 from rastro_assets.planner.state import AccountState, Delivery, SyncRun  # noqa: E402
+from rastro_assets.planner.wave_seal import SEAL_LABEL  # noqa: E402
 from rastro_assets.timekeeping import local_date  # noqa: E402
+from rastro_assets.vault import derived_key  # noqa: E402
 
 TIMEZONES = [
     "America/Los_Angeles",
@@ -361,7 +366,7 @@ def measure_waves(sizes: list[int], kinds: list[str], backend: str = "sqlite",
                 "RASTRO_SECRETS_KEY": key,
                 # Waves here follow each other within seconds: their publishes are measured
                 # apart (`publish_cpu`) and counted at the cadence's pace in the model.
-                "RASTRO_ANALYTICS_LAG_SECONDS": "1000000000",
+                "RASTRO_ANALYTICS_LAG_SECONDS": "604800",
             }
             env.pop("DAGSTER_EVENT_BATCH_SIZE", None)
             if event_batch_size:
@@ -414,8 +419,12 @@ def run_wave(world, env: dict, home: Path, size: int, kind: str, storage: Storag
             }
         )
     config = home / "wave.json"
+    # Sealed as the sensor seals its waves, with the run's key: only those record the
+    # cadence's kinds.
+    key = derived_key(SEAL_LABEL, {"RASTRO_SECRETS_KEY": env["RASTRO_SECRETS_KEY"]})
+    sealed = sealed_wave_config(syncs, world.now(), key)
     config.write_text(json.dumps({
-        "ops": {"sync_wave": {"config": {"syncs": syncs}}},
+        "ops": {"sync_wave": {"config": sealed}},
         "resources": {"rastro": {"config": {"fixed_now": world.now().isoformat()}}},
     }))
     before_bytes = storage.size()

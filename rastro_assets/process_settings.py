@@ -24,6 +24,7 @@ from rastro_assets.settings import (
     account_shards_in,
     find_data_dir,
     shard_accounts,
+    shown_value,
     whole_number,
 )
 
@@ -31,6 +32,8 @@ DEFAULT_DUCKDB_PATH = "data/rastro.duckdb"
 DEFAULT_GRAPH_URL = "https://graph.facebook.com/v25.0"
 DEFAULT_ANALYTICS_MODE = 0o644
 DEFAULT_ANALYTICS_LAG_SECONDS = 300
+# A week: a benchmark that must never publish mid-measure still fits.
+MAX_ANALYTICS_LAG_SECONDS = 7 * 24 * 60 * 60
 # The oldest DuckDB storage that holds every type of the snapshot (DECIMAL, TIMESTAMPTZ, BLOB,
 # lists): DuckDB 1.0 and later, and the tools that bundle one (DBeaver, Metabase, Evidence),
 # open it; the newest storage would shut out every DuckDB older than the pipeline's.
@@ -182,7 +185,7 @@ def storage_version(raw: str | None) -> str:
     if not re.fullmatch(r"v[1-9][0-9]*\.[0-9]+\.[0-9]+", raw.strip()):
         raise SettingsError(
             f"RASTRO_ANALYTICS_STORAGE_VERSION must be a DuckDB release from v1.0.0 on, like"
-            f" {DEFAULT_ANALYTICS_STORAGE_VERSION} or v1.2.0, not {raw!r}"
+            f" {DEFAULT_ANALYTICS_STORAGE_VERSION} or v1.2.0, not {shown_value(raw)}"
         )
     return raw.strip()
 
@@ -196,8 +199,8 @@ def _octal_mode(raw: str | None) -> int:
         mode = -1
     if not 0 <= mode <= 0o777 or not mode & 0o400:
         raise SettingsError(
-            f"RASTRO_ANALYTICS_MODE must be an octal file mode the owner can read, like 0644"
-            f" or 0640, not {raw!r}"
+            f"RASTRO_ANALYTICS_MODE must be an octal file mode from 0400 to 0777 that the owner"
+            f" can read, like 0644 or 0640, not {shown_value(raw)}"
         )
     return mode
 
@@ -207,6 +210,8 @@ def _lag_seconds(raw: str | None) -> int:
         raw,
         DEFAULT_ANALYTICS_LAG_SECONDS,
         least=30,
-        refusal="RASTRO_ANALYTICS_LAG_SECONDS must be a whole number of seconds, 30 or more",
+        most=MAX_ANALYTICS_LAG_SECONDS,
+        refusal="RASTRO_ANALYTICS_LAG_SECONDS must be a whole number of seconds from 30 to"
+        f" {MAX_ANALYTICS_LAG_SECONDS:,}",
     )
 

@@ -34,6 +34,23 @@ DEFAULT_SYNC_LEASE_SECONDS = 15 * 60
 LIVE_INTERVAL_MINUTES = 45
 DEFAULT_IDLE_LIVE_INTERVAL_MINUTES = 180
 
+# The upper ends of the numeric settings' ranges: each is far beyond any useful value, and
+# close enough that a typo (an extra digit or ten) is refused instead of overflowing a
+# timedelta or silently switching a behaviour off. `docs/running.md`, "Settings", lists them.
+DAY_SECONDS = 24 * 60 * 60
+MAX_IDLE_LIVE_INTERVAL_MINUTES = 24 * 60
+MAX_SENSOR_INTERVAL_SECONDS = 60 * 60
+MAX_RUN_RETENTION_HOURS = 10 * 365 * 24
+MAX_SYNC_RUN_RETENTION_DAYS = 10 * 365
+# Ten years: a threshold that high never fires, which is how one kind of incident is
+# turned off.
+MAX_ALERT_MINUTES = 10 * 365 * 24 * 60
+# Runs failing in a row for longer than this have long been somebody's problem: a higher
+# threshold would only keep the incident from being said.
+MAX_ALERT_RUN_FAILURES = 100
+# A value longer than this is shown cut, with its length: a refusal stays one short line.
+SHOWN_VALUE_CHARS = 24
+
 
 @dataclass(frozen=True)
 class Retention:
@@ -52,12 +69,17 @@ class Retention:
                 env.get("RASTRO_RETENTION_INTERVAL_SECONDS"),
                 3600,
                 least=1,
-                refusal="RASTRO_RETENTION_INTERVAL_SECONDS must be a whole number of seconds,"
-                " 1 or more",
+                most=DAY_SECONDS,
+                refusal="RASTRO_RETENTION_INTERVAL_SECONDS must be a whole number of seconds"
+                f" from 1 to {DAY_SECONDS:,}",
             ),
             runs=timedelta(
                 hours=_positive_number(
-                    env.get("RASTRO_RUN_RETENTION_HOURS"), 24, "hours", "RASTRO_RUN_RETENTION_HOURS"
+                    env.get("RASTRO_RUN_RETENTION_HOURS"),
+                    24,
+                    "hours",
+                    "RASTRO_RUN_RETENTION_HOURS",
+                    most=MAX_RUN_RETENTION_HOURS,
                 )
             ),
             sync_runs=timedelta(
@@ -66,6 +88,7 @@ class Retention:
                     35,
                     "days",
                     "RASTRO_SYNC_RUN_RETENTION_DAYS",
+                    most=MAX_SYNC_RUN_RETENTION_DAYS,
                 )
             ),
         )
@@ -82,8 +105,10 @@ def idle_live_interval_minutes(raw: str | None) -> int:
         raw,
         DEFAULT_IDLE_LIVE_INTERVAL_MINUTES,
         least=LIVE_INTERVAL_MINUTES,
-        refusal=f"RASTRO_IDLE_LIVE_INTERVAL_MINUTES must be a whole number of minutes,"
-        f" {LIVE_INTERVAL_MINUTES} (idle accounts read like the others) or more",
+        most=MAX_IDLE_LIVE_INTERVAL_MINUTES,
+        refusal=f"RASTRO_IDLE_LIVE_INTERVAL_MINUTES must be a whole number of minutes from"
+        f" {LIVE_INTERVAL_MINUTES} (idle accounts read like the others) to"
+        f" {MAX_IDLE_LIVE_INTERVAL_MINUTES:,}",
     )
 
 
@@ -93,8 +118,9 @@ def sensor_interval_override_seconds(raw: str | None) -> int:
         raw,
         0,
         least=0,
-        refusal="RASTRO_SENSOR_INTERVAL_SECONDS must be a whole number of seconds (0 or unset:"
-        " each sensor's own interval)",
+        most=MAX_SENSOR_INTERVAL_SECONDS,
+        refusal="RASTRO_SENSOR_INTERVAL_SECONDS must be a whole number of seconds from 0 (or"
+        f" unset: each sensor's own interval) to {MAX_SENSOR_INTERVAL_SECONDS:,}",
     )
 
 
@@ -104,40 +130,59 @@ def sync_lease_seconds(raw: str | None) -> int:
         raw,
         DEFAULT_SYNC_LEASE_SECONDS,
         least=1,
-        refusal="RASTRO_SYNC_LEASE_SECONDS must be a whole number of seconds, 1 or more",
+        most=DAY_SECONDS,
+        refusal=f"RASTRO_SYNC_LEASE_SECONDS must be a whole number of seconds from 1 to"
+        f" {DAY_SECONDS:,}",
     )
 
 
-def _positive_number(raw: str | None, default: float, unit: str, name: str) -> float:
-    """`raw` as a number above 0 (fractions allowed), `default` when empty."""
+def _positive_number(
+    raw: str | None, default: float, unit: str, name: str, *, most: float
+) -> float:
+    """`raw` as a number above 0 and at most `most` (fractions allowed), `default` when
+    empty."""
     if not raw:
         return default
     try:
         number = float(raw)
     except ValueError:
         number = math.nan
-    if not (0 < number < math.inf):
-        raise SettingsError(f"{name} must be a number of {unit} above 0, not {raw!r}")
+    if not (0 < number <= most):
+        raise SettingsError(
+            f"{name} must be a number of {unit} above 0 and at most {most:,}, not"
+            f" {shown_value(raw)}"
+        )
     return number
 
 
-def whole_number(
-    raw: str | None, default: int, *, least: int, most: int | None = None, refusal: str
-) -> int:
+def shown_value(raw: str) -> str:
+    """`raw` quoted for a refusal's one line: cut, with its length, when it is long."""
+    if len(raw) <= SHOWN_VALUE_CHARS:
+        return repr(raw)
+    return f"{raw[:SHOWN_VALUE_CHARS]!r}... ({len(raw):,} characters)"
+
+
+def whole_number(raw: str | None, default: int, *, least: int, most: int, refusal: str) -> int:
     """`raw` as a whole number from `least` to `most`, `default` when empty; otherwise a
     SettingsError that says `refusal` and the value given."""
     if not raw:
         return default
     try:
         number = int(raw)
-    except ValueError:
+    except ValueError:  # also a string of more digits than Python converts
         number = least - 1
-    if number < least or (most is not None and number > most):
-        raise SettingsError(f"{refusal}, not {raw!r}")
+    if not least <= number <= most:
+        raise SettingsError(f"{refusal}, not {shown_value(raw)}")
     return number
 
 
 DEFAULT_PARTITIONS_START = "2026-08-01"
+
+
+# Meta keeps 37 months of insights: an axis that starts long before only adds keys that
+# Dagster lists for every backfill and Meta never answers for, and one far ahead is a typo.
+EARLIEST_PARTITIONS_START = date(2000, 1, 1)
+LATEST_PARTITIONS_START = date(2099, 12, 31)
 
 
 def partitions_start(raw: str | None) -> date:
@@ -145,11 +190,15 @@ def partitions_start(raw: str | None) -> date:
     if not raw:
         return date.fromisoformat(DEFAULT_PARTITIONS_START)
     try:
-        return date.fromisoformat(raw)
+        start = date.fromisoformat(raw)
     except ValueError:
+        start = None
+    if start is None or not EARLIEST_PARTITIONS_START <= start <= LATEST_PARTITIONS_START:
         raise SettingsError(
-            f"RASTRO_PARTITIONS_START must be a date like 2025-01-01, not {raw!r}"
-        ) from None
+            f"RASTRO_PARTITIONS_START must be a date like 2025-01-01, from"
+            f" {EARLIEST_PARTITIONS_START} to {LATEST_PARTITIONS_START}, not {shown_value(raw)}"
+        )
+    return start
 
 
 DEFAULT_ACCOUNT_SHARDS = 1
@@ -192,39 +241,78 @@ def shard_accounts(raw: str | None) -> int:
 # Read from the environment when the code loads, and fixed from then on: the sensors'
 # intervals, the lease, the retention, the partitions' first date and the shards (each a
 # pair of assets) are fixed at definition time, so a new value applies at the code location's
-# next restart. Each is read at its first use, not when this module is imported: a bad value
-# raises its SettingsError where the caller reports it (`rastro` as one line, the code
-# location as its load error) instead of breaking every import of this module.
-LOAD_TIME_SETTINGS: dict[str, Callable[[], object]] = {
-    "SENSOR_INTERVAL_OVERRIDE_SECONDS": lambda: sensor_interval_override_seconds(
-        os.environ.get("RASTRO_SENSOR_INTERVAL_SECONDS")
+# next restart. Each is read at its first use, not when this module is imported, and a bad
+# value never raises there: the code location must load whatever the environment holds, or
+# the daemon would lose every sensor. A bad one is read as its default instead and kept as
+# refused (`load_time_refusals`), for those who say it or stop on it: `rastro` stops with
+# one line (`check_load_time_settings`), the `rastro` resource refuses every tick and run
+# while one that shapes the definitions is refused (`check_defining_settings`), the
+# retention sensor deletes nothing, and the incident sensor opens a `settings` incident.
+LOAD_TIME_SETTINGS: dict[str, tuple[Callable[[], object], object]] = {
+    "SENSOR_INTERVAL_OVERRIDE_SECONDS": (
+        lambda: sensor_interval_override_seconds(os.environ.get("RASTRO_SENSOR_INTERVAL_SECONDS")),
+        0,
     ),
-    "SYNC_LEASE_SECONDS": lambda: sync_lease_seconds(os.environ.get("RASTRO_SYNC_LEASE_SECONDS")),
-    "RETENTION": lambda: Retention.from_env(),
-    "PARTITIONS_START": lambda: partitions_start(os.environ.get("RASTRO_PARTITIONS_START")),
-    "IDLE_LIVE_INTERVAL_MINUTES": lambda: idle_live_interval_minutes(
-        os.environ.get("RASTRO_IDLE_LIVE_INTERVAL_MINUTES")
+    "SYNC_LEASE_SECONDS": (
+        lambda: sync_lease_seconds(os.environ.get("RASTRO_SYNC_LEASE_SECONDS")),
+        DEFAULT_SYNC_LEASE_SECONDS,
     ),
-    "ACCOUNT_SHARDS": lambda: account_shards_in(os.environ),
+    "RETENTION": (lambda: Retention.from_env(), Retention()),
+    "PARTITIONS_START": (
+        lambda: partitions_start(os.environ.get("RASTRO_PARTITIONS_START")),
+        date.fromisoformat(DEFAULT_PARTITIONS_START),
+    ),
+    "IDLE_LIVE_INTERVAL_MINUTES": (
+        lambda: idle_live_interval_minutes(os.environ.get("RASTRO_IDLE_LIVE_INTERVAL_MINUTES")),
+        DEFAULT_IDLE_LIVE_INTERVAL_MINUTES,
+    ),
+    "ACCOUNT_SHARDS": (lambda: account_shards_in(os.environ), DEFAULT_ACCOUNT_SHARDS),
 }
+# Those whose default would define other assets or partitions than the operator's: work
+# done on them would be a guess, so it stops until the value is corrected.
+DEFINING_SETTINGS = ("PARTITIONS_START", "ACCOUNT_SHARDS")
+_refused: dict[str, SettingsError] = {}
 
 
 def __getattr__(name: str) -> object:
     # `from rastro_assets.settings import ACCOUNT_SHARDS` lands here the first time.
-    read = LOAD_TIME_SETTINGS.get(name)
-    if read is None:
+    entry = LOAD_TIME_SETTINGS.get(name)
+    if entry is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = read()
+    read, default = entry
+    try:
+        value = read()
+    except SettingsError as exc:
+        _refused[name] = exc
+        value = default
     globals()[name] = value
     return value
+
+
+def load_time_refusals() -> dict[str, str]:
+    """Each value read when the code loads that was refused (and read as its default), by
+    its name in this module: the one line naming the variable, the value and the range."""
+    for name in LOAD_TIME_SETTINGS:
+        if name not in globals():
+            __getattr__(name)
+    return {name: str(exc) for name, exc in _refused.items()}
 
 
 def check_load_time_settings() -> None:
     """Read every value read when the code loads: the first bad one raises its
     SettingsError, naming the variable and the value."""
-    for name in LOAD_TIME_SETTINGS:
-        if name not in globals():
-            __getattr__(name)
+    refusals = load_time_refusals()
+    if refusals:
+        raise SettingsError(next(iter(refusals.values())))
+
+
+def check_defining_settings() -> None:
+    """Raise the SettingsError of a refused value that shapes the definitions (the
+    partitions' first date, the shards)."""
+    refusals = load_time_refusals()
+    for name in DEFINING_SETTINGS:
+        if name in refusals:
+            raise SettingsError(refusals[name])
 
 
 CODE_LOCATION_MODULE = "rastro_assets.definitions"
@@ -297,7 +385,9 @@ class AlertThresholds:
                 env.get(name),
                 int(default.total_seconds() // 60),
                 least=1,
-                refusal=f"{name} must be a whole number of minutes, 1 or more",
+                most=MAX_ALERT_MINUTES,
+                refusal=f"{name} must be a whole number of minutes from 1 to"
+                f" {MAX_ALERT_MINUTES:,}",
             )
             return timedelta(minutes=value)
 
@@ -310,7 +400,9 @@ class AlertThresholds:
                 env.get("RASTRO_ALERT_RUN_FAILURES"),
                 cls.run_failures,
                 least=1,
-                refusal="RASTRO_ALERT_RUN_FAILURES must be a whole number of runs, 1 or more",
+                most=MAX_ALERT_RUN_FAILURES,
+                refusal="RASTRO_ALERT_RUN_FAILURES must be a whole number of runs from 1 to"
+                f" {MAX_ALERT_RUN_FAILURES}",
             ),
             sensor=minutes("RASTRO_ALERT_SENSOR_MINUTES", cls.sensor),
             remind=minutes("RASTRO_ALERT_REMIND_MINUTES", cls.remind),

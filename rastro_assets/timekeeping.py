@@ -6,6 +6,7 @@ an injected clock, so tests pin the instant instead of waiting on the wall.
 
 from __future__ import annotations
 
+import calendar
 from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -46,3 +47,10 @@ def days_between(since: date, until: date) -> Iterator[date]:
     """Every date from `since` to `until`, both included."""
     for offset in range((until - since).days + 1):
         yield since + timedelta(days=offset)
+
+
+def months_before(day: date, months: int) -> date:
+    """The same day of the month `months` earlier, or that month's last day."""
+    year, month_index = divmod(day.year * 12 + day.month - 1 - months, 12)
+    month = month_index + 1
+    return date(year, month, min(day.day, calendar.monthrange(year, month)[1]))

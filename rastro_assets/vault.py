@@ -7,7 +7,9 @@ token copied onto another connection does not open. No message or repr built
 here ever contains a token or key material.
 
 `read_key_file` reads a key kept in a file (the demo's `data/secrets.key`),
-and only from a regular file that its owner alone may open.
+and only from a regular file that its owner alone may open. `derived_key` gives
+another use its own key, derived from the secrets key with HKDF under a label of
+that use: it tells nothing of the secrets key, nor of another label's key.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from collections.abc import Mapping
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.hashes import SHA256
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 ENV_VAR = "RASTRO_SECRETS_KEY"
 KEY_BYTES = 32
@@ -51,25 +55,7 @@ class Vault:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, var: str = ENV_VAR) -> Vault:
-        env = os.environ if environ is None else environ
-        raw = (env.get(var) or "").strip()
-        if not raw:
-            raise SecretsKeyError(
-                f"{var} is not set: tokens cannot be sealed or opened without it;"
-                " run `rastro keygen` for a fresh key and export it"
-            )
-        try:
-            key = base64.b64decode(raw, validate=True)
-        except (binascii.Error, ValueError):
-            raise SecretsKeyError(
-                f"{var} is not valid base64; run `rastro keygen` for a fresh key"
-            ) from None
-        if len(key) != KEY_BYTES:
-            raise SecretsKeyError(
-                f"{var} decodes to {len(key)} bytes, not {KEY_BYTES};"
-                " run `rastro keygen` for a fresh key"
-            )
-        return cls(key, var=var)
+        return cls(_key_from_env(environ, var), var=var)
 
     def seal(self, connection_id: str, token: str) -> bytes:
         if not connection_id:
@@ -95,6 +81,37 @@ class Vault:
 
     def __repr__(self) -> str:
         return f"Vault(key from {self._var})"
+
+
+def _key_from_env(environ: Mapping[str, str] | None, var: str) -> bytes:
+    env = os.environ if environ is None else environ
+    raw = (env.get(var) or "").strip()
+    if not raw:
+        raise SecretsKeyError(
+            f"{var} is not set: tokens cannot be sealed or opened without it;"
+            " run `rastro keygen` for a fresh key and export it"
+        )
+    try:
+        key = base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError):
+        raise SecretsKeyError(
+            f"{var} is not valid base64; run `rastro keygen` for a fresh key"
+        ) from None
+    if len(key) != KEY_BYTES:
+        raise SecretsKeyError(
+            f"{var} decodes to {len(key)} bytes, not {KEY_BYTES};"
+            " run `rastro keygen` for a fresh key"
+        )
+    return key
+
+
+def derived_key(
+    label: bytes, environ: Mapping[str, str] | None = None, var: str = ENV_VAR
+) -> bytes:
+    """A 32-byte key of its own for the use `label` names, from the secrets key (HKDF-SHA256).
+    SecretsKeyError, as `Vault.from_env`, when the secrets key is missing or malformed."""
+    master = _key_from_env(environ, var)
+    return HKDF(algorithm=SHA256(), length=KEY_BYTES, salt=None, info=label).derive(master)
 
 
 def generate_key() -> str:

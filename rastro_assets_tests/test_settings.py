@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -130,19 +132,173 @@ def test_retention_reads_fractions_and_keeps_its_defaults():
     assert (kept.runs, kept.sync_runs) == (timedelta(minutes=30), timedelta(days=7))
 
 
+HUGE = "99999999999999999999"
+
+
+def _through_settings(name: str) -> Callable[[str], object]:
+    return lambda raw: Settings.from_env({name: raw})
+
+
+def _through_retention(name: str) -> Callable[[str], object]:
+    return lambda raw: settings.Retention.from_env({name: raw})
+
+
+def _through_thresholds(name: str) -> Callable[[str], object]:
+    return lambda raw: settings.AlertThresholds.from_env({name: raw})
+
+
+# Every numeric setting, read the way the product reads it, and the range its refusal names.
+NUMERIC_SETTINGS = {
+    "RASTRO_SENSOR_INTERVAL_SECONDS": (settings.sensor_interval_override_seconds, "0", "3,600"),
+    "RASTRO_SYNC_LEASE_SECONDS": (settings.sync_lease_seconds, "1", "86,400"),
+    "RASTRO_IDLE_LIVE_INTERVAL_MINUTES": (settings.idle_live_interval_minutes, "45", "1,440"),
+    "RASTRO_ACCOUNT_SHARDS": (_through_settings("RASTRO_ACCOUNT_SHARDS"), "1", "500"),
+    "RASTRO_SHARD_ACCOUNTS": (_through_settings("RASTRO_SHARD_ACCOUNTS"), "1", "10,000"),
+    "RASTRO_ANALYTICS_LAG_SECONDS": (
+        _through_settings("RASTRO_ANALYTICS_LAG_SECONDS"), "30", "604,800"
+    ),
+    "RASTRO_ANALYTICS_MODE": (_through_settings("RASTRO_ANALYTICS_MODE"), "0400", "0777"),
+    "RASTRO_RETENTION_INTERVAL_SECONDS": (
+        _through_retention("RASTRO_RETENTION_INTERVAL_SECONDS"), "1", "86,400"
+    ),
+    "RASTRO_RUN_RETENTION_HOURS": (_through_retention("RASTRO_RUN_RETENTION_HOURS"), "0", "87,600"),
+    "RASTRO_SYNC_RUN_RETENTION_DAYS": (
+        _through_retention("RASTRO_SYNC_RUN_RETENTION_DAYS"), "0", "3,650"
+    ),
+    **{
+        name: (_through_thresholds(name), "1", "5,256,000")
+        for name in (
+            "RASTRO_ALERT_STALE_MINUTES",
+            "RASTRO_ALERT_STUCK_MINUTES",
+            "RASTRO_ALERT_RATE_LIMITED_MINUTES",
+            "RASTRO_ALERT_SNAPSHOT_MINUTES",
+            "RASTRO_ALERT_SENSOR_MINUTES",
+            "RASTRO_ALERT_REMIND_MINUTES",
+        )
+    },
+    "RASTRO_ALERT_RUN_FAILURES": (_through_thresholds("RASTRO_ALERT_RUN_FAILURES"), "1", "100"),
+}
+
+
+@pytest.mark.parametrize("raw", [HUGE, "-1", "abc", "1e400", "0x10"])
+@pytest.mark.parametrize("name", sorted(NUMERIC_SETTINGS))
+def test_every_numeric_setting_refuses_what_is_out_of_its_range_in_one_line(name, raw):
+    read, least, most = NUMERIC_SETTINGS[name]
+    with pytest.raises(SettingsError) as refused:
+        read(raw)
+    [line] = str(refused.value).splitlines()
+    assert line.startswith(f"{name} must be ") and line.endswith(f"not {raw!r}"), line
+    assert least in line and most in line, line
+
+
+@pytest.mark.parametrize("name", sorted(NUMERIC_SETTINGS))
+def test_every_numeric_setting_takes_both_ends_of_its_range(name):
+    read, least, most = NUMERIC_SETTINGS[name]
+    lowest = "1" if name.endswith("RETENTION_HOURS") or name.endswith("RETENTION_DAYS") else least
+    for raw in (lowest, most.replace(",", "")):
+        read(raw)
+
+
+def test_a_huge_value_is_shown_cut_with_its_length():
+    raw = "9" * 5000
+    with pytest.raises(SettingsError) as refused:
+        settings.sync_lease_seconds(raw)
+    message = str(refused.value)
+    assert message.endswith(f"not {'9' * 24!r}... (5,000 characters)") and len(message) < 200
+
+
+@pytest.mark.parametrize("raw", ["1999-12-31", "9999-12-31", "0001-01-01"])
+def test_the_partitions_start_within_this_century(raw):
+    with pytest.raises(SettingsError, match="from 2000-01-01 to 2099-12-31"):
+        partitions_start(raw)
+
+
+# Loads the code location as a code server does, then ticks the retention and incident
+# sensors as the daemon would, on the warehouse of RASTRO_DUCKDB_PATH.
 LOADER = """
-import sys
+import json
+import os
+import dagster as dg
 import rastro_assets.settings  # a bad value must not break the import itself
-import rastro_assets.definitions
+from rastro_assets.definitions import defs
+from rastro_assets.defs.cadence.incidents import INCIDENTS_SENSOR, meta_incidents_sensor
+from rastro_assets.defs.resources import RastroResource
+from rastro_assets.defs.retention import retention_sensor
+from rastro_assets.settings import SettingsError
+from rastro_assets.warehouse import incidents as store
+from rastro_assets.warehouse.connection import Warehouse
+
+said = {"sensors": sorted(sensor.name for sensor in defs.sensors)}
+with dg.DagsterInstance.ephemeral() as instance:
+    for name, sensor in (
+        ("retention", retention_sensor), (INCIDENTS_SENSOR, meta_incidents_sensor)
+    ):
+        context = dg.build_sensor_context(
+            instance=instance, repository_name="__repository__", sensor_name=name,
+            definitions=defs, resources={"rastro": RastroResource()},
+        )
+        try:
+            with context:
+                result = sensor(context)
+            said[name] = getattr(result, "skip_message", None) or "ticked"
+        except SettingsError as exc:
+            said[name] = f"refused: {exc}"
+with Warehouse(os.environ["RASTRO_DUCKDB_PATH"]).connect(read_only=True) as con:
+    said["incidents"] = {i.key: i.summary for i in store.open_incidents(con)}
+print(json.dumps(said))
 """
+SENSORS = ["analytics_publisher", "meta_accounts", "meta_cadence", "meta_incidents", "retention"]
 
 
-def test_the_code_location_fails_to_load_with_the_setting_named_in_one_line():
-    env = {**os.environ, "RASTRO_ACCOUNT_SHARDS": "abc"}
+def _load(warehouse, **variables: str) -> dict:
+    env = {**os.environ, "RASTRO_DUCKDB_PATH": str(warehouse.path), **variables}
     result = subprocess.run([sys.executable, "-c", LOADER], capture_output=True, text=True,
                             env=env, timeout=120)
-    assert result.returncode == 1
-    assert result.stderr.splitlines()[-1] == (
-        "rastro_assets.settings.SettingsError: RASTRO_ACCOUNT_SHARDS must be a whole number"
-        " from 1 to 500, not 'abc'"
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_a_bad_retention_loads_deletes_nothing_and_opens_an_incident(warehouse):
+    name = "RASTRO_RUN_RETENTION_HOURS"
+    said = _load(warehouse, **{name: HUGE})
+    assert said["sensors"] == SENSORS
+    refusal = f"{name} must be a number of"
+    assert said["retention"].startswith(f"nothing is deleted: {refusal}"), said
+    assert HUGE in said["retention"]
+    assert said["meta_incidents"] == "ticked"
+    assert refusal in said["incidents"]["settings"] and HUGE in said["incidents"]["settings"]
+
+
+def test_a_bad_lease_loads_with_the_default_and_opens_an_incident(warehouse):
+    said = _load(warehouse, RASTRO_SYNC_LEASE_SECONDS="abc")
+    assert said["sensors"] == SENSORS
+    assert said["incidents"]["settings"].endswith(
+        "reads the default instead: RASTRO_SYNC_LEASE_SECONDS must be a whole number of"
+        " seconds from 1 to 86,400, not 'abc'"
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"), [("RASTRO_ACCOUNT_SHARDS", "abc"), ("RASTRO_PARTITIONS_START", "-1")]
+)
+def test_a_bad_setting_that_shapes_the_definitions_loads_and_stops_every_tick(
+    warehouse, name, raw
+):
+    said = _load(warehouse, **{name: raw})
+    assert said["sensors"] == SENSORS
+    for sensor in ("retention", "meta_incidents"):
+        assert said[sensor].startswith(f"refused: {name} must be "), said
+        assert said[sensor].endswith(f"not {raw!r}"), said
+
+
+def test_the_running_guide_gives_every_numeric_setting_its_range():
+    guide = (Path(__file__).resolve().parents[1] / "docs/running.md").read_text()
+    section = guide[guide.index("\n## Settings\n"):].split("\n\n")
+    table = next(chunk for chunk in section if chunk.startswith("| variable"))
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines()[2:]}
+    for name, (_, least, most) in NUMERIC_SETTINGS.items():
+        row = rows.get(f"`{name}`") or rows.get(f"`{name}` (octal)")
+        if name.startswith("RASTRO_ALERT_") and name.endswith("_MINUTES"):
+            row = rows["the `RASTRO_ALERT_*_MINUTES` thresholds"]
+        assert row is not None, name
+        assert most in row and least in row, row

@@ -13,6 +13,7 @@ from rastro_assets.vault import (
     NONCE_BYTES,
     SecretsKeyError,
     Vault,
+    derived_key,
     generate_key,
     read_key_file,
 )
@@ -232,3 +233,15 @@ def test_a_file_holding_no_key_is_refused(tmp_path: Path, text: str):
 def test_a_missing_key_file_says_so(tmp_path: Path):
     with pytest.raises(SecretsKeyError, match="cannot read the secrets key file .*: No such file"):
         read_key_file(tmp_path / "absent.key")
+
+
+def test_a_derived_key_is_its_labels_own_and_tells_nothing_of_the_secrets_key():
+    key = generate_key()
+    env = {ENV_VAR: key}
+    first = derived_key(b"one use", env)
+    assert len(first) == 32 and first == derived_key(b"one use", env)
+    assert first != derived_key(b"another use", env)
+    assert first != base64.b64decode(key)
+    assert first != derived_key(b"one use", {ENV_VAR: generate_key()})
+    with pytest.raises(SecretsKeyError, match=f"{ENV_VAR} is not set"):
+        derived_key(b"one use", {})

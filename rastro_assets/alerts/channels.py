@@ -1,7 +1,8 @@
 """Where an incident's messages go: incoming webhooks and email, as the environment says.
 
 `RASTRO_ALERT_WEBHOOK_URLS` (comma-separated) receives each message as a JSON POST with a
-`text` field, the one field Slack and Teams incoming webhooks both read.
+`text` field, the one field Slack and Teams incoming webhooks both read, escaped as Slack
+asks (`alerts.quoted`): the data a message quotes is in inline code spans already.
 `RASTRO_ALERT_SMTP_URL` (`smtp://user:password@host:port`, STARTTLS when offered, or
 `smtps://` for TLS from the start) with `RASTRO_ALERT_EMAIL_TO` (comma-separated) sends the
 same messages by email, from `RASTRO_ALERT_EMAIL_FROM` when set.
@@ -36,6 +37,7 @@ from urllib.parse import SplitResult, unquote, urlsplit
 
 import httpx
 
+from rastro_assets.alerts.quoted import for_webhook
 from rastro_assets.settings import SettingsError
 
 WEBHOOK_URLS_VAR = "RASTRO_ALERT_WEBHOOK_URLS"
@@ -112,11 +114,12 @@ class WebhookChannel:
 
     def send(self, message: Message) -> None:
         # Slack and Teams ignore fields they do not know; a generic receiver may route on these.
+        # Every text is escaped: a receiver may show any of them as Slack markup.
         payload = {
-            "text": message.text,
+            "text": for_webhook(message.text),
             "rastro_event": message.event,
-            "rastro_incident": message.incident_key,
-            "rastro_subject": message.subject,
+            "rastro_incident": for_webhook(message.incident_key),
+            "rastro_subject": for_webhook(message.subject),
         }
         try:
             with _quiet_httpx(), httpx.Client(

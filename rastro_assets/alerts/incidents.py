@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
+from rastro_assets.alerts.quoted import quoted
 from rastro_assets.outcomes import FILL_KINDS, AccountHealth, Outcome
 from rastro_assets.planner import cadence
 from rastro_assets.planner.backoff import read_history
@@ -37,11 +38,13 @@ class IncidentKind(StrEnum):
     SENSOR = "sensor"
     DAEMON = "daemon"
     CHANNELS = "channels"
+    SETTINGS = "settings"
 
 
-# What only the daemon sees (Dagster's runs and ticks); `rastro status --check` takes these
-# from the stored incidents instead of finding them itself.
-DAEMON_KINDS = frozenset({IncidentKind.RUN_FAILURES, IncidentKind.SENSOR})
+# What only the daemon sees (Dagster's runs and ticks, the values its code location loaded
+# with); `rastro status --check` takes these from the stored incidents instead of finding
+# them itself.
+DAEMON_KINDS = frozenset({IncidentKind.RUN_FAILURES, IncidentKind.SENSOR, IncidentKind.SETTINGS})
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,7 @@ def snapshot_incident(
         summary=(
             f"the analytics snapshot is behind the warehouse by {span(utc(now) - since)}: {last}"
         ),
-        detail=f"snapshot: {path}",
+        detail=f"snapshot: {quoted(path)}",
         fix=(
             "look at the latest analytics_snapshot run's failure in the Dagster UI; "
             '`rastro publish` publishes it by hand (docs/analysts.md, "The analytics snapshot")'
@@ -150,7 +153,7 @@ def run_failures_incident(
         key=f"{IncidentKind.RUN_FAILURES.value}:{job}",
         kind=IncidentKind.RUN_FAILURES,
         summary=f"the last {failures} runs of {job} failed",
-        detail=f"latest failure: {latest_error}" if latest_error else "",
+        detail=f"latest failure: {quoted(latest_error)}" if latest_error else "",
         fix=(
             f"open the latest failed run of {job} in the Dagster UI (Runs, filtered by job); "
             f"its error code is explained in {RUNBOOK}, \"Error codes\""
@@ -212,6 +215,20 @@ def channels_incident(problem: str | None) -> Incident | None:
     )
 
 
+def settings_incident(refusals: Sequence[str]) -> Incident | None:
+    """Values the code location refused when it loaded, each read as its default instead."""
+    if not refusals:
+        return None
+    return Incident(
+        key=IncidentKind.SETTINGS.value,
+        kind=IncidentKind.SETTINGS,
+        summary=f"the code location refused {len(refusals)} setting"
+        f"{'' if len(refusals) == 1 else 's'} and reads the default instead: {'; '.join(refusals)}",
+        fix="correct the variable in the environment of the daemon and the code location and"
+        ' restart them (docs/running.md, "Settings")',
+    )
+
+
 # --- per account ------------------------------------------------------------------------
 
 
@@ -233,15 +250,15 @@ def _account_cause(
     runs = sorted((utc_run(run) for run in state.runs), key=lambda run: run.started_at)
     history = read_history(runs, now)
     if status.state == AccountHealth.PAUSED:
-        return _Found(account, IncidentKind.TOKEN, now, status.last_error or "")
+        return _Found(account, IncidentKind.TOKEN, now, _said(status.last_error))
     last = history.failures[-1] if history.failures else None
     if last is not None and last.outcome == Outcome.PERMISSION:
-        return _Found(account, IncidentKind.PERMISSION, last.run.started_at, last.error)
+        return _Found(account, IncidentKind.PERMISSION, last.run.started_at, _said(last.error))
     if last is not None and last.outcome == Outcome.THROTTLED:
         throttled = [failure for failure in history.failures if failure.outcome == last.outcome]
         first = throttled[0].run.started_at
         if now - first >= thresholds.rate_limited:
-            return _Found(account, IncidentKind.RATE_LIMITED, first, last.error)
+            return _Found(account, IncidentKind.RATE_LIMITED, first, _said(last.error))
     # Nothing is owed from before the link, nor from before a new token was connected.
     sealed = utc_or_none(state.token_sealed_at)
     baseline = max(utc(state.linked_at), sealed) if sealed else utc(state.linked_at)
@@ -258,7 +275,7 @@ def _account_cause(
         if now - since >= thresholds.stuck:
             done, total = status.backfill
             why = f"{done} of {total} days read" + (
-                f"; {status.last_error}" if status.last_error else ""
+                f"; {quoted(status.last_error)}" if status.last_error else ""
             )
             return _Found(account, IncidentKind.STUCK, since, why)
         return None
@@ -267,9 +284,14 @@ def _account_cause(
     idle_extra = cadence.freshness_limit(state, now) - cadence.FRESHNESS_LIMIT
     if now - since >= thresholds.stale + idle_extra:
         read = "today never read" if synced is None else f"today last read {span(now - synced)} ago"
-        why = read + (f"; {status.last_error}" if status.last_error else "")
+        why = read + (f"; {quoted(status.last_error)}" if status.last_error else "")
         return _Found(account, IncidentKind.STALE, since, why)
     return None
+
+
+def _said(error: str | None) -> str:
+    """An account's stored error (Meta's words, mostly) as the reason beside it."""
+    return quoted(error) if error else ""
 
 
 def _named(found: Sequence[_Found]) -> tuple[str, tuple[str, ...]]:
@@ -310,7 +332,7 @@ def _token(connection: str, found: list[_Found], stored: object, _now: datetime)
             f"connection {connection}'s token is invalid: it pauses {_accounts(len(found))} "
             f"of {_sites(found)}"
         ),
-        detail=(f"Meta said: {error}\n" if error else "") + detail,
+        detail=(f"Meta said: {quoted(error)}\n" if error else "") + detail,
         fix=(
             f"reconnect it with a new token: `rastro connect {connection}` (reads the token "
             f"from stdin); its accounts resume at once ({RUNBOOK}, \"META_TOKEN_INVALID\")"

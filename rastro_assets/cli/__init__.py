@@ -8,6 +8,7 @@
 - `cadence`: `sync-now`, `status`, `plan`; `check`: `status --check`.
 - `shards`: `shard` (`list`), `shard move`.
 - `tools`: `rotate-key`, `demo`, `fake-meta`.
+- `webserver`: `webserver`; `daemon`: `daemon`; both start on the ground `private` makes.
 
 A new command lives in the module of its group (or a new one), which exposes
 its registrars in `REGISTRARS`; `registrars()` below lists every group.
@@ -47,7 +48,16 @@ def registrars() -> list[Registrar]:
     """Every subcommand, in the order `rastro --help` lists them."""
     # Imported here, not with this package: the commands' modules read the settings fixed
     # when the code loads, and `main` reports a bad one as one line before they are loaded.
-    from rastro_assets.cli import accounts, cadence, registry, shards, sql, tools, webserver
+    from rastro_assets.cli import (
+        accounts,
+        cadence,
+        daemon,
+        registry,
+        shards,
+        sql,
+        tools,
+        webserver,
+    )
 
     return [
         *registry.REGISTRARS,
@@ -57,6 +67,7 @@ def registrars() -> list[Registrar]:
         *shards.REGISTRARS,
         *tools.REGISTRARS,
         *webserver.REGISTRARS,
+        *daemon.REGISTRARS,
     ]
 
 

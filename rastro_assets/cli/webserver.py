@@ -2,7 +2,9 @@
 
 `dagster-webserver` listens on TCP only, and any local user can open 127.0.0.1: Dagster
 OSS has no login, so they could launch runs and read every run's logs. This command
-serves the same app (`instance.webserver`) on a Unix socket and no TCP port at all.
+serves the same app (`instance.webserver`) on a Unix socket and no TCP port at all, on the
+private ground `private.seal_process` makes (umask 077, the code server's socket in
+DAGSTER_HOME's 0700 `tmp`).
 
 The socket's directory is the lock: uvicorn's sockets, and this one, are mode 0666,
 so whoever can enter the directory can connect. The directory must belong to this
@@ -37,6 +39,7 @@ from rastro_assets.cli.context import (
     UsageError,
     command,
 )
+from rastro_assets.cli.private import dagster_home, seal_process, workspace_file
 
 SOCKET_DIR_MODE = 0o750
 SOCKET_MODE = 0o666
@@ -94,22 +97,17 @@ class Listener:
 
 
 def _serve(args: argparse.Namespace, ctx: Context) -> int:
-    home = ctx.environ.get("DAGSTER_HOME", "")
-    if not home:
-        raise UsageError("set DAGSTER_HOME to the instance the UI shows (the daemon's)")
-    if not os.path.isabs(home):
-        raise UsageError(f"DAGSTER_HOME must be an absolute path, not {home}")
-    if not os.path.isdir(home):
-        raise UsageError(f"DAGSTER_HOME {home} is not a directory")
-    workspace = Path(os.path.abspath(args.workspace))
-    if not workspace.is_file():
-        raise UsageError(f"no workspace file at {workspace}")
+    home = dagster_home(ctx.environ)
+    workspace = workspace_file(args.workspace)
     prefix = args.path_prefix
     if prefix and (not prefix.startswith("/") or prefix.endswith("/")):
         raise UsageError(f"--path-prefix must start with / and not end with one, not {prefix}")
 
     try:
         with bound_socket(args.socket) as listener:
+            # After the bind, whose modes are set explicitly, and before Dagster creates
+            # anything or spawns the code server.
+            seal_process(home)
             # A SIGTERM (systemd's stop) while Dagster loads, or the one uvicorn raises again
             # after its graceful shutdown, must unwind as an interrupt: the workspace stops its
             # code server and the socket file goes, which the default handler's exit would skip.

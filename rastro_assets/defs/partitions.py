@@ -29,7 +29,6 @@ that targets a removed day fails. Move it only with no backfill in flight
 
 from __future__ import annotations
 
-import calendar
 from dataclasses import dataclass
 from datetime import date, datetime
 from functools import cache
@@ -39,14 +38,14 @@ import dagster as dg
 from rastro_assets import shards
 from rastro_assets.accounts import normalize_account_id
 from rastro_assets.defs.keys import ad_spend_key, site_spend_key
+from rastro_assets.meta.insights import META_INSIGHTS_MONTHS
 from rastro_assets.planner import cadence
 from rastro_assets.planner.state import AccountState
 from rastro_assets.settings import ACCOUNT_SHARDS, PARTITIONS_START
-from rastro_assets.timekeeping import local_date
+from rastro_assets.timekeeping import local_date, months_before
 
 AXIS_START = PARTITIONS_START
 FIRST_DATE = AXIS_START.isoformat()
-META_INSIGHTS_MONTHS = 37
 SHARD_COUNT = ACCOUNT_SHARDS
 
 date_partitions = dg.DailyPartitionsDefinition(
@@ -95,13 +94,6 @@ def spend_shard(index: int) -> SpendShard:
 
 def spend_partition_key(ad_account_id: str, day: date) -> dg.MultiPartitionKey:
     return dg.MultiPartitionKey({"account": ad_account_id, "date": day.isoformat()})
-
-
-def months_before(day: date, months: int) -> date:
-    """The same day of the month `months` earlier, or that month's last day."""
-    year, month_index = divmod(day.year * 12 + day.month - 1 - months, 12)
-    month = month_index + 1
-    return date(year, month, min(day.day, calendar.monthrange(year, month)[1]))
 
 
 def reach_start(today: date) -> date:

@@ -12,6 +12,7 @@ import dagster as dg
 from rastro_assets.analytics.publish import Publisher
 from rastro_assets.meta import make_client
 from rastro_assets.process_settings import Settings
+from rastro_assets.settings import check_defining_settings
 from rastro_assets.sync.syncer import Syncer
 from rastro_assets.timekeeping import Clock, system_clock
 from rastro_assets.warehouse.connection import Warehouse
@@ -30,6 +31,10 @@ class RastroResource(dg.ConfigurableResource):
     """
 
     def settings(self) -> Settings:
+        # The code location loaded with the default of a refused shard count or partitions
+        # start: every tick and run that would read or write on those guessed definitions
+        # fails instead, naming the variable.
+        check_defining_settings()
         return Settings.from_env()
 
     def clock(self) -> Clock:

@@ -51,7 +51,7 @@ from rastro_assets.defs.dagster_private import (
 )
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.planner.rules import GAP_AFTER
-from rastro_assets.settings import RETENTION
+from rastro_assets.settings import RETENTION, load_time_refusals
 from rastro_assets.warehouse.connection import WarehouseLocked
 from rastro_assets.warehouse.runs import prune_sync_runs
 
@@ -316,6 +316,10 @@ def _naive_utc(instant: datetime) -> datetime:
     "prunes old meta_sync_runs rows the planner no longer needs.",
 )
 def retention_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
+    refused = load_time_refusals().get("RETENTION")
+    if refused is not None:
+        # A deletion is for good: it never runs on a default the operator did not choose.
+        return dg.SkipReason(f"nothing is deleted: {refused}")
     now = rastro.clock()()
     tick = prune_instance(
         context.instance, now - RUN_RETENTION, RetentionCursor.from_json(context.cursor)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from datetime import date, datetime, timedelta
 
 from rastro_assets.meta.errors import MetaError
+from rastro_assets.meta.insights import META_INSIGHTS_MONTHS
 from rastro_assets.outcomes import FILL_KINDS, ConnectionStatus, Outcome
 from rastro_assets.sync.reader import SpendBatch, read_spend
 from rastro_assets.sync.types import (
@@ -27,7 +28,7 @@ from rastro_assets.sync.types import (
     fail,
     outcome_of,
 )
-from rastro_assets.timekeeping import local_date
+from rastro_assets.timekeeping import local_date, months_before
 from rastro_assets.vault import SecretsKeyError
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.busiest_days import most_ad_rows_in_a_day
@@ -252,12 +253,31 @@ def _linked(
     account = accounts.get(request.ad_account_id)
     if account is None:
         raise SyncRefused(f"{request.ad_account_id} is not linked to any site")
-    today = local_date(now, account.timezone)
-    if request.until > today:
-        raise SyncRefused(
-            f"{request.ad_account_id}: {request.until} is after the account's local "
-            f"today ({today} in {account.timezone}); Meta has no figures for it yet"
-        )
-    if request.since > request.until:
-        raise SyncRefused(f"since {request.since} is after until {request.until}")
+    refusal = range_refusal(request, local_date(now, account.timezone), account.timezone)
+    if refusal is not None:
+        raise SyncRefused(refusal)
     return account
+
+
+def range_refusal(request: SyncRequest, today: date, timezone: str) -> str | None:
+    """Why Meta cannot answer the request's range for an account whose local today is
+    `today`, in one line; None when it can.
+
+    Checked before any read: a range Meta refuses whole would end the sync failed and hold
+    the account back as if Meta were down.
+    """
+    account = request.ad_account_id
+    if request.since > request.until:
+        return f"{account}: since {request.since} is after until {request.until}"
+    if request.until > today:
+        return (
+            f"{account}: {request.until} is after the account's local "
+            f"today ({today} in {timezone}); Meta has no figures for it yet"
+        )
+    oldest = months_before(today, META_INSIGHTS_MONTHS)
+    if request.since < oldest:
+        return (
+            f"{account}: {request.since} is before {oldest}, the first day Meta still keeps"
+            f" ({META_INSIGHTS_MONTHS} months before the account's local today, {today})"
+        )
+    return None

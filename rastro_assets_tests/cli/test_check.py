@@ -97,6 +97,22 @@ def test_what_only_the_daemon_sees_comes_from_its_stored_incidents(rastro, healt
     assert out.startswith("run_failures:meta_sync_wave: the last 3 runs of meta_sync_wave")
 
 
+def test_a_setting_the_daemon_refused_is_said_even_where_the_probe_reads_a_good_one(
+    rastro, healthy
+):
+    with healthy.connect() as con:
+        store.insert_incident(con, store.StoredIncident(
+            key="settings", opened_at=NOW, kind="settings",
+            summary="the code location refused 1 setting and reads the default instead:"
+            " RASTRO_SYNC_LEASE_SECONDS must be a whole number of seconds from 1 to 86,400,"
+            " not 'abc'", detail="", fix="correct it", accounts=(), last_seen_at=NOW,
+            notified_at=NOW,
+        ))
+    code, out, _ = rastro("status", "--check")
+    assert code == 1
+    assert out.startswith("settings: the code location refused 1 setting")
+
+
 def test_exit_2_when_it_cannot_tell(rastro, duckdb_path, tmp_path):
     code, out, err = rastro("status", "--check")
     assert (code, out) == (2, "")
@@ -115,10 +131,14 @@ def test_exit_2_when_it_cannot_tell(rastro, duckdb_path, tmp_path):
     assert code == 2
     assert err.startswith(f"rastro: error: cannot tell: the warehouse at {garbage}")
 
-    code, _, err = rastro(
-        "status", "--check", environ={"RASTRO_ALERT_STALE_MINUTES": "soon"}
-    )
-    assert code == 2 and "RASTRO_ALERT_STALE_MINUTES" in err
+    for value in ("soon", "99999999999999999999"):
+        code, _, err = rastro(
+            "status", "--check", environ={"RASTRO_ALERT_STALE_MINUTES": value}
+        )
+        [line] = err.splitlines()
+        assert code == 2
+        assert line.startswith("rastro: error: cannot tell: RASTRO_ALERT_STALE_MINUTES")
+        assert repr(value) in line and "from 1 to 5,256,000" in line
 
 
 def test_a_change_made_just_now_after_a_quiet_spell_is_not_a_late_snapshot(rastro, healthy):

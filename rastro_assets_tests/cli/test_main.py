@@ -55,6 +55,16 @@ BAD_SETTINGS = [
     ("RASTRO_RUN_RETENTION_HOURS", "-1"),
     ("RASTRO_SYNC_RUN_RETENTION_DAYS", "nan"),
 ]
+# Past every range: each overflowed a timedelta or was taken as it came.
+HUGE_SETTINGS = [
+    (name, "99999999999999999999")
+    for name in (
+        "RASTRO_RUN_RETENTION_HOURS",
+        "RASTRO_SYNC_LEASE_SECONDS",
+        "RASTRO_IDLE_LIVE_INTERVAL_MINUTES",
+        "RASTRO_SENSOR_INTERVAL_SECONDS",
+    )
+]
 
 
 def run_script(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -63,8 +73,13 @@ def run_script(args: list[str], env: dict[str, str]) -> subprocess.CompletedProc
     )
 
 
-@pytest.mark.parametrize(("name", "value"), BAD_SETTINGS)
-@pytest.mark.parametrize("args", [["status"], ["keygen"]])
+@pytest.mark.parametrize(
+    ("name", "value", "args"),
+    [
+        *[(*bad, args) for bad in BAD_SETTINGS for args in (["status"], ["keygen"])],
+        *[(*huge, ["keygen"]) for huge in HUGE_SETTINGS],
+    ],
+)
 def test_a_bad_setting_is_one_line_and_exit_2_whatever_the_command(
     name, value, args, warehouse
 ):

@@ -8,6 +8,7 @@ and thresholds are crossed by moving that instant, never by sleeping.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -23,6 +24,7 @@ from rastro_assets.defs.cadence.incidents import INCIDENTS_SENSOR, meta_incident
 from rastro_assets.defs.keys import NO_OPEN_INCIDENTS, RANGE_END_TAG, RANGE_START_TAG
 from rastro_assets.defs.spend.fill import build_spend_fill
 from rastro_assets.planner.runs import runs_by_account
+from rastro_assets.settings import MAX_ALERT_MINUTES
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.run_history import sync_run_rows
 from rastro_assets_tests.alerts.receivers import (
@@ -80,7 +82,7 @@ def alerting(monkeypatch, hook: WebhookReceiver, smtp: SmtpReceiver, caplog) -> 
         monkeypatch.delenv(name, raising=False)
     # The snapshot is judged on the wall clock, which publishes stamp, and this world's clock
     # is pinned days before it: never published would count from a link days old.
-    monkeypatch.setenv("RASTRO_ALERT_SNAPSHOT_MINUTES", str(10**8))
+    monkeypatch.setenv("RASTRO_ALERT_SNAPSHOT_MINUTES", str(MAX_ALERT_MINUTES))
     # Everything the product logs is captured, so the leak scan reads all of it.
     caplog.set_level(logging.DEBUG)
 
@@ -215,8 +217,8 @@ def assert_no_secret_in_database(path: Path) -> None:
 def assert_token_notice(text: str) -> None:
     assert text.startswith("OPEN: connection c1's token is invalid: it pauses 2 accounts")
     assert "sites s1 (2 accounts), s2 (1 account)" in text
-    assert "act_101 (sites s1): META_TOKEN_INVALID" in text
-    assert "act_202 (sites s1, s2): META_TOKEN_INVALID" in text
+    assert "act_101 (sites s1): `META_TOKEN_INVALID" in text
+    assert "act_202 (sites s1, s2): `META_TOKEN_INVALID" in text
     assert "`rastro connect c1`" in text
     assert "Incident token:c1 on " in text
 
@@ -381,3 +383,51 @@ def test_a_stale_account_and_a_stuck_backfill_are_one_message_each_at_their_thre
     assert (len(hook.bodies), len(smtp.messages)) == (2, 2)
 
     assert_nothing_leaked(tmp_path, capsys, caplog)
+
+
+# --- what others wrote ------------------------------------------------------------------------
+
+HOSTILE = "<!channel> <!here> *URGENT* <https://evil.example/login|Re-authenticate here>"
+"""Text Meta, or anyone who adds a partition in the UI, may put in front of a notice."""
+
+
+def test_meta_s_words_and_a_partition_key_reach_the_channels_as_quoted_data(
+    daemon, hook, smtp, instance, rastro_at, warehouse, now,
+):
+    from rastro_assets import shards
+    from rastro_assets.defs.catalog import ad_catalog
+
+    with warehouse.connect() as con:
+        sealed_at = registry.get_connection(con, "c1").sealed_at
+        assert registry.mark_connection_invalid(
+            con, "c1", f"META_TOKEN_INVALID: {HOSTILE}\n@channel", now, token_sealed_at=sealed_at
+        )
+    # A partition added by hand in the UI, materialized until its runs fail three in a row.
+    instance.add_dynamic_partitions(shards.accounts_name(0), [HOSTILE])
+    for _ in range(3):
+        assert not dg.materialize(
+            [ad_catalog], partition_key=HOSTILE, instance=instance,
+            resources={"rastro": rastro_at(NOW)}, raise_on_error=False,
+        ).success
+
+    daemon.tick(minutes(1))
+    by_incident = {body["rastro_incident"]: body for body in hook.bodies}
+    assert set(by_incident) == {"token:c1", "run_failures:__ephemeral_asset_job__"}
+    token = by_incident["token:c1"]["text"]
+    assert "Meta said: `META_TOKEN_INVALID: &lt;!channel&gt; &lt;!here&gt; *URGENT* " in token
+    assert "Re-authenticate here&gt; @channel`\n" in token
+    failure = by_incident["run_failures:__ephemeral_asset_job__"]["text"]
+    assert "latest failure: `ad account id '&lt;!channel&gt; &lt;!here&gt; *URGENT* " in failure
+    for body in hook.bodies:
+        for field in ("text", "rastro_subject"):
+            assert "<" not in body[field] and ">" not in body[field]
+
+    mails = {mail.subject.split(":")[1].strip(): mail for mail in smtp.messages}
+    assert len(mails) == 2 and all("\n" not in subject for subject in mails)
+    # Plain text: the data shows as it is, but only inside its backticks.
+    for mail in smtp.messages:
+        assert mail.message["Subject"] == mail.subject and mail.message["To"] == RECIPIENT
+        outside = re.sub(r"`[^`\n]*`", "", mail.text)
+        assert "<!channel>" not in outside and "evil.example" not in outside
+    [token_mail] = [mail for mail in smtp.messages if "token" in mail.subject]
+    assert f"Meta said: `META_TOKEN_INVALID: {HOSTILE} @channel`\n" in token_mail.text

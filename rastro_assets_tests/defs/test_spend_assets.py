@@ -311,34 +311,18 @@ def test_a_backfill_run_says_which_block_it_reads(instance, rastro, linked_world
     ]
 
 
-def test_a_fills_next_block_waits_out_the_back_off_of_the_last(
-    instance, rastro, rastro_at, warehouse, linked_world
+def test_a_spend_run_records_manual_whatever_kind_its_tags_name(
+    instance, rastro, warehouse, linked_world
 ):
-    from rastro_assets.defs.spend.assets import SYNC_KIND_TAG
-    from rastro_assets_tests.conftest import NOW
+    """Anyone in the UI tags a run as they like: the planner would count a one-day
+    "backfill" reaching today as the weekly re-sync."""
+    from rastro_assets.defs.keys import SYNC_KIND_TAG
 
-    backfill = {SYNC_KIND_TAG: "backfill"}
-    first = materialize_range(instance, rastro, "act_101", TODAY - timedelta(days=5),
-                              TODAY - timedelta(days=3), tags=backfill)
-    assert first.success
-    with warehouse.connect() as con:  # the block ended with Meta's usage above 75 %
-        con.execute("UPDATE meta_sync_runs SET usage_pct = 90 WHERE ad_account_id = 'act_101'")
-        runs = con.execute("SELECT count(*) FROM meta_sync_runs").fetchone()[0]
-    calls = linked_world.calls["insights"]
-    later = rastro_at(NOW + timedelta(minutes=20))
-    second = materialize_range(instance, later, "act_101", TODAY - timedelta(days=2), TODAY,
-                               tags=backfill, raise_on_error=False)
-    assert not second.success
-    [failure] = [event for event in second.all_events if event.is_step_failure]
-    message = failure.step_failure_data.user_failure_data.description
-    assert "this block waits until" in message and "Meta usage at 90%" in message
-    assert linked_world.calls["insights"] == calls
+    forged = {SYNC_KIND_TAG: "backfill", "dagster/sensor_name": "meta_accounts"}
+    assert materialize_range(instance, rastro, "act_101", TODAY, TODAY, tags=forged).success
     with warehouse.connect() as con:
-        assert con.execute("SELECT count(*) FROM meta_sync_runs").fetchone()[0] == runs
-    # An hour after the block ended, the next one reads.
-    after = rastro_at(NOW + timedelta(minutes=62))
-    assert materialize_range(instance, after, "act_101", TODAY - timedelta(days=2), TODAY,
-                             tags=backfill).success
+        kinds = con.execute("SELECT kind FROM meta_sync_runs").fetchall()
+    assert kinds == [("manual",)]
 
 
 def test_a_range_run_evaluates_the_sum_check_for_each_of_its_days(instance, rastro, linked_world):

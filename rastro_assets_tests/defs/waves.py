@@ -1,10 +1,11 @@
-"""A sync wave run in-process, as the cadence sensor asks for it."""
+"""A sync wave run in-process, as the cadence sensor asks for it: sealed as the sensor's,
+planned at the resource's clock."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from rastro_assets.defs.cadence.wave import sync_wave_job
+from rastro_assets.defs.cadence.wave import sealed_wave_config, sync_wave_job
 from rastro_assets_tests.defs.conftest import TODAY
 
 
@@ -21,7 +22,7 @@ def live(account: str) -> dict:
 
 def run_wave(instance, rastro, syncs, *, raise_on_error: bool = True):
     return sync_wave_job.execute_in_process(
-        run_config={"ops": {"sync_wave": {"config": {"syncs": syncs}}}},
+        run_config={"ops": {"sync_wave": {"config": sealed_wave_config(syncs, rastro.clock()())}}},
         instance=instance,
         resources={"rastro": rastro},
         raise_on_error=raise_on_error,

@@ -144,12 +144,12 @@ def location_env(tmp_path, secrets_key) -> Iterator[dict[str, str]]:
 
 
 def wave_yaml(overrides: dict) -> str:
-    """The Launchpad's YAML: a valid live wave of the linked account, and `overrides` as the
+    """The Launchpad's YAML: a valid manual wave of the linked account, and `overrides` as the
     resource's config."""
     today = local_date(datetime.now(UTC), TIMEZONE)
     sync = {
         "ad_account_id": ACCOUNT,
-        "kind": "live",
+        "kind": "manual",
         "since": (today - timedelta(days=1)).isoformat(),
         "until": today.isoformat(),
     }

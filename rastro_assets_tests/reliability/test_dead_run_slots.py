@@ -131,7 +131,7 @@ def sync_config(account: str) -> dict:
     today = local_date(datetime.now(UTC), TIMEZONE)
     sync = {
         "ad_account_id": account,
-        "kind": "live",
+        "kind": "manual",
         "since": (today - timedelta(days=1)).isoformat(),
         "until": today.isoformat(),
     }

@@ -140,6 +140,19 @@ def test_a_day_past_local_today_is_refused(syncer):
         syncer.sync(SyncRequest("act_101", SAO_PAULO_TODAY, SAO_PAULO_TODAY + timedelta(days=1)))
 
 
+def test_a_range_older_than_meta_keeps_is_refused_before_any_read(
+    syncer, warehouse, linked_world
+):
+    """Meta refuses the whole range (#3018): read, it would end failed and back the account
+    off as if Meta were down."""
+    oldest = date(2023, 10, 30)  # 37 months before Sao Paulo's today
+    with pytest.raises(SyncRefused, match=f"before {oldest}, the first day Meta still keeps"):
+        syncer.sync(SyncRequest("act_101", oldest - timedelta(days=1), oldest))
+    assert linked_world.calls["insights"] == 0
+    with warehouse.connect(read_only=True) as con:
+        assert sync_run_rows(con) == []
+
+
 def test_tokyo_today_is_already_tomorrow_for_a_utc_evening(syncer, fake_clock, linked_world):
     fake_clock.advance(hours=10)  # 22:00 UTC: Tokyo is on Dec 1st, Sao Paulo still Nov 30th
     assert syncer.sync(SyncRequest("act_202", date(2026, 12, 1), date(2026, 12, 1))).ok

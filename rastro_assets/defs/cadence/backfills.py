@@ -9,7 +9,11 @@ from datetime import date, datetime
 import dagster as dg
 
 from rastro_assets import shards
-from rastro_assets.defs.cadence.wave import WAVE_MAX_RUNTIME_SECONDS, sync_wave_job
+from rastro_assets.defs.cadence.wave import (
+    WAVE_MAX_RUNTIME_SECONDS,
+    sealed_wave_config,
+    sync_wave_job,
+)
 from rastro_assets.defs.dagster_private import AssetGraphSubset
 from rastro_assets.defs.keys import (
     FILL_ACCOUNTS_PER_RUN,
@@ -104,17 +108,19 @@ def first_data_requests(reads: Sequence[FirstData], now: datetime) -> list[dg.Ru
                 run_config={
                     "ops": {
                         "sync_wave": {
-                            "config": {
-                                "syncs": [
+                            "config": sealed_wave_config(
+                                [
                                     {
                                         "ad_account_id": read.fill.ad_account_id,
                                         "kind": read.fill.kind,
                                         "since": read.since.isoformat(),
                                         "until": read.until.isoformat(),
+                                        "catalog": False,
                                     }
                                     for read in chunk
-                                ]
-                            }
+                                ],
+                                now,
+                            )
                         }
                     }
                 },

@@ -3,9 +3,10 @@
 Each tick finds the incidents (`alerts.incidents`): from the warehouse, each connection's
 dead token, lost permissions, long throttles, stuck backfills and stale accounts, and the
 snapshot left behind; from Dagster, jobs whose runs keep failing and cadence sensors that
-stopped or keep failing. The ledger stores them, owes each channel a notice of each
-change (`alerts.ledger`), and the tick then delivers what is due. The `no_open_incidents`
-check on `meta_account_health` names what is open, and which channel is failing.
+stopped or keep failing; and the settings the code location refused as it loaded. The
+ledger stores them, owes each channel a notice of each change (`alerts.ledger`), and the
+tick then delivers what is due. The `no_open_incidents` check on `meta_account_health`
+names what is open, and which channel is failing.
 
 Fill runs are left out of the runs counted: one fails whenever an account of it is
 throttled or paused, which its accounts' own incidents say better, and a backfill that
@@ -27,6 +28,7 @@ from rastro_assets.alerts.channels import Channel, channels_from_env
 from rastro_assets.alerts.incidents import DAEMON_KINDS, Incident, IncidentKind
 from rastro_assets.alerts.ledger import deliver, reconcile
 from rastro_assets.alerts.look import warehouse_incidents
+from rastro_assets.alerts.quoted import quoted
 from rastro_assets.defs.dagster_private import AssetCheckEvaluationTargetMaterializationData
 from rastro_assets.defs.keys import (
     META_ACCOUNT_HEALTH,
@@ -35,7 +37,12 @@ from rastro_assets.defs.keys import (
     is_fill_key,
 )
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS, AlertThresholds, SettingsError
+from rastro_assets.settings import (
+    SENSOR_INTERVAL_OVERRIDE_SECONDS,
+    AlertThresholds,
+    SettingsError,
+    load_time_refusals,
+)
 from rastro_assets.warehouse import incidents as store
 from rastro_assets.warehouse.connection import Warehouse, WarehouseLocked
 
@@ -152,7 +159,7 @@ def sensor_incidents(
                     key=f"{IncidentKind.SENSOR.value}:{name}",
                     kind=IncidentKind.SENSOR,
                     summary=f"the sensor {name} fails at every tick",
-                    detail=f"latest error: {error[:300]}" if error else "",
+                    detail=f"latest error: {quoted(error)}" if error else "",
                     fix=f"open {name} in the Dagster UI (Automation) for the tick's error",
                     since=since,
                 )
@@ -183,7 +190,10 @@ def look(
     with warehouse.connect(read_only=True) as con:
         incidents, _ = warehouse_incidents(con, publisher, now, thresholds)
     incidents += [item for item in [found.channels_incident(channel_problem)] if item]
+    refused = found.settings_incident(list(load_time_refusals().values()))
+    incidents += [refused] if refused else []
     checked = {kind.value for kind in IncidentKind if kind not in DAEMON_KINDS}
+    checked.add(IncidentKind.SETTINGS.value)
     # The daemon's own silence is the probe's to see, never the daemon's.
     checked.discard(IncidentKind.DAEMON.value)
     notes = []

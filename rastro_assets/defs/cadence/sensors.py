@@ -34,7 +34,7 @@ from rastro_assets.defs.cadence.health import (
     health_materialization,
     meta_account_health_job,
 )
-from rastro_assets.defs.cadence.wave import sync_wave_job
+from rastro_assets.defs.cadence.wave import sealed_wave_config, sync_wave_job
 from rastro_assets.defs.ended_runs import close_syncs_of_ended_runs
 from rastro_assets.defs.keys import (
     AD_CATALOG,
@@ -376,8 +376,8 @@ def wave_request(due: list[cadence.Plan], now) -> dg.RunRequest:
         run_config={
             "ops": {
                 "sync_wave": {
-                    "config": {
-                        "syncs": [
+                    "config": sealed_wave_config(
+                        [
                             {
                                 "ad_account_id": plan.ad_account_id,
                                 "kind": plan.kind,
@@ -386,8 +386,9 @@ def wave_request(due: list[cadence.Plan], now) -> dg.RunRequest:
                                 "catalog": plan.catalog,
                             }
                             for plan in due
-                        ]
-                    }
+                        ],
+                        now,
+                    )
                 }
             }
         },

@@ -6,14 +6,21 @@ with bounded concurrency inside, keeps the 45-minute cadence cheap at a
 thousand accounts. Each account-day the wave replaced completely is still
 recorded as a materialization of its partition, so the partition grid and
 freshness stay true.
+
+Only the cadence's sensors record the cadence's kinds (`live`, `daily`, `weekly`, and a
+first-data run's `backfill` or `gap`), which the planner trusts: they seal each wave's plan
+(`planner.wave_seal`, which says why a seal), and a wave launched by hand from the Launchpad
+syncs with kind `manual` or is refused in one line. Either way its accounts are each synced
+once, and a range Meta cannot answer is refused before anything is read or written.
 """
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import date, datetime
 
 import dagster as dg
 
+from rastro_assets.accounts import normalize_account_id
 from rastro_assets.defs.cadence.busy import busy_accounts
 from rastro_assets.defs.dagster_private import log_materialization_batches
 from rastro_assets.defs.keys import MAX_RUNTIME_TAG, WAVE_TAG
@@ -27,8 +34,19 @@ from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.sum_check import evaluate_sum_checks
 from rastro_assets.planner import cadence
+from rastro_assets.planner.wave_seal import (
+    HAND_KIND,
+    PLAN_LIFETIME,
+    SEALED_FIELDS,
+    plan_is_stale,
+    seal,
+    seal_refusal,
+)
+from rastro_assets.sync.spend import range_refusal
 from rastro_assets.sync.types import SyncOutcome, SyncRequest
-from rastro_assets.timekeeping import zone
+from rastro_assets.timekeeping import local_date, zone
+from rastro_assets.vault import SecretsKeyError
+from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.shard_store import account_shards
 
 WAVE_MAX_RUNTIME_SECONDS = int(cadence.LEASE.total_seconds())
@@ -51,6 +69,20 @@ class WaveSync(dg.Config):
 
 class WaveConfig(dg.Config):
     syncs: list[WaveSync]
+    planned_at: str = ""
+    """When a sensor planned the wave (ISO 8601); empty in a wave launched by hand."""
+    seal: str = ""
+    """The sensor's seal over the syncs and `planned_at` (`planner.wave_seal`): a wave
+    launched by hand has none, and its kinds may only be `manual`."""
+
+
+def sealed_wave_config(
+    syncs: Sequence[Mapping], now: datetime, key: bytes | None = None
+) -> dict:
+    """The `sync_wave` op's config for a sensor's `syncs`, sealed as planned at `now` (with
+    the key of the environment's secrets key unless given)."""
+    planned_at = now.isoformat()
+    return {"syncs": list(syncs), "planned_at": planned_at, "seal": seal(syncs, planned_at, key)}
 
 
 LIVE_RECORD_BLOCK_MINUTES = 180
@@ -131,7 +163,7 @@ def _first_wave_of_block(outcome: SyncOutcome) -> bool:
     pool="meta_api",
 )
 def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: RastroResource):
-    requests = _not_held(context, _requests(config, context.run_id))
+    requests = _not_held(context, _requests(context, config, rastro))
     wave = rastro.syncer().sync_wave(
         requests, synced_at=rastro.run_started_at(context), concurrency=WAVE_CONCURRENCY
     )
@@ -173,18 +205,66 @@ def _not_held(context: dg.OpExecutionContext, requests: list[SyncRequest]) -> li
     return [request for request in requests if request.ad_account_id not in held]
 
 
-def _requests(config: WaveConfig, run_id: str) -> list[SyncRequest]:
-    return [
-        SyncRequest(
-            ad_account_id=item.ad_account_id,
-            since=date.fromisoformat(item.since),
-            until=date.fromisoformat(item.until),
-            kind=item.kind,
-            run_id=run_id,
-            catalog=item.catalog,
-        )
-        for item in config.syncs
+def _requests(
+    context: dg.OpExecutionContext, config: WaveConfig, rastro: RastroResource
+) -> list[SyncRequest]:
+    """The wave's syncs, each account once, or `dg.Failure` with one line before anything is
+    read or written: kinds only the cadence's sensors may record without their seal, an
+    account id or a date that cannot be read, an account listed twice with two different
+    syncs, or a range Meta cannot answer (`sync.spend.range_refusal`)."""
+    syncs = [
+        {name: getattr(item, name) for name in SEALED_FIELDS} for item in config.syncs
     ]
+    try:
+        refusal = seal_refusal(syncs, config.planned_at, config.seal, rastro.clock()())
+    except SecretsKeyError as exc:
+        refusal = f"this wave's seal cannot be checked: {exc}"
+    if refusal is not None:
+        raise dg.Failure(description=f"meta_sync_wave refused: {refusal}")
+    stale = config.seal and plan_is_stale(config.planned_at, rastro.clock()())
+    if stale:
+        context.log.warning(
+            f"this wave was planned at {config.planned_at}, over "
+            f"{int(PLAN_LIFETIME.total_seconds() // 60)} minutes ago: its reads record "
+            f"{HAND_KIND.value}, not the cadence's kinds"
+        )
+    requests: dict[str, SyncRequest] = {}
+    for item in config.syncs:
+        request = _request(item, context.run_id, HAND_KIND.value if stale else None)
+        known = requests.setdefault(request.ad_account_id, request)
+        if known != request:
+            raise dg.Failure(
+                description=f"meta_sync_wave refused: {request.ad_account_id} is listed twice "
+                "with different syncs; list each account once"
+            )
+    with rastro.warehouse().connect(read_only=True) as con:
+        linked = {account.ad_account_id: account for account in registry.linked_accounts(con)}
+    now = rastro.clock()()
+    for request in requests.values():
+        account = linked.get(request.ad_account_id)
+        if account is None:
+            continue  # the sync skips it, saying it is not linked
+        refusal = range_refusal(request, local_date(now, account.timezone), account.timezone)
+        if refusal is not None:
+            raise dg.Failure(description=f"meta_sync_wave refused: {refusal}")
+    return list(requests.values())
+
+
+def _request(item: WaveSync, run_id: str, kind: str | None = None) -> SyncRequest:
+    try:
+        account = normalize_account_id(item.ad_account_id)
+    except ValueError as exc:
+        raise dg.Failure(description=f"meta_sync_wave refused: {exc}") from None
+    try:
+        since, until = date.fromisoformat(item.since), date.fromisoformat(item.until)
+    except ValueError:
+        shown = f"{item.since!r}..{item.until!r}"[:60]
+        raise dg.Failure(
+            description=f"meta_sync_wave refused: {account}: dates {shown} are not YYYY-MM-DD"
+        ) from None
+    return SyncRequest(
+        account, since, until, kind=kind or item.kind, run_id=run_id, catalog=item.catalog
+    )
 
 
 @dataclass

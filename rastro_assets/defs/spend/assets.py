@@ -18,7 +18,6 @@ from rastro_assets.defs.keys import (
     BACKFILL_ID_TAG,
     MAX_DAYS_PER_RUN,
     OWNERS,
-    SYNC_KIND_TAG,
 )
 from rastro_assets.defs.metadata import (
     DAY_ROWS_KEY,
@@ -40,8 +39,7 @@ from rastro_assets.defs.partitions import (
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.sum_check import evaluate_sum_checks
-from rastro_assets.outcomes import FILL_KINDS
-from rastro_assets.planner import cadence
+from rastro_assets.outcomes import SyncKind
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.sync.types import SyncOutcome, SyncRefused, SyncRequest
 from rastro_assets.timekeeping import days_between, local_date
@@ -257,7 +255,6 @@ def _sync_partitions(
     raises after its range's complete days are recorded). Days the account's own clock has
     not reached are read from no one: each goes into `not_begun` with why."""
     syncer = rastro.syncer()
-    kind = context.run.tags.get(SYNC_KIND_TAG, "manual")
     for account, ranges in account_date_ranges(context.partition_keys).items():
         today = _local_today(rastro, account)
         for since, until in ranges:
@@ -274,9 +271,11 @@ def _sync_partitions(
                 if since > today[0]:
                     continue
                 until = today[0]
-            if kind in FILL_KINDS:
-                _wait_out_back_off(rastro, account)
-            request = SyncRequest(account, since, until, kind=kind, run_id=context.run_id)
+            # Always `manual`, whatever the run's tags say: anyone in the UI sets any tag, and
+            # the planner trusts the cadence's kinds (`spend_backfill` reads the fills).
+            request = SyncRequest(
+                account, since, until, kind=SyncKind.MANUAL, run_id=context.run_id
+            )
             context.log.info(
                 f"{account}: reading {since} .. {until} ({_days(since, until)} days)"
                 f"{_backfill_position(context, shard, account, since)}"
@@ -326,27 +325,6 @@ def _local_today(rastro: RastroResource, account: str) -> tuple[date, str] | Non
     if linked is None:
         return None
     return local_date(rastro.clock()(), linked.timezone), linked.timezone
-
-
-def _wait_out_back_off(rastro: RastroResource, account: str) -> None:
-    """Refuse a fill's block while the account's back-off holds, as any sync would wait.
-
-    A partition backfill launches its blocks one after another: without this,
-    a block that ended throttled or above 75 % of Meta's usage would be followed
-    at once by the next. The refused block reads nothing and records no sync; the
-    days stay owed, and `meta_accounts` starts them again when the planner says so.
-    """
-    now = rastro.clock()()
-    with rastro.warehouse().connect() as con:
-        found = planned_accounts(con, [account])
-    if not found:
-        return  # unlinked: the sync refuses it with its own message
-    owed = cadence.plan(found[0].state, now)
-    if owed.kind in FILL_KINDS and not owed.is_due(now):
-        raise dg.Failure(
-            description=f"{account}: this block waits until {owed.due_at:%Y-%m-%d %H:%M %Z}: "
-            f"{owed.reason}"
-        )
 
 
 def _backfill_position(
