@@ -408,8 +408,11 @@ def test_the_docs_name_the_snapshots_variables():
         "RASTRO_ANALYTICS_MODE",
         "RASTRO_ANALYTICS_LAG_SECONDS",
         "RASTRO_ANALYTICS_STORAGE_VERSION",
+        "RASTRO_SQL_OUTPUT_MAX_MB",
     ):
         assert name in example and name in guide, name
+    # Analysts run `rastro sql` as themselves and read the snapshot through a group.
+    assert "sudo -u rastro rastro sql" not in " ".join(guide.split())
     readme = README.read_text()
     assert "data/analytics.duckdb" in readme
     assert "duckdb -readonly data/rastro.duckdb" not in readme

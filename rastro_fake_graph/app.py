@@ -25,7 +25,7 @@ import base64
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import Any
@@ -93,7 +93,9 @@ class FakeResponse:
     status: int
     headers: list[tuple[str, str]] = field(default_factory=list)
     body: bytes = b""
-    fault: str | None = None  # "timeout" | "dropped": the carrier breaks the exchange
+    # "timeout" | "dropped": the carrier breaks the exchange; "slow" | "huge": it sends the
+    # body a byte at a time, or sends `huge_body` instead
+    fault: str | None = None
 
 
 class _Answer(Exception):
@@ -430,13 +432,14 @@ def _page(request: _Request, items: list[Any]) -> dict[str, Any]:
     if limit > 1 and short_hash % SHORT_PAGE_ONE_IN == 0:
         size = max(1, limit - 1 - (short_hash >> 8) % max(1, limit // 2))
     data = items[offset:offset + size]
-    if not data:
+    endless = request.fault == "endless"
+    if not data and not endless:
         return {"data": []}
-    end = offset + len(data)
+    end = offset + max(len(data), 1)
     paging: dict[str, Any] = {
         "cursors": {"before": _cursor(offset, digest), "after": _cursor(end, digest)}
     }
-    if end < len(items):
+    if end < len(items) or endless:
         paging["next"] = _link(request, after=_cursor(end, digest))
     if offset > 0:
         paging["previous"] = _link(request, before=_cursor(offset, digest))
@@ -926,6 +929,36 @@ def _cdn_answer(request: _Request, path: str) -> FakeResponse:
 # -- in-process transport ---------------------------------------------------------------
 
 
+HUGE_BODY_CHUNK_BYTES = 1 << 16
+
+
+def huge_body(total: int) -> Iterator[bytes]:
+    """`total` bytes of valid JSON, `{"data": [` and blanks, in chunks, made as they go."""
+    head, tail = b'{"data": [', b"]}"
+    yield head
+    blanks = max(0, total - len(head) - len(tail))
+    chunk = b" " * HUGE_BODY_CHUNK_BYTES
+    while blanks > 0:
+        yield chunk[:blanks]
+        blanks -= HUGE_BODY_CHUNK_BYTES
+    yield tail
+
+
+class _Bytes(httpx.SyncByteStream):
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = chunks
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._chunks
+
+
+def dribble(body: bytes, world: FakeWorld) -> Iterator[bytes]:
+    """`body` a byte at a time, `world.slow_body_byte_seconds` apart."""
+    for index in range(len(body)):
+        world.sleep(world.slow_body_byte_seconds)
+        yield body[index:index + 1]
+
+
 class _CutStream(httpx.SyncByteStream):
     """A body that stops halfway, as when the connection drops mid-transfer."""
 
@@ -959,5 +992,11 @@ class FakeGraphTransport(httpx.BaseTransport):
             partial = answer.body[: len(answer.body) // 2]
             return httpx.Response(answer.status, headers=headers,
                                   stream=_CutStream(partial, len(answer.body)), request=request)
+        if answer.fault == "huge":
+            return httpx.Response(answer.status, headers=answer.headers, request=request,
+                                  stream=_Bytes(huge_body(self.world.huge_body_bytes)))
+        if answer.fault == "slow":
+            return httpx.Response(answer.status, headers=headers, request=request,
+                                  stream=_Bytes(dribble(answer.body, self.world)))
         return httpx.Response(answer.status, headers=headers, content=answer.body,
                               request=request)

@@ -14,9 +14,10 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from rastro_fake_graph.app import SERVER_CDN_PREFIX, handle
+from rastro_fake_graph.app import SERVER_CDN_PREFIX, dribble, handle, huge_body
 from rastro_fake_graph.world import GRAPH_VERSION, FakeWorld
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,10 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(self.server.world.server_stall_seconds)
             self._hang_up()
             return
+        if answer.fault == "huge":
+            self._send_without_length(answer.status, answer.headers,
+                                      huge_body(self.server.world.huge_body_bytes))
+            return
         self.send_response(answer.status)
         for name, value in answer.headers:
             self.send_header(name, value)
@@ -72,7 +77,29 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             self._hang_up()
             return
+        if answer.fault == "slow":
+            self._send_each(dribble(answer.body, self.server.world))
+            return
         self.wfile.write(answer.body)
+
+    def _send_without_length(
+        self, status: int, headers: list[tuple[str, str]], chunks: Iterator[bytes]
+    ) -> None:
+        """A body that only the connection's close ends, as HTTP/1.0 allowed."""
+        self.send_response(status)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self._send_each(chunks)
+        self._hang_up()
+
+    def _send_each(self, chunks: Iterator[bytes]) -> None:
+        # A client that stops reading hangs up: that ends the answer, quietly.
+        with contextlib.suppress(OSError):
+            for chunk in chunks:
+                self.wfile.write(chunk)
+                self.wfile.flush()
 
     def _hang_up(self) -> None:
         self.close_connection = True

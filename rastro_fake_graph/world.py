@@ -58,6 +58,10 @@ MAX_THUMBNAIL_SIZE_PX = 1080
 ASYNC_POLLS_TO_FINISH = 3
 DEFAULT_REGAIN_MINUTES = 5
 SERVER_STALL_SECONDS = 3.0
+# A "slow_body" answer comes a byte at a time this far apart; a "huge_body" one is this long
+# and declares no length, so only the bytes themselves say how big it is.
+SLOW_BODY_BYTE_SECONDS = 1.0
+HUGE_BODY_BYTES = 50 << 20
 # Stopped ads without an account `first_day` stop relative to this fixed day,
 # so the world never depends on when it was built.
 STOP_ANCHOR_DAY = date(2026, 1, 1)
@@ -161,7 +165,7 @@ class FailureSpec:
     user_msg: str | None = None
     body: bytes | None = None
     content_type: str = "application/json; charset=UTF-8"
-    fault: str | None = None  # "timeout" | "dropped"
+    fault: str | None = None  # "timeout" | "dropped" | "endless" | "slow" | "huge"
     job_outcome: str | None = None  # "failed" | "skipped" | "stuck"
     throttled: bool = False
 
@@ -258,6 +262,12 @@ def _broken_answers() -> dict[str, FailureSpec]:
         "not_found": FailureSpec(status=404, body=b"Not Found", content_type="text/plain"),
         "timeout": FailureSpec(fault="timeout"),
         "dropped": FailureSpec(fault="dropped"),
+        # The real answer, but a listing whose every page announces another,
+        "endless_paging": FailureSpec(fault="endless"),
+        # sent a byte at a time (`slow_body_byte_seconds` apart),
+        "slow_body": FailureSpec(fault="slow"),
+        # or a body of `huge_body_bytes` without a length, JSON of mostly blanks.
+        "huge_body": FailureSpec(fault="huge"),
         "job_failed": FailureSpec(job_outcome="failed"),
         "job_skipped": FailureSpec(job_outcome="skipped"),
         "job_stuck": FailureSpec(job_outcome="stuck"),
@@ -284,6 +294,11 @@ def _throttles() -> dict[str, FailureSpec]:
 
 
 FAILURES = _failure_catalog()
+# Answers without end (or at a byte a second) are staged where a person waits on them (the
+# account listings and reads of `rastro accounts` and `link`), not mid-sync.
+UNBOUNDED_FAULTS = frozenset({"endless", "slow", "huge"})
+ACCOUNT_POINTS = frozenset({"adaccounts", "owned_ad_accounts", "client_ad_accounts", "account",
+                            "me"})
 FAILURE_POINTS = frozenset(
     {"insights", "insights_page", "async", "report", "report_insights", "ads", "ads_by_id",
      "account", "me", "adaccounts", "owned_ad_accounts", "client_ad_accounts", "thumbnail"}
@@ -391,6 +406,8 @@ class FakeWorld:
         self.row_cap = row_cap
         self.max_page_size = MAX_PAGE_SIZE
         self.server_stall_seconds = SERVER_STALL_SECONDS
+        self.slow_body_byte_seconds = SLOW_BODY_BYTE_SECONDS
+        self.huge_body_bytes = HUGE_BODY_BYTES
         # Real Meta answers a page in 0.3-2 s and an async report in seconds to minutes.
         # Benchmarks set these; at zero (the default) the fake answers at once.
         self.request_delay_seconds = 0.0
@@ -659,7 +676,8 @@ class FakeWorld:
         `job_skipped`, `job_stuck` decide how the job ends instead), report,
         report_insights, ads, ads_by_id, account, me, adaccounts (any page of
         `/me/adaccounts`), owned_ad_accounts, client_ad_accounts, thumbnail. Errors: the
-        keys of `FAILURES`. `times=None` fails until `clear_failures()`.
+        keys of `FAILURES` (`endless_paging`, `slow_body` and `huge_body` at the account
+        points only). `times=None` fails until `clear_failures()`.
         `skip` lets that many matching requests through first, so a failure
         can land in the middle of a sync.
         """
@@ -669,6 +687,8 @@ class FakeWorld:
             raise ValueError(f"unknown failure {error!r}")
         if FAILURES[error].job_outcome and point != "async":
             raise ValueError(f"{error} only applies to point 'async'")
+        if FAILURES[error].fault in UNBOUNDED_FAULTS and point not in ACCOUNT_POINTS:
+            raise ValueError(f"{error} only applies to the account points {sorted(ACCOUNT_POINTS)}")
         if skip < 0:
             raise ValueError("skip must be >= 0")
         with self.lock:

@@ -37,6 +37,7 @@ from rastro_assets.cli.context import (
     UsageError,
     command,
 )
+from rastro_assets.cli.id_file import read_ids
 from rastro_assets.cli.output import say_table
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.shards import crowded_warning
@@ -186,25 +187,6 @@ def reachable_accounts(ctx: Context, connection: registry.Connection) -> list[Ad
 
 
 # link, many at once -----------------------------------------------------------------
-
-
-def read_ids(ctx: Context, source: str) -> list[str]:
-    """The ids of file `source` (`-`: stdin), one a line; blank lines and `#` comments out."""
-    if source == "-":
-        text = ctx.stdin.read()
-    else:
-        try:
-            with open(source, encoding="utf-8") as file:
-                text = file.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
-            raise UsageError(f"cannot read --from-file {source!r}: {reason}") from None
-    ids = []
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            ids.append(line)
-    return ids
 
 
 class _Refusals:

@@ -27,7 +27,9 @@ Output, all of it exact:
   batches, and a second DuckDB connection, allowed to write one file in a
   private staging directory and nothing else, writes them (a decimal stays a
   decimal); it prints one line with the row count. The file appears whole or
-  not at all, and never over an existing file unless `--replace` says so.
+  not at all, never over an existing file unless `--replace` says so (and then only
+  over a regular file of the invoking user's), never inside the product's own
+  directories, and never past `RASTRO_SQL_OUTPUT_MAX_MB` (`sql_parquet`).
 
 The result is read whole before anything is printed, so a query that fails
 half way prints nothing but its error; for large results, use `--output`.
@@ -46,7 +48,12 @@ from rastro_assets.analytics.frames import (
     open_snapshot,
 )
 from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
-from rastro_assets.cli.sql_parquet import output_path, write_parquet
+from rastro_assets.cli.sql_parquet import (
+    output_max_bytes,
+    output_path,
+    product_directories,
+    write_parquet,
+)
 from rastro_assets.cli.sql_print import FORMATS, print_result
 
 _READING = {
@@ -76,7 +83,8 @@ def add_sql(subparsers: Subparsers) -> None:
     parser.add_argument(
         "--output",
         metavar="FILE.parquet",
-        help="write the result to a Parquet file instead of printing it",
+        help="write the result to a Parquet file instead of printing it (at most"
+        " RASTRO_SQL_OUTPUT_MAX_MB MiB, 1024 unset; never in the product's own directories)",
     )
     parser.add_argument(
         "--replace",
@@ -97,10 +105,14 @@ def _sql(args: argparse.Namespace, ctx: Context) -> int:
         raise UsageError("--output needs a SELECT (or FROM, WITH, VALUES...) query")
     settings = ctx.settings()
     snapshot_path = settings.require_snapshot_path()
+    max_bytes = output_max_bytes(ctx.environ) if output is not None else 0
     try:
         with open_snapshot(snapshot_path, pipeline_path=settings.duckdb_path) as con:
             if output is not None:
-                count = write_parquet(con, query, output, replace=args.replace)
+                count = write_parquet(
+                    con, query, output, replace=args.replace, max_bytes=max_bytes,
+                    forbidden=product_directories(settings, ctx.environ),
+                )
             else:
                 result = con.execute(query)
                 names = [column[0] for column in result.description or []]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import dagster as dg
 
 from rastro_assets import shards
-from rastro_assets.defs.cadence.busy import busy_accounts
+from rastro_assets.defs.cadence.busy import move_blockers
 from rastro_assets.defs.partitions import SHARD_COUNT, spend_shard
 
 MOVED_FROM = "rastro/moved_from"
@@ -62,7 +62,7 @@ class Moved:
 
 def busy(instance: dg.DagsterInstance) -> set[str]:
     """Accounts with a run or backfill in flight: moving them now would strand its events."""
-    return busy_accounts(instance)[0]
+    return move_blockers(instance)
 
 
 def move_account(

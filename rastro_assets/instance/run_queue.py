@@ -18,10 +18,13 @@ of another account, and record only it. The asset's own page launches a correct 
 
 It also ranks each such run by how far back its range ends (`dagster/priority`, higher
 first; ties in the order queued): the 30 days up to today come first (priority 0, as
-every other run), the 30 before them -1, and so on. A first install of many accounts
-queues every account's three runs at once, one account after another; ranked, each
-account's newest days start before any account's older ones, so no account waits
-behind the others' whole backfills for its first run (bench/onboarding.py).
+every other run but the cadence's), the 30 before them -1, and so on. A first install of
+many accounts queues every account's three runs at once, one account after another; ranked,
+each account's newest days start before any account's older ones, so no account waits
+behind the others' whole backfills for its first run (bench/onboarding.py). The cadence's
+own runs, its waves and first-data runs, go before all of them (`CADENCE_PRIORITY`): a
+backfill's runs are queued all at once, and a live wave queued behind a backfill of every
+partition would wait for hundreds of them. The same rank orders the `meta_api` pool's slots.
 
 Loaded, it also takes group and other permissions off the directories that hold the
 instance's local files (its root, SQLite storage and compute logs). Dagster creates them
@@ -49,14 +52,18 @@ import dagster as dg
 from rastro_assets.defs.keys import (
     ACCOUNT_DIMENSION_TAG,
     ACCOUNT_TAG,
+    FIRST_DATA_TAG,
     MAX_DAYS_PER_RUN,
     PRIORITY_TAG,
     RANGE_END_TAG,
     RANGE_START_TAG,
+    WAVE_TAG,
 )
 from rastro_assets.instance.daemon_logs import summarise_backfill_logs
 
 DIMENSION_TAG_PREFIX = "dagster/partition/"
+CADENCE_PRIORITY = 1
+"""The rank of the cadence's waves and first-data runs in the queue: above every other run."""
 
 
 def run_account(tags) -> str | None:
@@ -161,6 +168,8 @@ class AccountRunCoordinator(dg.QueuedRunCoordinator):
         if account and run.tags.get(ACCOUNT_TAG) != account:
             tags[ACCOUNT_TAG] = account
         priority = range_priority(run.tags, datetime.now(UTC).date())
+        if run.tags.get(WAVE_TAG) == "true" or run.tags.get(FIRST_DATA_TAG):
+            priority = CADENCE_PRIORITY
         if priority is not None and PRIORITY_TAG not in run.tags:
             tags[PRIORITY_TAG] = str(priority)
         if tags:

@@ -17,6 +17,7 @@ from datetime import date
 import httpx
 
 from rastro_assets.accounts import normalize_account_id
+from rastro_assets.meta.bounds import ReadBounds
 from rastro_assets.meta.errors import UNKNOWN_ALIAS_CODE, MetaError
 from rastro_assets.meta.insights import (
     RANGE_CONCURRENCY,
@@ -44,6 +45,10 @@ AD_FIELDS = (
 ACCOUNT_FIELDS = "name,currency,timezone_name,timezone_offset_hours_utc,account_status"
 LISTED_ACCOUNT_FIELDS = "account_id,name,currency,timezone_name,account_status"
 MAX_IDS_PER_CALL = 50
+# The listing of what a token reaches: 400 pages of up to 500 accounts is more than any
+# Business Manager holds, an accounts page is a few hundred bytes an account, and someone waits
+# at a terminal for it; a Graph that pages on without end, or dribbles, stops there.
+ACCOUNT_LISTING_BOUNDS = ReadBounds(max_body_bytes=4 << 20, max_pages=400, seconds=300)
 
 _AD_ID_RE = re.compile(r"^\d+$")
 
@@ -163,12 +168,14 @@ class MetaClient:
                                   what=f"GET {act}")
         return parse_account(body, act)
 
-    def reachable_accounts(self) -> list[AdAccount]:
+    def reachable_accounts(self, bounds: ReadBounds | None = None) -> list[AdAccount]:
         """Every ad account the token reaches (`GET /me/adaccounts`, every page), each once,
-        in Meta's order."""
+        in Meta's order; `OutOfBounds` past `bounds` (default `ACCOUNT_LISTING_BOUNDS`)."""
         params = {"fields": LISTED_ACCOUNT_FIELDS, "limit": str(self._page_size)}
         found: dict[str, AdAccount] = {}
-        for page in self._session.pages("me/adaccounts", params, what="GET me/adaccounts"):
+        bounds = ACCOUNT_LISTING_BOUNDS if bounds is None else bounds
+        for page in self._session.pages("me/adaccounts", params, what="GET me/adaccounts",
+                                        bounds=bounds):
             for raw in page:
                 account = parse_listed_account(raw)
                 found.setdefault(account.ad_account_id, account)

@@ -23,6 +23,7 @@ from datetime import date, timedelta
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rastro_assets.meta.bounds import ReadBounds
 from rastro_assets.meta.errors import ErrorKind, MalformedResponse, MetaError, TimedOut
 from rastro_assets.meta.insights_parse import parse_insight_table, read_insights_page
 from rastro_assets.meta.models import EFFECTIVE_STATUSES, INSIGHT_SCHEMA, InsightsChunk
@@ -37,6 +38,9 @@ INSIGHTS_FIELDS = (
 REPORT_FIELDS = "async_status,async_percent_completion"
 ASYNC_DONE = "Job Completed"
 ASYNC_GAVE_UP = frozenset({"Job Failed", "Job Skipped"})
+# An insights page is read whole into one table: far more room than a page of 500 ad-days
+# with their names takes, and still a bound on what one answer may cost.
+INSIGHTS_PAGE_BOUNDS = ReadBounds(max_body_bytes=128 << 20)
 
 _NODE_ID_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -231,7 +235,8 @@ class InsightsReader:
         what = f"GET {act}/insights {since}..{until}"
         for page in self._session.pages(f"{act}/insights", params, what=what,
                                         retry_timeouts=False,
-                                        read_page=self._page_reader(since, until)):
+                                        read_page=self._page_reader(since, until),
+                                        bounds=INSIGHTS_PAGE_BOUNDS):
             if stop.is_set():
                 raise _Stopped
             pages.append(_as_table(page, since, until))
@@ -299,7 +304,8 @@ class InsightsReader:
             for page in self._session.pages(f"{run_id}/insights",
                                             {"limit": str(self._page_size)},
                                             what=f"GET report {run_id}/insights",
-                                            read_page=self._page_reader(day, day)):
+                                            read_page=self._page_reader(day, day),
+                                            bounds=INSIGHTS_PAGE_BOUNDS):
                 pages.append(_as_table(page, day, day))
         except MetaError as exc:
             if exc.kind is not ErrorKind.TOO_MUCH_DATA:

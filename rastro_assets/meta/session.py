@@ -4,6 +4,10 @@ The token travels only in the `Authorization` header, so no URL, message,
 repr or log line built here can contain it; Meta's own error messages are
 scrubbed too, in case Meta ever echoes it. httpx exceptions are converted to
 `MetaError` without their text or chain (`without_httpx_errors`).
+
+Every answer is bounded (`ReadBounds`): its body is streamed and dropped past a byte cap,
+and a paged read may be given a most of pages and a total time, retries and slow bodies
+included. Going past any is an `OutOfBounds` error, never retried.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import logging
 import random
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
 from typing import Any, Protocol, TypeVar
@@ -21,6 +26,14 @@ from urllib.parse import urlencode
 
 import httpx
 
+from rastro_assets.meta.bounds import (
+    ANY_ANSWER,
+    GRAPH_BODY_MAX_BYTES,
+    Deadline,
+    Limits,
+    ReadBounds,
+    too_big,
+)
 from rastro_assets.meta.errors import (
     ErrorKind,
     MalformedResponse,
@@ -35,6 +48,8 @@ log = logging.getLogger(__name__)
 
 BACKOFF_BASE_SECONDS = 1.0
 BACKOFF_CAP_SECONDS = 60.0
+# One answer, however slowly its bytes come, has this many request timeouts to arrive whole.
+ANSWER_TIMEOUTS = 2
 
 T = TypeVar("T")
 
@@ -111,6 +126,7 @@ class GraphSession:
     def __init__(
         self, token: str, *, base_url: str, transport: httpx.BaseTransport | None,
         timeout_seconds: float, max_retries: int, sleep: Callable[[float], None],
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """Built by `MetaClient`, which checks the token's text and defaults the rest."""
         self._token = _Secret(token)
@@ -118,6 +134,7 @@ class GraphSession:
         self.timeout_seconds = timeout_seconds
         self._max_retries = max_retries
         self.sleep = sleep
+        self.monotonic = monotonic
         self._random = random.Random()
         self.http = httpx.Client(
             transport=transport,
@@ -150,15 +167,19 @@ class GraphSession:
         what: str,
         retry_timeouts: bool = True,
         read_page: PageReader | None = None,
+        bounds: ReadBounds = ANY_ANSWER,
     ) -> Iterator[Any]:
         """Each page's `data`, following `after` cursors while `next` is given.
 
         With `read_page`, a page it reads comes as its `data` (the insights reader's
-        is a table); any other as the `data` list `json` decoded.
+        is a table); any other as the `data` list `json` decoded. `OutOfBounds` when a page
+        past `bounds.max_pages` is announced, or the read outlasts `bounds.seconds`.
         """
         after: str | None = None
         next_url: str | None = None
         seen: set[str] = set()
+        deadline = bounds.deadline(self.monotonic())
+        read = 0
         # The URL httpx would build from `params` (and `after`), encoded once: httpx
         # re-checks every character of a merged query in Python, on every page.
         first_url = f"{self._url(path)}?{urlencode(params)}" if params else self._url(path)
@@ -169,8 +190,11 @@ class GraphSession:
                 url = f"{first_url}{'&' if params else '?'}{urlencode({'after': after})}"
             else:
                 url = first_url
+            bounds.check_page(read, what)
             body = self.call("GET", url, what=what, retry_timeouts=retry_timeouts,
-                             read_page=read_page)
+                             read_page=read_page, max_body_bytes=bounds.max_body_bytes,
+                             deadline=deadline)
+            read += 1
             if not isinstance(body, dict):
                 yield body.data
                 next_link, cursor = body.next_url, body.after
@@ -226,16 +250,31 @@ class GraphSession:
         data: Mapping[str, str] | None = None,
         retry_timeouts: bool = True,
         read_page: PageReader | None = None,
+        max_body_bytes: int = GRAPH_BODY_MAX_BYTES,
+        deadline: Deadline | None = None,
     ) -> Any:
-        """The decoded body: a dict, or what `read_page` made of it."""
+        """The decoded body: a dict, or what `read_page` made of it; `OutOfBounds` past
+        `max_body_bytes`, or past `deadline` (a paged read's)."""
+        url = self._url(path_or_url)
         return self.retrying(
             what,
-            lambda: self._once(method, self._url(path_or_url), params, data, what, read_page),
+            lambda: self._once(
+                method, url, params, data, what, read_page, Limits(max_body_bytes, deadline)
+            ),
             retry_timeouts=retry_timeouts,
+            deadline=deadline,
         )
 
-    def retrying(self, what: str, attempt: Callable[[], T], *, retry_timeouts: bool = True) -> T:
-        """`attempt()`, retried with back-off while it raises a TRANSIENT `MetaError`."""
+    def retrying(
+        self,
+        what: str,
+        attempt: Callable[[], T],
+        *,
+        retry_timeouts: bool = True,
+        deadline: Deadline | None = None,
+    ) -> T:
+        """`attempt()`, retried with back-off while it raises a TRANSIENT `MetaError`, and
+        while the pause still ends before `deadline`."""
         retries = 0
         while True:
             try:
@@ -244,9 +283,15 @@ class GraphSession:
                 retryable = exc.kind is ErrorKind.TRANSIENT and (
                     retry_timeouts or not isinstance(exc, TimedOut)
                 )
+                if (retryable or isinstance(exc, TimedOut)) and deadline is not None and (
+                    self.monotonic() >= deadline.at
+                ):
+                    raise deadline.passed(what) from None
                 if not retryable or retries >= self._max_retries:
                     raise
                 delay = self._backoff_seconds(retries)
+                if deadline is not None and self.monotonic() + delay >= deadline.at:
+                    raise deadline.passed(what) from None
                 retries += 1
                 log.warning("%s failed: %s; retry %d of %d in %.1fs",
                             what, exc, retries, self._max_retries, delay)
@@ -263,15 +308,19 @@ class GraphSession:
         params: Mapping[str, str] | None,
         data: Mapping[str, str] | None,
         what: str,
-        read_page: PageReader | None = None,
+        read_page: PageReader | None,
+        limits: Limits,
     ) -> Any:
+        now = self.monotonic()
+        deadline = self._answer_deadline(now, limits.deadline)
+        timeout = min(self.timeout_seconds, deadline.at - now)
+        if timeout <= 0:
+            raise deadline.passed(what)
+        limits = Limits(limits.max_body_bytes, deadline)
         try:
-            response = without_httpx_errors(
-                lambda: self.http.request(
-                    method, url, params=params, data=data,
-                    headers={"Authorization": f"Bearer {self._token.value}"},
-                ),
-                timed_out=f"Meta did not answer {what} within {self.timeout_seconds:g}s",
+            response, raw = without_httpx_errors(
+                lambda: self._exchange(method, url, params, data, what, limits, timeout),
+                timed_out=f"Meta did not answer {what} within {timeout:g}s",
                 failed=f"the connection to Meta failed during {what}",
             )
         except MetaError:
@@ -279,7 +328,7 @@ class GraphSession:
             raise
         usage = parse_usage(response.headers)
         try:
-            body = self._decode(response, what, read_page)
+            body = self._decode(response, raw, what, read_page)
         except MetaError as exc:
             if exc.kind is ErrorKind.THROTTLED:
                 usage = parse_usage(response.headers, throttled=True)
@@ -289,15 +338,54 @@ class GraphSession:
         self._record(usage)
         return body
 
+    def _answer_deadline(self, now: float, read: Deadline | None) -> Deadline:
+        """The sooner of the read's deadline and the answer's own: the request timeout bounds
+        each wait for bytes, so an answer dribbled a byte at a time would never meet it."""
+        seconds = ANSWER_TIMEOUTS * self.timeout_seconds
+        if read is not None and read.at <= now + seconds:
+            return read
+        return Deadline(now + seconds, seconds, whole_read=False)
+
+    def _exchange(
+        self,
+        method: str,
+        url: str,
+        params: Mapping[str, str] | None,
+        data: Mapping[str, str] | None,
+        what: str,
+        limits: Limits,
+        timeout: float,
+    ) -> tuple[httpx.Response, bytes]:
+        """The response and its body, read a chunk at a time and dropped (`OutOfBounds`) as
+        soon as it is past the cap or the deadline: a slow or endless body ends here."""
+        cap = limits.max_body_bytes
+        with self.http.stream(
+            method, url, params=params, data=data, timeout=httpx.Timeout(timeout),
+            headers={"Authorization": f"Bearer {self._token.value}"},
+        ) as response:
+            status = response.status_code
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > cap:
+                raise too_big(what, cap, status)
+            chunks: list[bytes] = []
+            size = 0
+            for chunk in response.iter_bytes():
+                size += len(chunk)
+                if size > cap:
+                    raise too_big(what, cap, status)
+                if limits.deadline is not None and self.monotonic() >= limits.deadline.at:
+                    raise limits.deadline.passed(what)
+                chunks.append(chunk)
+        return response, b"".join(chunks)
+
     def _record(self, usage: Usage) -> None:
         with self._stats_lock:
             self.stats.record(usage)
 
     def _decode(
-        self, response: httpx.Response, what: str, read_page: PageReader | None = None
+        self, response: httpx.Response, raw: bytes, what: str, read_page: PageReader | None
     ) -> Any:
         status = response.status_code
-        raw = response.content
         content_type = response.headers.get("content-type", "").lower()
         if not raw.strip():
             raise MalformedResponse(

@@ -6,15 +6,24 @@ The fake's token reaches 1,000 accounts, listed by `/me/adaccounts` in pages of 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import duckdb
 import pytest
 
+from rastro_assets import cli
+from rastro_assets.cli.context import Context
+from rastro_assets.cli.id_file import (
+    FROM_FILE_MAX_CHARS,
+    FROM_FILE_MAX_IDS,
+    FROM_FILE_MAX_LINE_CHARS,
+)
 from rastro_assets.warehouse.link_store import MAX_LINKS_PER_CONNECTION
 from rastro_assets_tests.cli.conftest import assert_usage_error
 
@@ -157,6 +166,32 @@ def test_accounts_of_a_missing_connection_or_a_meta_failure_is_one_line(
     assert snapshot(duckdb_path) == before
 
 
+@pytest.mark.timeout(60)  # without bounds, these never end: fail in a minute instead
+@pytest.mark.parametrize(
+    ("fault", "fragment"),
+    [
+        ("endless_paging", "Meta kept paging GET me/adaccounts past 20 pages; stopped"),
+        ("slow_body", "Meta's answers to GET me/adaccounts took over 1s in all; stopped"),
+        ("huge_body", "GET me/adaccounts is over the 4,194,304-byte cap; not read further"),
+    ],
+)
+def test_accounts_stops_at_its_page_cap_deadline_and_body_cap(
+    rastro, registered, fake_world, duckdb_path, monkeypatch, fault, fragment
+):
+    # Small page and time bounds, so the test takes a second; the body cap is the real one.
+    from rastro_assets.meta import client
+
+    bounds = replace(client.ACCOUNT_LISTING_BOUNDS, max_pages=20, seconds=1)
+    monkeypatch.setattr(client, "ACCOUNT_LISTING_BOUNDS", bounds)
+    fake_world.slow_body_byte_seconds = 0.01
+    fake_world.huge_body_bytes = 50 << 20
+    fake_world.fail("adaccounts", fault, times=None, skip=1)
+    before = snapshot(duckdb_path)
+    for args in (("accounts", "c1"), ("link", "s1", "--all", "--connection", "c1")):
+        assert_usage_error(rastro(*args), "could not list", "'c1'", fragment)
+    assert snapshot(duckdb_path) == before
+
+
 def test_accounts_before_the_warehouse_exists_creates_nothing(rastro, duckdb_path, fake_graph):
     assert_usage_error(rastro("accounts", "c1"), "unknown connection 'c1'")
     assert not duckdb_path.exists()
@@ -230,6 +265,95 @@ def test_link_from_a_file_and_from_stdin(rastro, registered, duckdb_path, tmp_pa
     assert ("s2", act(4)) in links(duckdb_path)
     missing = rastro("link", "s1", "--from-file", str(tmp_path / "nope"), "--connection", "c1")
     assert_usage_error(missing, "cannot read --from-file", "nope")
+
+
+class EndlessText(io.TextIOBase):
+    """A stdin that never ends: `line` again and again, counting what was read from it."""
+
+    def __init__(self, line: str) -> None:
+        self.line = line
+        self.read_chars = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def _more(self, size: int) -> str:
+        # Past this, the command is reading without bound: stop it here, not at the OOM killer.
+        assert self.read_chars < 64 * FROM_FILE_MAX_CHARS, "read without bound"
+        text = (self.line * (size // len(self.line) + 1))[:size]
+        self.read_chars += len(text)
+        return text
+
+    def read(self, size: int | None = -1) -> str:
+        return self._more(1 << 20 if size is None or size < 0 else size)
+
+    def readline(self, size: int | None = -1) -> str:
+        if size is None or size < 0 or size >= len(self.line):
+            return self._more(len(self.line))
+        return self._more(size)
+
+
+def link_from_stdin(stdin: io.TextIOBase, environ: Mapping[str, str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    ctx = Context(environ=dict(environ), stdin=stdin, stdout=out, stderr=err)
+    code = cli.run(["link", "s1", "--from-file", "-", "--connection", "c1"], ctx)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("line", "fragment"),
+    [(f"{act(1)}\n", "more than 600 ids"), ("\n", "over 262,144 characters"), ("\0", "NUL")],
+)
+def test_an_endless_stdin_is_read_only_so_far_and_links_nothing(
+    rastro_environ, registered, fake_world, duckdb_path, line, fragment
+):
+    before = snapshot(duckdb_path)
+    requests = fake_world.record_requests()
+    endless = EndlessText(line)
+    assert_usage_error(link_from_stdin(endless, rastro_environ), "--from-file '-'", fragment)
+    assert endless.read_chars <= FROM_FILE_MAX_CHARS + FROM_FILE_MAX_LINE_CHARS + 1
+    assert requests == []
+    assert snapshot(duckdb_path) == before
+
+
+def test_a_file_of_nul_bytes_or_one_long_line_is_refused(
+    rastro, registered, fake_world, duckdb_path, tmp_path
+):
+    before = snapshot(duckdb_path)
+    requests = fake_world.record_requests()
+    zeros = tmp_path / "zeros"
+    with zeros.open("wb") as file:  # reads as /dev/zero does, for as far as it goes
+        file.truncate(64 << 20)
+    long_line = tmp_path / "long.txt"
+    long_line.write_text(f"{act(1)}  # {'x' * FROM_FILE_MAX_LINE_CHARS}\n{act(2)}\n")
+    for path, fragment in ((zeros, "NUL bytes"), (long_line, "longer than 512")):
+        line = assert_usage_error(
+            rastro("link", "s1", "--from-file", str(path), "--connection", "c1"), fragment
+        )
+        assert len(line) < 300
+    assert requests == []
+    assert snapshot(duckdb_path) == before
+
+
+def test_a_file_naming_more_than_a_connection_may_link_links_nothing_and_asks_nothing(
+    rastro, registered, fake_world, duckdb_path, tmp_path
+):
+    before = snapshot(duckdb_path)
+    requests = fake_world.record_requests()
+    unknown = tmp_path / "ids.txt"
+    unknown.write_text("".join(f"act_{900_000 + n}\n" for n in range(FROM_FILE_MAX_IDS + 1)))
+    assert_usage_error(
+        rastro("link", "s1", "--from-file", str(unknown), "--connection", "c1"),
+        f"more than {FROM_FILE_MAX_IDS} ids", f"at most {MAX_LINKS_PER_CONNECTION} links",
+    )
+    assert requests == []
+    assert snapshot(duckdb_path) == before
+    # As many as a connection may link, with comments and blank lines, is read in full.
+    within = tmp_path / "within.txt"
+    within.write_text("# ours\n\n" + "".join(f"{act(n)}  # n\n" for n in range(1, 4)) * 150)
+    code, out, err = rastro("link", "s1", "--from-file", str(within), "--connection", "c1")
+    assert (code, err) == (0, "")
+    assert links(duckdb_path) == [("s1", act(1)), ("s1", act(2)), ("s1", act(3))]
 
 
 def test_a_bad_id_among_good_ones_is_refused_alone(rastro, registered, duckdb_path):

@@ -21,10 +21,14 @@ from rastro_assets.defs.cadence.sensors import meta_accounts_sensor, meta_cadenc
 from rastro_assets.defs.keys import (
     ACCOUNT_TAG,
     AD_SPEND_DAILY,
+    BACKFILL_ID_TAG,
     FILL_ACCOUNTS_PER_RUN,
     FILL_ACCOUNTS_TAG,
     FIRST_DATA_TAG,
     MAX_RUNTIME_TAG,
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    SITE_SPEND_DAILY,
     SYNC_KIND_TAG,
     WAVE_TAG,
     fill_key,
@@ -542,3 +546,125 @@ def test_the_cadence_records_every_accounts_health_when_it_changes(instance, ras
     record_ok(warehouse, "act_202", TODAY - timedelta(days=89), TODAY - timedelta(days=60),
               NOW + timedelta(minutes=1))
     assert health_events(tick(NOW + timedelta(minutes=6), later.cursor))
+
+
+def ui_backfill_of_every_partition(instance) -> str:
+    """A requested backfill of every partition of the spend pair, as "Materialize all" on
+    the asset's page makes it."""
+    from rastro_assets.definitions import defs
+    from rastro_assets.defs.dagster_private import PartitionBackfill
+
+    backfill = PartitionBackfill.from_asset_partitions(
+        backfill_id="everything",
+        asset_graph=defs.resolve_asset_graph(),
+        partition_names=None,
+        asset_selection=[AD_SPEND_DAILY, SITE_SPEND_DAILY],
+        backfill_timestamp=NOW.timestamp(),
+        tags={"dagster/from_ui": "true"},
+        dynamic_partitions_store=instance,
+        all_partitions=True,
+        title=None,
+        description=None,
+        run_config=None,
+    )
+    instance.add_backfill(backfill)
+    return backfill.backfill_id
+
+
+def backfill_run(instance, run_id: str, backfill_id: str, account: str, status) -> None:
+    """A run of the backfill over the account's newest 30 days, in `status`."""
+    first, last = TODAY - timedelta(days=29), TODAY
+    instance.add_run(
+        dg.DagsterRun(
+            job_name="__ASSET_JOB",
+            run_id=run_id,
+            tags={
+                BACKFILL_ID_TAG: backfill_id,
+                RANGE_START_TAG: f"{account}|{first}",
+                RANGE_END_TAG: f"{account}|{last}",
+            },
+            status=status,
+            remote_job_origin=_job_origin(),
+        )
+    )
+
+
+def _job_origin():
+    # Dagster stores a queued run only with the code it would load it from (never loaded here).
+    from dagster._core.remote_origin import (
+        InProcessCodeLocationOrigin,
+        RemoteJobOrigin,
+        RemoteRepositoryOrigin,
+    )
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+
+    location = InProcessCodeLocationOrigin(
+        LoadableTargetOrigin(module_name="rastro_assets.definitions")
+    )
+    return RemoteJobOrigin(RemoteRepositoryOrigin(location, "__repository__"), "__ASSET_JOB")
+
+
+def test_a_ui_backfill_of_everything_holds_only_the_accounts_its_runs_hold(
+    instance, rastro, warehouse
+):
+    link(warehouse, "act_303", NOW - timedelta(minutes=1))
+    accounts = ["act_101", "act_202", "act_303"]
+    instance.add_dynamic_partitions(shards.accounts_name(0), accounts)
+    for account in accounts:
+        backfilled(warehouse, account)
+    backfill_id = ui_backfill_of_every_partition(instance)
+    # Dagster queues a backfill's runs all at once; the queue has launched act_202's.
+    backfill_run(instance, "r202", backfill_id, "act_202", dg.DagsterRunStatus.STARTED)
+    backfill_run(instance, "r303", backfill_id, "act_303", dg.DagsterRunStatus.QUEUED)
+
+    [request] = evaluate(meta_cadence_sensor, instance, rastro).run_requests
+    assert request.tags[WAVE_TAG] == "true"
+    syncs = request.run_config["ops"]["sync_wave"]["config"]["syncs"]
+    assert [(s["ad_account_id"], s["kind"]) for s in syncs] == [
+        ("act_101", "live"),
+        ("act_303", "live"),
+    ]
+
+    # A move still waits for every account the backfill targets, reached or not.
+    from rastro_assets.instance.accounts import busy
+
+    assert busy(instance) == {"act_101", "act_202", "act_303"}
+
+
+def test_a_run_over_one_date_of_many_accounts_holds_each_of_them(instance):
+    from rastro_assets.defs.cadence.busy import busy_accounts
+
+    instance.add_dynamic_partitions(shards.accounts_name(0), ["act_1", "act_2", "act_3", "act_4"])
+    instance.add_run(
+        dg.DagsterRun(
+            job_name="__ASSET_JOB",
+            run_id="r",
+            tags={
+                BACKFILL_ID_TAG: "b",
+                RANGE_START_TAG: f"act_1|{TODAY}",
+                RANGE_END_TAG: f"act_3|{TODAY}",
+            },
+            status=dg.DagsterRunStatus.STARTED,
+        )
+    )
+    assert busy_accounts(instance) == ({"act_1", "act_2", "act_3"}, False)
+
+
+def test_of_queued_runs_only_the_cadences_own_hold_their_accounts(instance):
+    from rastro_assets.defs.cadence.busy import busy_accounts, move_blockers
+
+    syncs = [{"ad_account_id": "act_1", "kind": "backfill", "since": "2026-11-01",
+              "until": "2026-11-30"}]
+    for run_id, tags, run_config in (
+        ("first-data", {WAVE_TAG: "true", FIRST_DATA_TAG: "1"},
+         {"ops": {"sync_wave": {"config": {"syncs": syncs}}}}),
+        ("by hand", {ACCOUNT_TAG: "act_2"}, None),
+    ):
+        instance.add_run(
+            dg.DagsterRun(
+                job_name="j", run_id=run_id, tags=tags, run_config=run_config,
+                status=dg.DagsterRunStatus.QUEUED, remote_job_origin=_job_origin(),
+            )
+        )
+    assert busy_accounts(instance) == ({"act_1"}, False)
+    assert move_blockers(instance) == {"act_1", "act_2"}

@@ -9,7 +9,7 @@ import dagster as dg
 import pytest
 
 from rastro_assets import shards
-from rastro_assets.defs.keys import ACCOUNT_TAG
+from rastro_assets.defs.keys import ACCOUNT_TAG, FIRST_DATA_TAG, PRIORITY_TAG, WAVE_TAG
 from rastro_assets.defs.partitions import spend_partition_key, spend_shard
 from rastro_assets.defs.spend.assets import build_meta_spend
 from rastro_assets.defs.spend.checks import build_sum_check
@@ -360,3 +360,35 @@ def test_the_queue_tags_each_range_run_of_a_shared_backfill_with_its_account(tmp
             str(range_priority(queued["act_1"].tags, today))
         }
         assert {run.status for run in queued.values()} == {dg.DagsterRunStatus.QUEUED}
+
+
+def test_the_queue_starts_the_cadences_runs_before_any_backfills(tmp_path):
+    overrides = {
+        "run_coordinator": {
+            "module": "rastro_assets.instance.run_queue",
+            "class": "AccountRunCoordinator",
+        }
+    }
+    with dg.instance_for_test(temp_dir=str(tmp_path), overrides=overrides) as instance:
+        priorities = {}
+        for name, tags in (
+            ("wave", {WAVE_TAG: "true"}),
+            ("first-data", {FIRST_DATA_TAG: "3"}),
+            ("newest block", {
+                "dagster/asset_partition_range_start": f"act_1|{datetime.now(UTC).date()}",
+                "dagster/asset_partition_range_end": f"act_1|{datetime.now(UTC).date()}",
+            }),
+            ("by hand", {}),
+        ):
+            run_id = str(uuid.uuid4())
+            instance.add_run(
+                dg.DagsterRun(
+                    job_name="__ASSET_JOB", run_id=run_id, status=dg.DagsterRunStatus.NOT_STARTED,
+                    remote_job_origin=_origin(), tags=tags,
+                )
+            )
+            instance.run_coordinator.submit_run(
+                dg.SubmitRunContext(instance.get_run_by_id(run_id), workspace=None)
+            )
+            priorities[name] = int(instance.get_run_by_id(run_id).tags.get(PRIORITY_TAG, "0"))
+        assert priorities == {"wave": 1, "first-data": 1, "newest block": 0, "by hand": 0}

@@ -7,7 +7,9 @@ import stat
 from datetime import timedelta
 from pathlib import Path
 
-from rastro_assets.defs.keys import AD_SPEND_DAILY
+import dagster as dg
+
+from rastro_assets.defs.keys import AD_SPEND_DAILY, BACKFILL_ID_TAG, RANGE_END_TAG, RANGE_START_TAG
 from rastro_assets.defs.sum_check import failing_sum_check_partitions, sum_check_evaluations
 from rastro_assets.planner.runs import runs_by_account
 from rastro_assets.warehouse.run_history import sync_run_rows
@@ -242,3 +244,27 @@ def test_the_wal_is_private_under_umask_000_while_a_wave_holds_the_file(
         os.umask(previous)
     assert result.success
     assert observed.modes and set(observed.modes) == {0o600}, observed.modes
+
+
+def test_a_wave_leaves_out_an_account_another_run_holds_since_it_was_asked_for(
+    instance, rastro, warehouse, linked_world
+):
+    """The queue launched a backfill's run of act_202 while the wave waited: syncing it now
+    would make the writer refuse that run's writes, so the wave reads only act_101."""
+    instance.add_run(
+        dg.DagsterRun(
+            job_name="__ASSET_JOB",
+            run_id="backfill-run",
+            tags={
+                BACKFILL_ID_TAG: "b",
+                RANGE_START_TAG: f"act_202|{TODAY - timedelta(days=29)}",
+                RANGE_END_TAG: f"act_202|{TODAY}",
+            },
+            status=dg.DagsterRunStatus.STARTED,
+        )
+    )
+    result = run_wave(instance, rastro, [live("act_101"), live("act_202")])
+    assert result.success
+    assert {partition.split("|")[0] for partition in spend_materializations(result)} == {"act_101"}
+    with warehouse.connect() as con:
+        assert set(runs_by_account(sync_run_rows(con))) == {"act_101"}

@@ -43,6 +43,8 @@ import yaml
 from dagster._core.execution.backfill import PartitionBackfill
 
 from rastro_assets import shards
+from rastro_assets.definitions import defs
+from rastro_assets.defs.cadence.sensors import meta_cadence_sensor
 from rastro_assets.defs.keys import (
     ACCOUNT_TAG,
     AD_SPEND_DAILY,
@@ -65,7 +67,8 @@ from rastro_assets_tests.e2e.daemon_harness import (
     linked_warehouse,
     wait_for,
 )
-from rastro_assets_tests.e2e.webserver_harness import graphql, webserver
+from rastro_assets_tests.e2e.webserver_harness import LOCATION, graphql, webserver
+from rastro_assets_tests.pinned import pinned
 from rastro_assets_tests.truth import assert_equals_truth, truth_rows
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
 from rastro_fake_graph.server import serve
@@ -137,14 +140,16 @@ def dialog_backfill_params(loaded: dict, keys: list[str]) -> dict:
 
 
 def link_live_accounts(
-    directory: Path, home: Path, now: datetime, accounts: dict[str, tuple[str, str]] = ACCOUNTS
+    directory: Path,
+    home: Path,
+    now: datetime,
+    accounts: dict[str, tuple[str, str]] = ACCOUNTS,
+    read_ago: timedelta = timedelta(minutes=1),
 ):
     """The `accounts` linked to site `s1` in a new warehouse and added to the instance's
-    account partitions, as `rastro link` does; each with its 90-day backfill done a minute
-    ago, which counts as its live, daily and weekly reads: the cadence owes none a read for
-    45 minutes, but a daily whose local 04:00 falls within the test. That one waits for the
-    backfill (its accounts are busy while it is requested) and would start after the
-    Meta calls are counted."""
+    account partitions, as `rastro link` does; each with its 90-day backfill done `read_ago`
+    before `now`, which counts as its live, daily and weekly reads: a minute ago, the cadence
+    owes none a read for 45 minutes, but a daily whose local 04:00 falls within the test."""
     warehouse, snapshot_path = linked_warehouse(directory, [], "UTC", "USD")
     with warehouse.connect() as con:
         for account, (timezone, currency) in accounts.items():
@@ -154,12 +159,60 @@ def link_live_accounts(
             today = local_date(now, timezone)
             record_sync_run(
                 con, "linked-earlier", account, "backfill", today - timedelta(days=89), today,
-                now - timedelta(minutes=1), catalog=True,
+                now - read_ago, catalog=True,
             )
     with dg.DagsterInstance.from_config(str(home)) as instance:
         add_account_partitions(instance, dict.fromkeys(accounts, 0))
         assert instance.get_dynamic_partitions(shards.accounts_name(0)) == list(accounts)
     return warehouse, snapshot_path
+
+
+def product_env(
+    home: Path, secrets_key: str, warehouse: Warehouse, snapshot_path: Path, graph_url: str
+) -> dict[str, str]:
+    """The environment of the webserver and the daemon: this one's but any `RASTRO_*`, and
+    the instance, the key, the files and the fake Graph of the test."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RASTRO_")}
+    env.update(
+        {
+            "DAGSTER_HOME": str(home),
+            # docs/running.md, "Planned events": set on every install.
+            "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "true",
+            "RASTRO_SECRETS_KEY": secrets_key,
+            "RASTRO_DUCKDB_PATH": str(warehouse.path),
+            "RASTRO_ANALYTICS_PATH": str(snapshot_path),
+            "RASTRO_META_GRAPH_URL": graph_url,
+        }
+    )
+    return env
+
+
+def stop_sensor(url: str, name: str) -> None:
+    """Turn the sensor off as its page's toggle does.
+
+    The tests that count a backfill's Meta calls stop the cadence: its live and daily
+    waves go on beside a backfill, and a daily whose local 04:00 falls within the test
+    would read an account once more."""
+    found = graphql(
+        url,
+        """query Sensor($selector: SensorSelector!) {
+             sensorOrError(sensorSelector: $selector) { __typename ... on Sensor { id } } }""",
+        {
+            "selector": {
+                "repositoryLocationName": LOCATION,
+                "repositoryName": "__repository__",
+                "sensorName": name,
+            }
+        },
+    )["sensorOrError"]
+    assert found["__typename"] == "Sensor", found
+    stopped = graphql(
+        url,
+        """mutation Stop($id: String!) { stopSensor(id: $id) { __typename
+             ... on StopSensorMutationResult { instigationState { status } } } }""",
+        {"id": found["id"]},
+    )["stopSensor"]
+    assert stopped.get("instigationState") == {"status": "STOPPED"}, stopped
 
 
 def backfill_status(home: Path, backfill_id: str) -> str | None:
@@ -201,22 +254,12 @@ def ui_backfill(
     warehouse, snapshot_path = link_live_accounts(tmp_path, home, now, accounts)
 
     with serve(world) as graph:
-        env = {key: value for key, value in os.environ.items() if not key.startswith("RASTRO_")}
-        env.update(
-            {
-                "DAGSTER_HOME": str(home),
-                # docs/running.md, "Planned events": set on every install.
-                "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "true",
-                "RASTRO_SECRETS_KEY": secrets_key,
-                "RASTRO_DUCKDB_PATH": str(warehouse.path),
-                "RASTRO_ANALYTICS_PATH": str(snapshot_path),
-                "RASTRO_META_GRAPH_URL": graph.base_url,
-            }
-        )
+        env = product_env(home, secrets_key, warehouse, snapshot_path, graph.base_url)
         daemon = Daemon(env, tmp_path / "daemon.log")
         try:
             with webserver(env, tmp_path / "webserver.log") as url:
                 webserver_up = time.monotonic()
+                stop_sensor(url, "meta_cadence")
                 operations = ui_operations()
                 loaded = graphql(
                     url,
@@ -409,3 +452,87 @@ def test_a_ui_backfill_of_the_newest_date_records_the_days_not_begun_unread(tmp_
             " WHERE kind = 'manual' ORDER BY ad_account_id"
         ).fetchall()
     assert synced == [(account, newest, newest, "ok") for account in sorted(begun)]
+
+
+def test_live_syncs_go_on_beside_a_ui_backfill_of_every_partition(
+    tmp_path, secrets_key, monkeypatch
+):
+    """A backfill of every partition of `ad_spend_daily`, launched through the webserver's
+    GraphQL as "Materialize all" sends it, and the queue has launched one of its runs (act_101's
+    newest 30 days). The cadence's tick on that instance still asks for a live wave of every
+    other account, each due for 45 minutes, and the wave reads them: only the account its
+    own run holds waits."""
+    now = datetime.now(UTC)
+    world = FakeWorld(clock=MutableClock(now), seed=43)
+    for account, (timezone, currency) in ACCOUNTS.items():
+        world.add_account(account, timezone=timezone, currency=currency, n_ads=3, token=TOKEN)
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(yaml.safe_dump(instance_yaml(home)))
+    warehouse, snapshot_path = link_live_accounts(tmp_path, home, now, read_ago=timedelta(hours=1))
+
+    with serve(world) as graph:
+        env = product_env(home, secrets_key, warehouse, snapshot_path, graph.base_url)
+        with webserver(env, tmp_path / "webserver.log") as url:
+            params = {
+                "tags": [FROM_UI],
+                "assetSelection": [{"path": AD_SPEND_DAILY.path}],
+                "allPartitions": True,
+                "fromFailure": False,
+            }
+            answer = graphql(
+                url, ui_operations()["LaunchPartitionBackfill"], {"backfillParams": params}
+            )["launchPartitionBackfill"]
+        assert "backfillId" in answer, answer
+        for key in ("RASTRO_DUCKDB_PATH", "RASTRO_ANALYTICS_PATH", "RASTRO_META_GRAPH_URL"):
+            monkeypatch.setenv(key, env[key])
+
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            backfill = instance.get_backfill(answer["backfillId"])
+            assert backfill.status.value == "REQUESTED"
+            target = backfill.asset_backfill_data.target_subset
+            every = date_partitions.get_partition_keys()
+            assert len(target.get_partitions_subset(AD_SPEND_DAILY)) == len(ACCOUNTS) * len(every)
+            first, last = every[-MAX_DAYS_PER_RUN], every[-1]
+            instance.add_run(
+                dg.DagsterRun(
+                    job_name="__ASSET_JOB",
+                    run_id="act_101-newest",
+                    tags={
+                        BACKFILL_ID_TAG: backfill.backfill_id,
+                        RANGE_START_TAG: f"act_101|{first}",
+                        RANGE_END_TAG: f"act_101|{last}",
+                        ACCOUNT_TAG: "act_101",
+                    },
+                    status=dg.DagsterRunStatus.STARTED,
+                )
+            )
+
+            context = dg.build_sensor_context(
+                instance=instance, definitions=defs, resources={"rastro": pinned(now)}
+            )
+            result = meta_cadence_sensor(context)
+            [wave] = result.run_requests
+            syncs = wave.run_config["ops"]["sync_wave"]["config"]["syncs"]
+            assert {(s["ad_account_id"], s["kind"]) for s in syncs} == {
+                (account, "live") for account in ACCOUNTS if account != "act_101"
+            }
+
+            done = defs.get_job_def(wave.job_name).execute_in_process(
+                run_config=wave.run_config,
+                instance=instance,
+                resources={"rastro": pinned(now)},
+                tags=wave.tags,
+            )
+            assert done.success
+
+    with warehouse.connect(read_only=True) as con:
+        for sync in syncs:
+            since, until = date.fromisoformat(sync["since"]), date.fromisoformat(sync["until"])
+            assert_equals_truth(con, world, sync["ad_account_id"], since, until)
+        assert_site_spend_exact(con)
+        live = con.execute(
+            "SELECT ad_account_id FROM meta_sync_runs WHERE kind = 'live' AND outcome = 'ok'"
+            " ORDER BY ad_account_id"
+        ).fetchall()
+    assert live == [(account,) for account in sorted(ACCOUNTS) if account != "act_101"]

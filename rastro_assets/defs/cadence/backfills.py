@@ -134,15 +134,6 @@ def first_data_requests(reads: Sequence[FirstData], now: datetime) -> list[dg.Ru
     return requests
 
 
-def first_data_accounts(run_config: Mapping) -> set[str]:
-    """The accounts a first-data run (or any `meta_sync_wave` run) reads, from its config."""
-    try:
-        syncs = run_config["ops"]["sync_wave"]["config"]["syncs"]
-        return {str(sync["ad_account_id"]) for sync in syncs}
-    except (KeyError, TypeError):
-        return set()
-
-
 def fill_request(fills: Sequence[Fill], shard: int) -> dg.RunRequest:
     """One partition backfill of the shard's `spend_backfill` over the fills' accounts.
 

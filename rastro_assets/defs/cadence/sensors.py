@@ -28,7 +28,7 @@ from rastro_assets.defs.cadence.backfills import (
     shard_partition_changes,
     startable_fill,
 )
-from rastro_assets.defs.cadence.busy import busy_accounts
+from rastro_assets.defs.cadence.busy import in_flight
 from rastro_assets.defs.cadence.health import (
     health_due,
     health_materialization,
@@ -111,7 +111,7 @@ def _meta_accounts_tick(
     notes = partition_change_notes(changes, accounts)
     for note in notes:
         context.log.info(note)
-    busy, _ = busy_accounts(context.instance)
+    busy = in_flight(context.instance).no_fill
     fills, waiting = [], []
     shard_of = shard_store.shard_of(accounts)
     for account in accounts:
@@ -223,8 +223,8 @@ def build_meta_cadence_sensor(shard_count: int) -> dg.SensorDefinition:
 def _meta_cadence_tick(
     context: dg.SensorEvaluationContext, rastro: RastroResource, shard_count: int
 ):
-    busy, wave_in_flight = busy_accounts(context.instance)
-    if wave_in_flight:
+    busy = in_flight(context.instance)
+    if busy.wave:
         return dg.SkipReason("the previous wave is still running")
     try:
         accounts = load_accounts(rastro)
@@ -235,7 +235,7 @@ def _meta_cadence_tick(
     statuses = {}
     for account in accounts:
         plan, statuses[plan.ad_account_id] = cadence.plan_and_status(account.state, now)
-        if isinstance(found := startable_fill(account, plan, busy, now, shard_count), Fill):
+        if isinstance(found := startable_fill(account, plan, busy.no_fill, now, shard_count), Fill):
             fills.append(found)
         if account.shard >= shard_count:
             skipped["outside the configured shards"] = (
@@ -243,7 +243,7 @@ def _meta_cadence_tick(
             )
         elif plan.kind not in WAVE_KINDS:
             skipped[plan.kind] = skipped.get(plan.kind, 0) + 1
-        elif plan.ad_account_id in busy:
+        elif plan.ad_account_id in busy.held:
             skipped["busy"] = skipped.get("busy", 0) + 1
         elif plan.is_due(now):
             due.append(plan)

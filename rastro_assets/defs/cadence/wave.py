@@ -21,6 +21,7 @@ from datetime import date, datetime
 import dagster as dg
 
 from rastro_assets.accounts import normalize_account_id
+from rastro_assets.defs.cadence.busy import busy_accounts
 from rastro_assets.defs.dagster_private import log_materialization_batches
 from rastro_assets.defs.keys import MAX_RUNTIME_TAG, WAVE_TAG
 from rastro_assets.defs.metadata import (
@@ -162,7 +163,7 @@ def _first_wave_of_block(outcome: SyncOutcome) -> bool:
     pool="meta_api",
 )
 def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: RastroResource):
-    requests = _requests(context, config, rastro)
+    requests = _not_held(context, _requests(context, config, rastro))
     wave = rastro.syncer().sync_wave(
         requests, synced_at=rastro.run_started_at(context), concurrency=WAVE_CONCURRENCY
     )
@@ -187,6 +188,21 @@ def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: Rastro
     publish_after_writes(context, rastro)
     if outcomes and tally.failed == len(outcomes):
         raise dg.Failure(description=f"every account of the wave failed ({tally.failed})")
+
+
+def _not_held(context: dg.OpExecutionContext, requests: list[SyncRequest]) -> list[SyncRequest]:
+    """The requests whose account no other run holds now.
+
+    The accounts were chosen when the run was asked for, and a wave may wait in the queue
+    behind a backfill's runs while the queue launches some of them. A sync started now would
+    be the later one, so the spend writer would refuse the backfill run's writes and fail its
+    partitions: the wave leaves that account to the planner's next tick instead.
+    """
+    held, _ = busy_accounts(context.instance, besides=context.run_id)
+    for request in requests:
+        if request.ad_account_id in held:
+            context.log.warning(f"{request.ad_account_id}: skipped: another run holds it now")
+    return [request for request in requests if request.ad_account_id not in held]
 
 
 def _requests(
