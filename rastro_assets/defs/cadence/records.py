@@ -102,13 +102,21 @@ class MissingRecords:
         return {account: len(each) for account, each in days.items()}
 
 
+WRITING_STATUSES = [
+    *(status for status in IN_FLIGHT_STATUSES if status != dg.DagsterRunStatus.QUEUED),
+    dg.DagsterRunStatus.CANCELING,
+]
+"""Runs that may be writing. A queued run has written nothing yet, and a UI backfill queues
+thousands: they are never read."""
+
+
 def runs_in_flight(instance: dg.DagsterInstance, now_seconds: float | None = None) -> set[str]:
-    """The runs that may still write and record: queued or going, and younger than their
-    maximum runtime (a killed worker leaves its run `STARTED` until run monitoring fails it,
-    as `cadence.busy` reads it too)."""
+    """The runs that may still write and record: started and younger than their maximum
+    runtime (a killed worker leaves its run `STARTED` until run monitoring fails it, as
+    `cadence.busy` reads it too)."""
     now_seconds = time.time() if now_seconds is None else now_seconds
     going = set()
-    for record in instance.get_run_records(filters=dg.RunsFilter(statuses=IN_FLIGHT_STATUSES)):
+    for record in instance.get_run_records(filters=dg.RunsFilter(statuses=WRITING_STATUSES)):
         limit = float(record.dagster_run.tags.get(MAX_RUNTIME_TAG) or DEFAULT_MAX_RUNTIME_SECONDS)
         if record.start_time is None or now_seconds - record.start_time <= limit:
             going.add(record.dagster_run.run_id)
