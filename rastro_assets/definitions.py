@@ -10,6 +10,7 @@ from rastro_assets.defs.analytics import (
 )
 from rastro_assets.defs.cadence.health import meta_account_health
 from rastro_assets.defs.cadence.incidents import meta_incidents_sensor, no_open_incidents
+from rastro_assets.defs.cadence.recorder import build_meta_records_sensor, meta_records_sensor
 from rastro_assets.defs.cadence.sensors import (
     build_meta_accounts_sensor,
     build_meta_cadence_sensor,
@@ -41,7 +42,7 @@ def build_defs(shard_count: int = SHARD_COUNT) -> dg.Definitions:
         checks = [site_spend_equals_ad_sums, accounts_fresh]
         catalog = [ad_catalog, ad_thumbnails]
         snapshot = analytics_snapshot
-        sensors = [meta_accounts_sensor, meta_cadence_sensor]
+        sensors = [meta_accounts_sensor, meta_cadence_sensor, meta_records_sensor]
     else:
         spend = [build_meta_spend(shard, shard_count) for shard in range(shard_count)]
         checks = [
@@ -56,7 +57,11 @@ def build_defs(shard_count: int = SHARD_COUNT) -> dg.Definitions:
                 deps=[*spend_keys, AD_CATALOG, AD_THUMBNAILS]
             )
         )
-        sensors = [build_meta_accounts_sensor(shard_count), build_meta_cadence_sensor(shard_count)]
+        sensors = [
+            build_meta_accounts_sensor(shard_count),
+            build_meta_cadence_sensor(shard_count),
+            build_meta_records_sensor(shard_count),
+        ]
     return dg.Definitions(
         assets=[*spend, *fills, *catalog, snapshot, *external_specs, meta_account_health],
         asset_checks=[*checks, no_open_incidents],

@@ -39,6 +39,7 @@ class IncidentKind(StrEnum):
     DAEMON = "daemon"
     CHANNELS = "channels"
     SETTINGS = "settings"
+    UNRECORDED = "unrecorded"
 
 
 # What only the daemon sees (Dagster's runs and ticks, the values its code location loaded

@@ -1,10 +1,13 @@
 """`rastro status --check`: whether anything needs a person, for machines.
 
 Exit 0 when nothing does, 1 with one line per open incident, 2 when it cannot tell (no
-warehouse, an unreadable one, a bad setting). It asks the warehouse the daemon's questions
-itself (`alerts.incidents`), so it is right when the daemon is down, and takes from the
-daemon's stored incidents only what the daemon alone sees (Dagster's runs and sensors);
-the daemon's last check, when it is too old, is an incident of its own.
+warehouse, an unreadable one, a bad setting, no Dagster instance). It asks the warehouse the
+daemon's questions itself (`alerts.incidents`), so it is right when the daemon is down, and
+takes from the daemon's stored incidents only what the daemon alone sees (Dagster's runs and
+sensors); the daemon's last check, when it is too old, is an incident of its own. It compares
+the warehouse with the instance at DAGSTER_HOME itself too: account-days stored from a
+complete read that the spend assets do not show as materialized are the `unrecorded`
+incident.
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ import os
 
 from rastro_assets.alerts import incidents as found
 from rastro_assets.alerts.channels import channels_from_env
-from rastro_assets.alerts.incidents import DAEMON_KINDS, Incident, IncidentKind
+from rastro_assets.alerts.incidents import DAEMON_KINDS, MAX_NAMED, Incident, IncidentKind
 from rastro_assets.alerts.look import warehouse_incidents
 from rastro_assets.analytics.publish import Publisher
 from rastro_assets.cli.context import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Context
 from rastro_assets.settings import AlertThresholds, SettingsError
 from rastro_assets.warehouse import incidents as store
 from rastro_assets.warehouse.connection import WarehouseError, WarehouseLocked
+from rastro_assets.words import counted
 
 EXIT_CANNOT_TELL = EXIT_USAGE
 CHECK_LOCK_WAIT_SECONDS = 10.0
@@ -78,7 +82,51 @@ def open_incidents(ctx: Context) -> tuple[list[Incident], int]:
     )
     incidents += [item for item in checks if item is not None]
     incidents += [_from_store(item) for item in stored if item.kind in DAEMON_KINDS]
+    unrecorded = _unrecorded_incident(ctx, warehouse, now)
+    if unrecorded is not None:
+        incidents.append(unrecorded)
     return sorted(incidents, key=lambda incident: incident.key), accounts
+
+
+def _unrecorded_incident(ctx: Context, warehouse, now) -> Incident | None:
+    """Account-days the warehouse holds that the instance at DAGSTER_HOME does not record."""
+    home = ctx.environ.get("DAGSTER_HOME")
+    if not home:
+        raise CannotTell(
+            "DAGSTER_HOME is not set: whether Dagster records every account-day the warehouse "
+            "holds needs the daemon's instance (set DAGSTER_HOME as the daemon has it)"
+        )
+    if not os.path.isdir(home):
+        raise CannotTell(f"DAGSTER_HOME names no directory: {os.path.abspath(home)}")
+    try:
+        # Imported here: it loads Dagster, which no other part of the check needs.
+        from rastro_assets.instance.records import unrecorded_at
+
+        found = unrecorded_at(home, warehouse, now)
+    except WarehouseLocked as exc:
+        raise CannotTell(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - any failure to read the instance: cannot tell
+        raise CannotTell(
+            f"the Dagster instance at {os.path.abspath(home)} cannot be read: "
+            f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        ) from None
+    if not found.days:
+        return None
+    accounts = tuple(sorted(found.days))
+    named = ", ".join(f"{account} ({found.days[account]})" for account in accounts[:MAX_NAMED])
+    more = f" and {len(accounts) - MAX_NAMED} more" if len(accounts) > MAX_NAMED else ""
+    return Incident(
+        key=str(IncidentKind.UNRECORDED),
+        kind=IncidentKind.UNRECORDED,
+        summary=f"{counted(found.total_days, 'account-day')} the warehouse holds from a "
+        f"complete read {'is' if found.total_days == 1 else 'are'} not recorded as "
+        f"materialized in Dagster, of {counted(len(accounts), 'account')}: {named}{more}",
+        detail="\n".join(f"{account}: {found.days[account]}" for account in accounts),
+        fix="the meta_records sensor records them from the warehouse, without reading Meta: "
+        "check that it runs and its ticks succeed "
+        '(docs/cadence.md, "When a run dies before recording")',
+        accounts=accounts,
+    )
 
 
 def _from_store(stored: store.StoredIncident) -> Incident:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 
+import dagster as dg
 import pytest
 
 from rastro_assets.analytics.publish import Publisher
@@ -23,6 +26,40 @@ TODAY = date(2026, 11, 30)
 @pytest.fixture
 def now() -> datetime:
     return NOW
+
+
+DAYS = [TODAY - timedelta(days=back) for back in range(89, -1, -1)]
+
+
+def record_days(instance: dg.DagsterInstance, days) -> None:
+    """act_1's days in both spend assets, as its runs record them."""
+    for day in days:
+        for asset in ("ad_spend_daily", "site_spend_daily"):
+            instance.report_runless_asset_event(
+                dg.AssetMaterialization(asset_key=asset, partition=f"act_1|{day}")
+            )
+
+
+@pytest.fixture(scope="module")
+def recorded_home(tmp_path_factory) -> Path:
+    """A Dagster home whose spend assets record every day `healthy` holds of act_1."""
+    home = tmp_path_factory.mktemp("recorded_home")
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.add_dynamic_partitions("meta_ad_account", ["act_1"])
+        record_days(instance, DAYS)
+    return home
+
+
+@pytest.fixture
+def dagster_home(recorded_home, tmp_path) -> Path:
+    home = tmp_path / "dagster_home"
+    shutil.copytree(recorded_home, home)
+    return home
+
+
+@pytest.fixture
+def rastro_environ(duckdb_path, dagster_home) -> dict[str, str]:
+    return {"RASTRO_DUCKDB_PATH": str(duckdb_path), "DAGSTER_HOME": str(dagster_home)}
 
 
 @pytest.fixture
@@ -156,3 +193,65 @@ def test_a_change_made_just_now_after_a_quiet_spell_is_not_a_late_snapshot(rastr
     code, out, _ = rastro("status", "--check")
     assert code == 1
     assert out.startswith("snapshot: the analytics snapshot is behind the warehouse by 1 h")
+
+
+def test_exit_2_without_the_dagster_instance_it_compares_the_warehouse_with(
+    rastro, healthy, tmp_path
+):
+    code, out, err = rastro("status", "--check", environ={"DAGSTER_HOME": ""})
+    assert (code, out) == (2, "")
+    assert err.startswith("rastro: error: cannot tell: DAGSTER_HOME is not set")
+    assert len(err.splitlines()) == 1
+    missing = tmp_path / "nowhere"
+    code, out, err = rastro("status", "--check", environ={"DAGSTER_HOME": str(missing)})
+    assert (code, out) == (2, "")
+    assert err.strip() == f"rastro: error: cannot tell: DAGSTER_HOME names no directory: {missing}"
+    assert not missing.exists()
+
+
+def test_stored_days_dagster_does_not_record_are_open_until_recorded(
+    rastro, healthy, tmp_path, monkeypatch, duckdb_path, dagster_home
+):
+    home = tmp_path / "empty_home"
+    home.mkdir()
+    environ = {"DAGSTER_HOME": str(home)}
+    # An instance that holds no partition of act_1, then one that holds it unrecorded.
+    for placed in (False, True):
+        if placed:
+            with dg.DagsterInstance.from_config(str(home)) as instance:
+                instance.add_dynamic_partitions("meta_ad_account", ["act_1"])
+        code, out, err = rastro("status", "--check", environ=environ)
+        assert (code, err) == (1, "")
+        assert out.startswith(
+            "unrecorded: 90 account-days the warehouse holds from a complete read are not "
+            "recorded as materialized in Dagster, of 1 account: act_1 (90); "
+            "the meta_records sensor records them"
+        ), out
+        code, out, _ = rastro("status", "--check", "--json", environ=environ)
+        [incident] = json.loads(out)
+        assert (incident["kind"], incident["accounts"]) == ("unrecorded", ["act_1"])
+
+    # Every day recorded but one read since, first stored less than an hour ago: it waits
+    # for the sensor's next ticks, and is an incident once it has waited an hour.
+    environ = {"DAGSTER_HOME": str(dagster_home)}
+    extra = TODAY - timedelta(days=95)
+    with healthy.connect() as con:
+        record_sync_run(con, "manual", "act_1", "manual", extra, extra, NOW - timedelta(minutes=9))
+    code, out, _ = rastro("status", "--check", environ=environ)
+    assert (code, out) == (0, "ok: 1 linked account, no open incidents\n")
+    with healthy.connect() as con:
+        con.execute("UPDATE meta_sync_runs SET finished_at = ? WHERE run_id = 'manual'",
+                    [NOW - timedelta(minutes=61)])
+    code, out, _ = rastro("status", "--check", environ=environ)
+    assert code == 1 and out.startswith("unrecorded: 1 account-day the warehouse holds"), out
+
+    from rastro_assets.defs.cadence.recorder import meta_records_sensor
+    from rastro_assets_tests.pinned import pinned
+
+    monkeypatch.setenv("RASTRO_DUCKDB_PATH", str(duckdb_path))
+    with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+        context = dg.build_sensor_context(instance=instance, resources={"rastro": pinned(NOW)})
+        for event in meta_records_sensor(context).asset_events:
+            instance.report_runless_asset_event(event)
+    code, out, _ = rastro("status", "--check", environ=environ)
+    assert (code, out) == (0, "ok: 1 linked account, no open incidents\n")

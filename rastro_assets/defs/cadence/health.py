@@ -5,7 +5,10 @@ progress and last error, one row per account, as the latest materialization
 of an asset of its own. The cadence sensor records it (it already plans every
 account each tick) as a reported materialization, so the asset's overview
 shows when it was last refreshed; a run of the asset (Materialize in the UI, or
-the `meta_account_health_refresh` job) computes the same table at once. Each
+the `meta_account_health_refresh` job) computes the same table at once. Its
+`unrecorded` entry counts the account-days the warehouse holds from a complete read that
+Dagster does not show as materialized: as `meta_records` last found them when the sensor
+records it, counted at once by a run. Each
 recording is a stored event, so the sensor writes one when an account's state,
 backfill progress or error changes, and at most every `HEALTH_REFRESH_MINUTES`
 otherwise.
@@ -24,12 +27,14 @@ from datetime import datetime, timedelta
 import dagster as dg
 
 from rastro_assets.defs.account_health import MAX_HEALTH_ROWS, freshness, narrow_health_table
+from rastro_assets.defs.cadence.records import UNRECORDED, stored_not_recorded
 from rastro_assets.defs.keys import META_ACCOUNT_HEALTH
 from rastro_assets.defs.partitions import SHARD_COUNT
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.planner.cadence import AccountStatus
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.warehouse import shard_store
+from rastro_assets.words import counted
 
 HEALTH_REFRESH_MINUTES = 30
 HEALTH_JOB = "meta_account_health_refresh"
@@ -44,7 +49,9 @@ meta_account_health_description = (
     "same as `rastro status` (the accounts_fresh check's table adds Meta's usage). The table "
     "is the `health` row under Metadata. The meta_cadence sensor keeps it fresh: it records "
     "a materialization whenever an account's state, progress or error changes, and every "
-    f"{HEALTH_REFRESH_MINUTES} minutes (see Automation). Materialize computes it at once."
+    f"{HEALTH_REFRESH_MINUTES} minutes (see Automation). Materialize computes it at once. "
+    "`unrecorded` counts the account-days the warehouse holds from a complete read that the "
+    "spend assets do not show as materialized yet (meta_records records them)."
 )
 
 
@@ -53,11 +60,14 @@ def health_metadata(
     now: datetime,
     shard_count: int = 1,
     statuses: Mapping[str, AccountStatus] | None = None,
+    unrecorded: int | None = None,
 ) -> tuple[dict, str, str]:
     """Every account's health as metadata, a one-line summary, and the signature of what
     it says. Keys are short: the overview's key column is as wide as the longest.
 
     `statuses`: each account's `cadence.status` at `now`, when the caller has them.
+    `unrecorded`: the account-days the warehouse holds that Dagster does not record as
+    materialized (`records`), when known.
     """
     rows = freshness(accounts, now, statuses).rows
     if shard_count > 1:
@@ -74,10 +84,14 @@ def health_metadata(
         "health": narrow_health_table(shown, with_shard=shard_count > 1),
         "not_shown": len(rows) - len(shown),
     }
-    signature = hashlib.sha256(
-        json.dumps([[row[field] for field in SIGNATURE_FIELDS] for row in rows]).encode()
-    ).hexdigest()[:16]
+    said = [[row[field] for field in SIGNATURE_FIELDS] for row in rows]
     line = f"{len(rows)} accounts: {summary}" if rows else "no linked accounts"
+    if unrecorded is not None:
+        metadata[UNRECORDED] = unrecorded
+        said.append(unrecorded)
+        if unrecorded:
+            line += f"; {counted(unrecorded, 'stored account-day')} not recorded in Dagster yet"
+    signature = hashlib.sha256(json.dumps(said).encode()).hexdigest()[:16]
     return metadata, line, signature
 
 
@@ -86,9 +100,12 @@ def health_materialization(
     now: datetime,
     shard_count: int = 1,
     statuses: Mapping[str, AccountStatus] | None = None,
+    unrecorded: int | None = None,
 ) -> tuple[dg.AssetMaterialization, str]:
     """The sensor's recording of every account's health, and the signature of what it says."""
-    metadata, line, signature = health_metadata(accounts, now, shard_count, statuses)
+    metadata, line, signature = health_metadata(
+        accounts, now, shard_count, statuses, unrecorded
+    )
     return (
         dg.AssetMaterialization(asset_key=META_ACCOUNT_HEALTH, description=line, metadata=metadata),
         signature,
@@ -117,10 +134,14 @@ def health_due(before: dict, signature: str, now: datetime) -> bool:
 def meta_account_health(
     context: dg.AssetExecutionContext, rastro: RastroResource
 ) -> dg.MaterializeResult:
-    """Every linked account's health now, read from the warehouse as the cadence reads it."""
+    """Every linked account's health now, read from the warehouse as the cadence reads it,
+    and the account-days it holds that the instance does not record, counted now."""
     with rastro.warehouse().connect(read_only=True) as con:
         accounts = planned_accounts(con)
-    metadata, line, _ = health_metadata(accounts, rastro.clock()(), SHARD_COUNT)
+    now = rastro.clock()()
+    missing = stored_not_recorded(context.instance, rastro.warehouse(), now, SHARD_COUNT)
+    unrecorded = sum(missing.account_days().values())
+    metadata, line, _ = health_metadata(accounts, now, SHARD_COUNT, unrecorded=unrecorded)
     context.log.info(line)
     return dg.MaterializeResult(metadata=metadata)
 

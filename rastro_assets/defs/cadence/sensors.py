@@ -34,6 +34,7 @@ from rastro_assets.defs.cadence.health import (
     health_materialization,
     meta_account_health_job,
 )
+from rastro_assets.defs.cadence.records import latest_unrecorded
 from rastro_assets.defs.cadence.wave import sealed_wave_config, sync_wave_job
 from rastro_assets.defs.ended_runs import close_syncs_of_ended_runs
 from rastro_assets.defs.keys import (
@@ -140,7 +141,11 @@ def _meta_accounts_tick(
             + (f" and {len(in_shard) - 10} more" if len(in_shard) > 10 else "")
         )
     if not requests and not changes:
-        return dg.SkipReason("; ".join(waiting) or "no backfill owed and partitions up to date")
+        return dg.SkipReason(
+            "; ".join(waiting)
+            or "no backfill owed; the account partitions match the linked accounts (whether "
+            "Dagster records every stored day is meta_records' tick)"
+        )
     if not requests:
         # Dagster takes a skip reason beside partition changes (never beside run requests);
         # without one the tick reads "Sensor function returned an empty result".
@@ -253,7 +258,8 @@ def _meta_cadence_tick(
         _latest_materializations(context.instance, shard_count),
     )
     health_events, cursor = _health_change(
-        context.cursor, cursor, accounts, now, shard_count, statuses
+        context.cursor, cursor, accounts, now, shard_count, statuses,
+        latest_unrecorded(context.instance),
     )
     freshness_events += health_events
     first = first_data_requests(first_data(fills, _runs_of(accounts)), now)
@@ -353,9 +359,13 @@ def _health_change(
     now,
     shard_count: int,
     statuses: Mapping[str, cadence.AccountStatus] | None = None,
+    unrecorded: int | None = None,
 ) -> tuple[list[dg.AssetMaterialization], str]:
-    """A materialization of `meta_account_health` when it is due, and the cursor that says so."""
-    materialization, signature = health_materialization(accounts, now, shard_count, statuses)
+    """A materialization of `meta_account_health` when it is due, and the cursor that says so;
+    `unrecorded`: the stored account-days `meta_records` last found not recorded."""
+    materialization, signature = health_materialization(
+        accounts, now, shard_count, statuses, unrecorded
+    )
     last = _reported(before, HEALTH_CURSOR_KEY, {})
     events = []
     if health_due(last if isinstance(last, dict) else {}, signature, now):

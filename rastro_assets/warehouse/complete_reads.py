@@ -1,0 +1,67 @@
+"""Which account-days the warehouse holds from a complete read, and which sync read each.
+
+A day counts when an ok sync that has finished covered it and did not name it among its
+incomplete days (`META_TRUNCATED`): its rows are then Meta's whole answer for that day.
+Dagster's record of the spend partitions is checked against this (`defs/cadence/records.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from datetime import date
+
+from rastro_assets.warehouse.connection import Connection
+
+# Each ok, finished read from `first` on, expanded to its days; a day the read left
+# incomplete is dropped from that read only. Per account-day: the sync that read it last,
+# and when the first complete read of it finished.
+_COMPLETE_DAYS = """
+WITH reads AS (
+    SELECT ad_account_id, run_id, finished_at,
+           string_split(coalesce(incomplete_days, ''), ',') AS incomplete,
+           unnest(generate_series(greatest(since, $first), until, INTERVAL 1 DAY))::DATE AS day
+    FROM meta_sync_runs
+    WHERE outcome = 'ok' AND finished_at IS NOT NULL AND until >= $first
+      AND NOT list_contains($excluded::VARCHAR[], run_id)
+      {accounts}
+)
+SELECT ad_account_id, day, arg_max(run_id, finished_at), epoch_us(min(finished_at))
+FROM reads
+WHERE NOT list_contains(incomplete, strftime(day, '%Y-%m-%d'))
+GROUP BY ad_account_id, day
+ORDER BY ad_account_id, day
+"""
+_NAMED = "AND list_contains($ids::VARCHAR[], ad_account_id)"
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteDay:
+    """An account-day a finished ok sync read completely."""
+
+    ad_account_id: str
+    day: date
+    run_id: str
+    """The sync (its Dagster run's id) that read it last."""
+    stored_since_us: int
+    """When the first complete read of it finished, in microseconds since the epoch."""
+
+
+def complete_days(
+    con: Connection,
+    first: date,
+    *,
+    ad_account_ids: Sequence[str] | None = None,
+    excluded_run_ids: Collection[str] = (),
+) -> list[CompleteDay]:
+    """Each account-day from `first` on read completely by a finished ok sync (of the accounts
+    named, or every account), leaving out the syncs of `excluded_run_ids`; by account, day."""
+    params: dict[str, object] = {"first": first, "excluded": sorted(excluded_run_ids)}
+    accounts = ""
+    if ad_account_ids is not None:
+        if not ad_account_ids:
+            return []
+        accounts = _NAMED
+        params["ids"] = list(ad_account_ids)
+    rows = con.execute(_COMPLETE_DAYS.format(accounts=accounts), params).fetchall()
+    return [CompleteDay(*row) for row in rows]
