@@ -247,7 +247,14 @@ with Warehouse(os.environ["RASTRO_DUCKDB_PATH"]).connect(read_only=True) as con:
     said["incidents"] = {i.key: i.summary for i in store.open_incidents(con)}
 print(json.dumps(said))
 """
-SENSORS = ["analytics_publisher", "meta_accounts", "meta_cadence", "meta_incidents", "retention"]
+SENSORS = [
+    "analytics_publisher",
+    "meta_accounts",
+    "meta_cadence",
+    "meta_incidents",
+    "meta_records",
+    "retention",
+]
 
 
 def _load(warehouse, **variables: str) -> dict:
