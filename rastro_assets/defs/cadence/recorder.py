@@ -36,7 +36,9 @@ from rastro_assets.warehouse.connection import WarehouseLocked
 from rastro_assets.warehouse.shard_store import account_shards
 
 RECORDS_SENSOR = "meta_records"
-RECORDS_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 60
+RECORDS_SENSOR_SECONDS = max(SENSOR_INTERVAL_OVERRIDE_SECONDS, 60)
+"""A shorter override (tests, demos) would not make a crash's records come much sooner, but
+its every tick would open the warehouse beside the syncs it is there to speed up."""
 ACCOUNTS_PER_TICK = 200
 """Accounts a tick compares: a shard's worth or two, so a tick stays near two CPU seconds
 at any number of accounts (docs/cadence.md); every account is visited once per
