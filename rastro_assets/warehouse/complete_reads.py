@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, datetime
 
 from rastro_assets.warehouse.connection import Connection
 
@@ -65,3 +65,16 @@ def complete_days(
         params["ids"] = list(ad_account_ids)
     rows = con.execute(_COMPLETE_DAYS.format(accounts=accounts), params).fetchall()
     return [CompleteDay(*row) for row in rows]
+
+
+_RECENT_OK_SYNCS = """
+SELECT DISTINCT ad_account_id, run_id
+FROM meta_sync_runs
+WHERE outcome = 'ok' AND finished_at >= $since
+ORDER BY ad_account_id, run_id
+"""
+
+
+def recent_ok_syncs(con: Connection, since: datetime) -> list[tuple[str, str]]:
+    """Each (account, Dagster run id) of an ok sync finished at `since` or later."""
+    return [tuple(row) for row in con.execute(_RECENT_OK_SYNCS, {"since": since}).fetchall()]

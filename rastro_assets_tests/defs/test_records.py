@@ -160,6 +160,43 @@ def test_a_tick_records_at_most_its_share_and_the_next_goes_on(
     assert counts == sorted(counts, reverse=True)
 
 
+def test_once_round_the_walk_goes_slowly_and_a_run_that_failed_is_compared_at_once(
+    instance, rastro, warehouse, linked_world, monkeypatch
+):
+    first = tick(instance, rastro)
+    assert recorder.RecordsCursor.from_json(first.cursor).walked
+    # The walk then visits no account in the tick below: only suspects are compared.
+    walk_share = recorder.walk_share
+    monkeypatch.setattr(recorder, "walk_share", lambda accounts, walked: 0)
+    lately = NOW - timedelta(minutes=10)
+    read_ok(warehouse, "killed", "act_101", TODAY - timedelta(2), TODAY, at=lately)
+    read_ok(warehouse, "fine", "act_202", TODAY - timedelta(2), TODAY, at=lately)
+    add_run(instance, "killed", status=dg.DagsterRunStatus.FAILURE)
+    add_run(instance, "fine", status=dg.DagsterRunStatus.SUCCESS)
+
+    second = tick(instance, rastro, first.cursor)
+    assert {e.partition for e in materialized(second)} == grid(
+        ["act_101"], TODAY - timedelta(2), TODAY
+    )
+    # A run that succeeded recorded what it wrote; only the walk compares its account again,
+    # one account a tick at this size.
+    monkeypatch.setattr(recorder, "walk_share", walk_share)
+    third = tick(instance, rastro, second.cursor)
+    assert materialized(third) == []
+    fourth = tick(instance, rastro, third.cursor)
+    assert {e.partition for e in materialized(fourth)} == grid(
+        ["act_202"], TODAY - timedelta(2), TODAY
+    )
+
+
+def test_the_walk_goes_round_in_hours_once_it_has_been_round():
+    assert recorder.walk_share(5_000, walked=False) == recorder.ACCOUNTS_PER_TICK
+    per_round = recorder.WALK_SECONDS / recorder.RECORDS_SENSOR_SECONDS
+    for accounts in (1, 100, 1_000, 5_000):
+        share = recorder.walk_share(accounts, walked=True)
+        assert share * per_round >= accounts > (share - 1) * per_round
+
+
 @pytest.mark.parametrize("missing_asset", [AD_SPEND_DAILY, SITE_SPEND_DAILY])
 def test_only_the_asset_a_killed_run_left_unrecorded_is_recorded(
     instance, rastro, warehouse, linked_world, missing_asset

@@ -1,20 +1,29 @@
 """`meta_records`: Dagster's record of the spend grid follows the warehouse, after any crash.
 
-Each tick compares a slice of accounts (`records.missing_records`) and records what the
-instance lacks as runless materializations, from the warehouse, without reading Meta.
-Its cost is bounded whatever the install's size: `ACCOUNTS_PER_TICK` accounts (their
-complete days from the warehouse, then their partitions' latest materialization ids from
-the instance, a query per asset and chunk of keys) and at most `EVENTS_PER_TICK` events,
-each of which the daemon stores as one write. The cursor says where the walk over the
-accounts stands, and how many account-days each account visited still lacked; their total
-goes to `meta_account_health` as an observation whenever it changes.
+Each tick compares some accounts (`records.missing_records`) and records what the instance
+lacks as runless materializations, from the warehouse, without reading Meta. An account
+costs about ten milliseconds to compare (its complete days from the warehouse, then its
+partitions' latest materialization ids from the instance), so the tick picks them:
+- suspects, every tick: the accounts of ok syncs finished within `SUSPECT_WINDOW` whose run
+  ended without success (a worker killed between its commit and its events), so a crash's
+  days are recorded within a tick or two of run monitoring failing the run;
+- a walk over every account, for what no recent run explains (an install older than the
+  fill asset, a run gone from the instance): `ACCOUNTS_PER_TICK` a tick until it has been
+  round once, then a share that takes it round once every `WALK_SECONDS`, so that keeping
+  the record costs a few visits an account a day, not one a few minutes.
+At most `EVENTS_PER_TICK` events a tick, each of which the daemon stores as one write. The
+cursor says where the walk stands, whether it has been round, and how many account-days
+each account visited still lacked; their total goes to `meta_account_health` as an
+observation whenever it changes.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import dagster as dg
 
@@ -23,15 +32,21 @@ from rastro_assets.defs.cadence.records import (
     UNRECORDED_DAYS,
     MissingDay,
     MissingRecords,
+    ended_without_success,
     missing_records,
     read_stored,
     record_events,
     runs_in_flight,
 )
-from rastro_assets.defs.keys import META_ACCOUNT_HEALTH, SENSOR_LOCK_WAIT_SECONDS
+from rastro_assets.defs.keys import (
+    DEFAULT_MAX_RUNTIME_SECONDS,
+    META_ACCOUNT_HEALTH,
+    SENSOR_LOCK_WAIT_SECONDS,
+)
 from rastro_assets.defs.partitions import SHARD_COUNT
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS
+from rastro_assets.warehouse.complete_reads import recent_ok_syncs
 from rastro_assets.warehouse.connection import WarehouseLocked
 from rastro_assets.warehouse.shard_store import account_shards
 
@@ -40,9 +55,13 @@ RECORDS_SENSOR_SECONDS = max(SENSOR_INTERVAL_OVERRIDE_SECONDS, 60)
 """A shorter override (tests, demos) would not make a crash's records come much sooner, but
 its every tick would open the warehouse beside the syncs it is there to speed up."""
 ACCOUNTS_PER_TICK = 200
-"""Accounts a tick compares: a shard's worth or two, so a tick stays near two CPU seconds
-at any number of accounts (docs/cadence.md); every account is visited once per
-accounts / 200 ticks."""
+"""Accounts a tick compares at most, suspects and walk together: a shard's worth or two, so
+a tick stays near two CPU seconds at any number of accounts (docs/cadence.md)."""
+WALK_SECONDS = 6 * 60 * 60
+"""How long the walk takes to go round every account once it has been round the first time."""
+SUSPECT_WINDOW = timedelta(seconds=DEFAULT_MAX_RUNTIME_SECONDS) + timedelta(hours=1)
+"""How far back a tick looks for syncs of runs that ended without success: a killed run
+counts as in flight until its maximum runtime, and run monitoring fails it at a later poll."""
 EVENTS_PER_TICK = 1_000
 """Materializations a tick records at most: the daemon stores each as one write (~10 ms on
 SQLite), after the tick, on the sensor's thread. What is left waits for the next tick."""
@@ -53,7 +72,9 @@ class RecordsCursor:
     """Where the walk over the accounts stands, and what each account visited still lacks."""
 
     after: str = ""
-    """The last account compared; the next tick starts after it ("" for the first)."""
+    """The last account the walk compared; the next tick starts after it ("" for the first)."""
+    walked: bool = False
+    """Whether the walk has been round every account once."""
     unrecorded: dict[str, int] = field(default_factory=dict)
     """Account-days each account lacked when last visited, after that tick's records."""
     reported: int | None = None
@@ -65,6 +86,7 @@ class RecordsCursor:
             raw = json.loads(text or "{}")
             return cls(
                 after=str(raw.get("after", "")),
+                walked=bool(raw.get("walked", False)),
                 unrecorded={str(k): int(v) for k, v in raw.get("unrecorded", {}).items()},
                 reported=None if raw.get("reported") is None else int(raw["reported"]),
             )
@@ -73,7 +95,12 @@ class RecordsCursor:
 
     def to_json(self) -> str:
         return json.dumps(
-            {"after": self.after, "unrecorded": self.unrecorded, "reported": self.reported},
+            {
+                "after": self.after,
+                "walked": self.walked,
+                "unrecorded": self.unrecorded,
+                "reported": self.reported,
+            },
             sort_keys=True,
         )
 
@@ -84,6 +111,14 @@ def next_slice(ids: Sequence[str], after: str, size: int) -> tuple[list[str], st
     rest = [account for account in ids if account > after] or list(ids)
     chosen = rest[:size]
     return chosen, ("" if not chosen or chosen[-1] == ids[-1] else chosen[-1])
+
+
+def walk_share(accounts: int, walked: bool) -> int:
+    """Accounts the walk takes this tick: `ACCOUNTS_PER_TICK` until it has been round once,
+    then its share of going round every `WALK_SECONDS`."""
+    if not walked:
+        return ACCOUNTS_PER_TICK
+    return min(ACCOUNTS_PER_TICK, math.ceil(accounts * RECORDS_SENSOR_SECONDS / WALK_SECONDS))
 
 
 def _within(missing: MissingRecords, limit: int) -> MissingRecords:
@@ -128,17 +163,29 @@ def records_tick(
     try:
         with warehouse.connect(read_only=True) as con:
             ids = sorted(account_shards(con))
-            chosen, after = next_slice(ids, cursor.after, ACCOUNTS_PER_TICK)
+            walk, after = next_slice(ids, cursor.after, walk_share(len(ids), cursor.walked))
+            recent = recent_ok_syncs(con, now - SUSPECT_WINDOW)
+            suspects = ended_without_success(context.instance, recent, in_flight)
+            linked = set(ids)
+            suspects = [account for account in suspects if account in linked]
+            chosen = sorted({*walk, *suspects[:ACCOUNTS_PER_TICK]})
             stored = read_stored(con, in_flight, chosen)
     except WarehouseLocked as exc:
         return dg.SkipReason(f"the warehouse is busy: {exc}")
+    walked = cursor.walked or (bool(walk) and after == "")
     missing = missing_records(context.instance, stored, now, in_flight, shard_count)
     kept = _within(missing, EVENTS_PER_TICK)
     left = _left(missing, kept)
-    pending = sorted({d.ad_account_id for d in left.days} | {a for _, a in left.fills})
+    pending = sorted(
+        account
+        for account in {d.ad_account_id for d in left.days} | {a for _, a in left.fills}
+        if account in walk
+    )
     if pending:
-        # The next tick starts with the first account this one could not finish.
+        # The walk's next tick starts with the first account this one could not finish; a
+        # suspect left unfinished is a suspect again at the next tick.
         after = max((account for account in ids if account < pending[0]), default="")
+        walked = cursor.walked
     unrecorded = {
         account: count
         for account, count in cursor.unrecorded.items()
@@ -158,7 +205,7 @@ def records_tick(
         )
     return dg.SensorResult(
         asset_events=events,
-        cursor=RecordsCursor(after, unrecorded, total).to_json(),
+        cursor=RecordsCursor(after, walked, unrecorded, total).to_json(),
         skip_reason=_summary(kept, chosen, total),
     )
 

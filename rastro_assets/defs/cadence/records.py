@@ -123,6 +123,28 @@ def runs_in_flight(instance: dg.DagsterInstance, now_seconds: float | None = Non
     return going
 
 
+def ended_without_success(
+    instance: dg.DagsterInstance, syncs: Sequence[tuple[str, str]], in_flight: Collection[str]
+) -> list[str]:
+    """The accounts of `syncs` (account, run id) whose run is no longer in flight and did not
+    succeed (failed, canceled, killed, or gone): the runs that may have stored days without
+    recording them. A run that succeeded recorded every block it wrote."""
+    run_ids = sorted({run_id for _, run_id in syncs if run_id not in in_flight})
+    succeeded: set[str] = set()
+    for start in range(0, len(run_ids), RUN_IDS_PER_QUERY):
+        chunk = run_ids[start : start + RUN_IDS_PER_QUERY]
+        records = instance.get_run_records(
+            filters=dg.RunsFilter(run_ids=chunk, statuses=[dg.DagsterRunStatus.SUCCESS])
+        )
+        succeeded.update(record.dagster_run.run_id for record in records)
+    return sorted(
+        {account for account, run_id in syncs if run_id in run_ids and run_id not in succeeded}
+    )
+
+
+RUN_IDS_PER_QUERY = 500
+
+
 @dataclass(frozen=True)
 class Stored:
     """What the warehouse says of some linked accounts: their plans' inputs and the days
