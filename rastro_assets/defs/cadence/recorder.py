@@ -232,8 +232,10 @@ def build_meta_records_sensor(shard_count: int) -> dg.SensorDefinition:
         description="Records, from the warehouse and without reading Meta, each account-day "
         "a finished sync read completely that the spend assets do not show as materialized "
         "(a run killed between its write and its events), and the spend_backfill partition "
-        f"of each account that owes no fill; {ACCOUNTS_PER_TICK} accounts a tick, at most "
-        f"{EVENTS_PER_TICK} events. Each event's metadata says recorded_from: warehouse and "
+        "of each account that owes no fill. It compares the accounts of runs that ended "
+        "without success at once, and walks every account once every "
+        f"{WALK_SECONDS // 3600} hours; at most {EVENTS_PER_TICK} events a tick. Each "
+        "event's metadata says recorded_from: warehouse and "
         "the sync_run_id that read the day.",
     )
     def meta_records_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
