@@ -13,7 +13,12 @@ import os
 import sys
 
 from rastro_assets.cli.context import Context, Registrar, Subparsers, command
-from rastro_assets.cli.private import dagster_home, seal_process, workspace_file
+from rastro_assets.cli.private import (
+    add_workspace_argument,
+    dagster_home,
+    seal_process,
+    workspace_file,
+)
 
 # The module `dagster-daemon` runs (dagster/_daemon/__main__.py), started with this
 # interpreter so the daemon is the one installed beside this command.
@@ -28,13 +33,7 @@ def add_daemon(subparsers: Subparsers) -> None:
         "run the Dagster daemon (sensors, run queue, backfills) private to this user,"
         " whatever the umask",
     )
-    parser.add_argument(
-        "-w",
-        "--workspace",
-        default="workspace.yaml",
-        metavar="FILE",
-        help="the Dagster workspace file (default: workspace.yaml in the working directory)",
-    )
+    add_workspace_argument(parser)
 
 
 def _run_daemon(args: argparse.Namespace, ctx: Context) -> int:

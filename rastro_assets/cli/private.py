@@ -52,6 +52,17 @@ def dagster_home(environ: Mapping[str, str]) -> Path:
     return Path(home)
 
 
+def add_workspace_argument(parser) -> None:
+    """`-w FILE`, the Dagster workspace file a command of ours starts Dagster on."""
+    parser.add_argument(
+        "-w",
+        "--workspace",
+        default="workspace.yaml",
+        metavar="FILE",
+        help="the Dagster workspace file (default: workspace.yaml in the working directory)",
+    )
+
+
 def workspace_file(given: str) -> Path:
     workspace = Path(os.path.abspath(given))
     if not workspace.is_file():

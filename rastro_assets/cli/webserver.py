@@ -39,7 +39,12 @@ from rastro_assets.cli.context import (
     UsageError,
     command,
 )
-from rastro_assets.cli.private import dagster_home, seal_process, workspace_file
+from rastro_assets.cli.private import (
+    add_workspace_argument,
+    dagster_home,
+    seal_process,
+    workspace_file,
+)
 
 SOCKET_DIR_MODE = 0o750
 SOCKET_MODE = 0o666
@@ -62,13 +67,7 @@ def add_webserver(subparsers: Subparsers) -> None:
         metavar="PATH",
         help="the socket to create, in a directory of this user's that others cannot enter",
     )
-    parser.add_argument(
-        "-w",
-        "--workspace",
-        default="workspace.yaml",
-        metavar="FILE",
-        help="the Dagster workspace file (default: workspace.yaml in the working directory)",
-    )
+    add_workspace_argument(parser)
     parser.add_argument(
         "--path-prefix",
         default="",

@@ -63,7 +63,8 @@ def seal_refusal(
     """Why this plan may not run, in one line; None when it may.
 
     A plan whose every kind is `manual` needs no seal. Any other must carry the seal of
-    exactly these syncs and `issued_at`, made within `PLAN_LIFETIME` before `now`.
+    exactly these syncs and `issued_at`, an instant not yet to come at `now` (an older one
+    than `PLAN_LIFETIME` runs, recording `manual`: `plan_is_stale`).
     """
     others = sorted({str(sync.get("kind")) for sync in syncs} - {HAND_KIND.value})
     if not others:

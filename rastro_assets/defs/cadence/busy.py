@@ -96,8 +96,7 @@ def busy_accounts(
         run = record.dagster_run
         if run.run_id == besides:
             continue
-        limit = float(run.tags.get(MAX_RUNTIME_TAG) or DEFAULT_MAX_RUNTIME_SECONDS)
-        if record.start_time is not None and now - record.start_time > limit:
+        if outlived(record, now):
             continue
         if run.tags.get(FIRST_DATA_TAG):
             # A wave job's run, but no cadence wave: live syncs of the others go on.
@@ -106,6 +105,14 @@ def busy_accounts(
             wave_in_flight = True
         busy.update(_run_accounts(instance, run.tags, accounts_of_shard))
     return busy, wave_in_flight
+
+
+def outlived(record: dg.RunRecord, now: float) -> bool:
+    """Whether the run started longer ago than its maximum runtime (`MAX_RUNTIME_TAG`): dead,
+    whatever its status says."""
+    run = record.dagster_run
+    limit = float(run.tags.get(MAX_RUNTIME_TAG) or DEFAULT_MAX_RUNTIME_SECONDS)
+    return record.start_time is not None and now - record.start_time > limit
 
 
 def _runs_in_flight(instance: dg.DagsterInstance, queued: bool) -> list[dg.RunRecord]:

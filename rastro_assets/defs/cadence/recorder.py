@@ -160,15 +160,21 @@ def records_tick(
     in_flight = runs_in_flight(context.instance)
     warehouse = rastro.warehouse()
     warehouse.lock_wait_seconds = SENSOR_LOCK_WAIT_SECONDS
+    # The warehouse is open only while it is read, never while the instance is asked: a
+    # reader holds off every writer of the file.
     try:
         with warehouse.connect(read_only=True) as con:
             ids = sorted(account_shards(con))
-            walk, after = next_slice(ids, cursor.after, walk_share(len(ids), cursor.walked))
             recent = recent_ok_syncs(con, now - SUSPECT_WINDOW)
-            suspects = ended_without_success(context.instance, recent, in_flight)
-            linked = set(ids)
-            suspects = [account for account in suspects if account in linked]
-            chosen = sorted({*walk, *suspects[:ACCOUNTS_PER_TICK]})
+        walk, after = next_slice(ids, cursor.after, walk_share(len(ids), cursor.walked))
+        linked = set(ids)
+        suspects = [
+            account
+            for account in ended_without_success(context.instance, recent, in_flight)
+            if account in linked
+        ]
+        chosen = sorted({*walk, *suspects[:ACCOUNTS_PER_TICK]})
+        with warehouse.connect(read_only=True) as con:
             stored = read_stored(con, in_flight, chosen)
     except WarehouseLocked as exc:
         return dg.SkipReason(f"the warehouse is busy: {exc}")

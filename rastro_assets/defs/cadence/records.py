@@ -28,13 +28,8 @@ from datetime import date, datetime, timedelta
 import dagster as dg
 
 from rastro_assets import shards
-from rastro_assets.defs.keys import (
-    DEFAULT_MAX_RUNTIME_SECONDS,
-    IN_FLIGHT_STATUSES,
-    MAX_RUNTIME_TAG,
-    META_ACCOUNT_HEALTH,
-    fill_key,
-)
+from rastro_assets.defs.cadence.busy import LAUNCHED_STATUSES, outlived
+from rastro_assets.defs.keys import META_ACCOUNT_HEALTH, fill_key
 from rastro_assets.defs.partitions import (
     AXIS_START,
     SHARD_COUNT,
@@ -49,9 +44,12 @@ from rastro_assets.warehouse.connection import Connection, Warehouse
 
 PARTITIONS_PER_QUERY = 2_000
 """Partition keys one query of the instance names (a bound parameter each)."""
+RUN_IDS_PER_QUERY = 500
+"""Run ids one query of the instance names."""
 RECORD_GRACE = timedelta(minutes=60)
 """How long a stored day may wait for `meta_records` before `rastro status --check` reports
-it: a sweep over 12,000 accounts at one tick a minute."""
+it: the sensor compares a failed run's accounts a tick after run monitoring fails it, and
+its first walk goes over 12,000 accounts in an hour."""
 
 RECORDED_FROM = "recorded_from"
 WAREHOUSE = "warehouse"
@@ -102,10 +100,7 @@ class MissingRecords:
         return {account: len(each) for account, each in days.items()}
 
 
-WRITING_STATUSES = [
-    *(status for status in IN_FLIGHT_STATUSES if status != dg.DagsterRunStatus.QUEUED),
-    dg.DagsterRunStatus.CANCELING,
-]
+WRITING_STATUSES = [*LAUNCHED_STATUSES, dg.DagsterRunStatus.CANCELING]
 """Runs that may be writing. A queued run has written nothing yet, and a UI backfill queues
 thousands: they are never read."""
 
@@ -115,12 +110,11 @@ def runs_in_flight(instance: dg.DagsterInstance, now_seconds: float | None = Non
     runtime (a killed worker leaves its run `STARTED` until run monitoring fails it, as
     `cadence.busy` reads it too)."""
     now_seconds = time.time() if now_seconds is None else now_seconds
-    going = set()
-    for record in instance.get_run_records(filters=dg.RunsFilter(statuses=WRITING_STATUSES)):
-        limit = float(record.dagster_run.tags.get(MAX_RUNTIME_TAG) or DEFAULT_MAX_RUNTIME_SECONDS)
-        if record.start_time is None or now_seconds - record.start_time <= limit:
-            going.add(record.dagster_run.run_id)
-    return going
+    return {
+        record.dagster_run.run_id
+        for record in instance.get_run_records(filters=dg.RunsFilter(statuses=WRITING_STATUSES))
+        if not outlived(record, now_seconds)
+    }
 
 
 def ended_without_success(
@@ -141,8 +135,6 @@ def ended_without_success(
         {account for account, run_id in syncs if run_id in run_ids and run_id not in succeeded}
     )
 
-
-RUN_IDS_PER_QUERY = 500
 
 
 @dataclass(frozen=True)
