@@ -112,6 +112,9 @@ class Settings:
     """How many accounts a shard takes before new ones go to the next."""
     analytics_storage_version: str = DEFAULT_ANALYTICS_STORAGE_VERSION
     """The DuckDB storage version the snapshot is written in (`STORAGE_VERSION`)."""
+    warehouse_url: str | None = field(default=None, repr=False)
+    """RASTRO_WAREHOUSE_URL: the warehouse on a PostgreSQL server instead of the DuckDB file
+    of `duckdb_path`. Never shown: it may carry a password."""
     not_found: str | None = field(default=None, compare=False)
     """Why `duckdb_path` is only a guess: no variable named it and no project was found
     from the working directory (`from_env`); None when it was named or found."""
@@ -167,6 +170,7 @@ class Settings:
                 env.get("RASTRO_META_FAKE", "").strip().lower() in {"1", "true", "yes"}
             ),
             analytics_path=env.get("RASTRO_ANALYTICS_PATH") or None,
+            warehouse_url=_warehouse_url(env.get("RASTRO_WAREHOUSE_URL")),
             analytics_mode=_octal_mode(env.get("RASTRO_ANALYTICS_MODE")),
             analytics_lag_seconds=_lag_seconds(env.get("RASTRO_ANALYTICS_LAG_SECONDS")),
             analytics_storage_version=storage_version(env.get("RASTRO_ANALYTICS_STORAGE_VERSION")),
@@ -215,3 +219,16 @@ def _lag_seconds(raw: str | None) -> int:
         f" {MAX_ANALYTICS_LAG_SECONDS:,}",
     )
 
+
+
+def _warehouse_url(raw: str | None) -> str | None:
+    """RASTRO_WAREHOUSE_URL, checked for its scheme only: the server says the rest."""
+    if raw is None or not raw.strip():
+        return None
+    url = raw.strip()
+    if url.split(":", 1)[0] not in {"postgresql", "postgres"}:
+        raise SettingsError(
+            "RASTRO_WAREHOUSE_URL must be a postgresql://user@host/database URL;"
+            " leave it unset for the DuckDB file of RASTRO_DUCKDB_PATH"
+        )
+    return url

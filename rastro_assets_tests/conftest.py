@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -12,12 +13,14 @@ import pytest
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
 from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.postgres import PostgresWarehouse
 from rastro_assets.warehouse.runs import (
     SyncRunEnd,
     SyncRunStart,
     finish_sync_runs,
     start_sync_runs,
 )
+from rastro_assets_tests.postgres_server import WarehouseServer, postgres_server
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -46,12 +49,53 @@ def vault(secrets_key: str) -> Vault:
     return Vault.from_env()
 
 
+ENGINE_PARAMETRISED = tuple(
+    filter(None, os.environ.get("RASTRO_TEST_ENGINE_PACKAGES", "").split(","))
+)
+"""The test packages whose tests run once on each warehouse engine; elsewhere DuckDB only."""
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "engine" not in metafunc.fixturenames:
+        return
+    package = Path(str(metafunc.definition.fspath)).parent.name
+    marker = metafunc.definition.get_closest_marker("engines")
+    if marker is not None:
+        engines = list(marker.args)
+    elif package in ENGINE_PARAMETRISED:
+        engines = ["duckdb", "postgres"]
+    else:
+        engines = ["duckdb"]
+    metafunc.parametrize("engine", engines, indirect=True, scope="function")
+
+
 @pytest.fixture
-def warehouse(duckdb_path: Path) -> Warehouse:
-    """A migrated, empty warehouse that gives up on a foreign lock after 5 s."""
+def engine(request: pytest.FixtureRequest) -> str:
+    """The warehouse's engine for this test: `duckdb`, or `postgres` on the suite's server."""
+    return getattr(request, "param", "duckdb")
+
+
+@pytest.fixture
+def warehouse(engine: str, duckdb_path: Path, request: pytest.FixtureRequest):
+    """A migrated, empty warehouse: a DuckDB file that gives up on a foreign lock after 5 s,
+    or a schema of its own on the suite's PostgreSQL server."""
+    if engine == "postgres":
+        server = request.getfixturevalue("warehouse_server")
+        warehouse = PostgresWarehouse(server.fresh_schema_url())
+        warehouse.migrate()
+        yield warehouse
+        warehouse.close()
+        return
     warehouse = Warehouse(duckdb_path, lock_wait_seconds=5.0)
     warehouse.migrate()
-    return warehouse
+    yield warehouse
+
+
+@pytest.fixture(scope="session")
+def warehouse_server() -> Iterator[WarehouseServer]:
+    """One PostgreSQL server for this worker's tests; each test takes a schema of its own."""
+    with postgres_server("warehouse") as server:
+        yield WarehouseServer(server)
 
 
 @pytest.fixture

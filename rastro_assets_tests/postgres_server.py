@@ -220,3 +220,24 @@ def postgres_server(db: str = "dagster") -> Iterator[PostgresServer]:
             cluster.stop()
         finally:
             shutil.rmtree(root, ignore_errors=True)
+
+
+class WarehouseServer:
+    """A server the warehouse's tests share: each asks for a schema of its own, by URL."""
+
+    def __init__(self, server: PostgresServer) -> None:
+        self.server = server
+
+    def url(self, **query: str) -> str:
+        s = self.server
+        params = "&".join(f"{k}={v}" for k, v in {"sslmode": "require", **query}.items())
+        return f"postgresql://{s.user}:{s.password}@{s.host}:{s.port}/{s.db}?{params}"
+
+    def fresh_schema_url(self) -> str:
+        """The URL of a new, empty schema, found through the connection's search path."""
+        name = "t_" + secrets.token_hex(6)
+        with contextlib.closing(self.server.connect()) as con:
+            con.autocommit = True
+            with con.cursor() as cursor:
+                cursor.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+        return self.url(options=f"-csearch_path%3D{name}")

@@ -24,7 +24,7 @@ from rastro_assets.process_settings import Settings
 from rastro_assets.timekeeping import Clock, system_clock
 from rastro_assets.tokens import TOKEN_SHAPED
 from rastro_assets.vault import Vault
-from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.engines import AnyWarehouse, open_warehouse
 
 if TYPE_CHECKING:
     from rastro_assets.meta.client import MetaClient
@@ -59,11 +59,11 @@ class Context:
     def settings(self) -> Settings:
         return Settings.from_env(dict(self.environ))
 
-    def warehouse(self) -> Warehouse:
-        """The pipeline's file: named by RASTRO_DUCKDB_PATH, else found from the working
-        directory upward; one error line naming the path tried when neither."""
-        settings = self.settings()
-        return Warehouse(settings.require_duckdb_path(), snapshot_path=settings.snapshot_path)
+    def warehouse(self) -> AnyWarehouse:
+        """The database of RASTRO_WAREHOUSE_URL; else the pipeline's file, named by
+        RASTRO_DUCKDB_PATH or found from the working directory upward; one error line
+        naming the path tried when neither."""
+        return open_warehouse(self.settings(), require_path=True)
 
     def vault(self) -> Vault:
         return Vault.from_env(self.environ)

@@ -15,7 +15,7 @@ from rastro_assets.process_settings import Settings
 from rastro_assets.settings import check_defining_settings
 from rastro_assets.sync.syncer import Syncer
 from rastro_assets.timekeeping import Clock, system_clock
-from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.engines import AnyWarehouse, open_warehouse
 
 
 class RastroResource(dg.ConfigurableResource):
@@ -24,8 +24,9 @@ class RastroResource(dg.ConfigurableResource):
     It has no config field, on purpose: a resource field is run config, which anyone who
     reaches the Dagster UI sets from the Launchpad. Where Meta is, which files are the
     warehouse and the snapshot and whether the fake Graph answers are the code location's
-    environment (RASTRO_META_GRAPH_URL, RASTRO_DUCKDB_PATH, RASTRO_ANALYTICS_PATH,
-    RASTRO_META_FAKE), and Dagster refuses a run config naming them before any run exists.
+    environment (RASTRO_META_GRAPH_URL, RASTRO_DUCKDB_PATH or RASTRO_WAREHOUSE_URL,
+    RASTRO_ANALYTICS_PATH, RASTRO_META_FAKE), and Dagster refuses a run config naming them
+    before any run exists.
     The clock is not configuration either: a run stamped in another year would write that
     year into the sync history, and the planner would hold the account back until then.
     """
@@ -49,7 +50,7 @@ class RastroResource(dg.ConfigurableResource):
             return datetime.now(UTC)
         return datetime.fromtimestamp(started, UTC)
 
-    def warehouse(self) -> Warehouse:
+    def warehouse(self) -> AnyWarehouse:
         return _warehouse(self.settings())
 
     def publisher(self) -> Publisher:
@@ -67,6 +68,5 @@ class RastroResource(dg.ConfigurableResource):
         )
 
 
-def _warehouse(settings: Settings) -> Warehouse:
-    # Its lock error sends analysts to the environment's snapshot.
-    return Warehouse(settings.duckdb_path, snapshot_path=settings.snapshot_path)
+def _warehouse(settings: Settings) -> AnyWarehouse:
+    return open_warehouse(settings)

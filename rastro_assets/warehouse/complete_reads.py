@@ -23,7 +23,7 @@ WITH reads AS (
            unnest(generate_series(greatest(since, $first), until, INTERVAL 1 DAY))::DATE AS day
     FROM meta_sync_runs
     WHERE outcome = 'ok' AND finished_at IS NOT NULL AND until >= $first
-      AND NOT list_contains($excluded::VARCHAR[], run_id)
+      AND NOT run_id = ANY($excluded::VARCHAR[])
       {accounts}
 )
 SELECT ad_account_id, day, arg_max(run_id, finished_at), epoch_us(min(finished_at))
@@ -32,7 +32,7 @@ WHERE NOT list_contains(incomplete, strftime(day, '%Y-%m-%d'))
 GROUP BY ad_account_id, day
 ORDER BY ad_account_id, day
 """
-_NAMED = "AND list_contains($ids::VARCHAR[], ad_account_id)"
+_NAMED = "AND ad_account_id = ANY($ids::VARCHAR[])"
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 import duckdb
 
 from rastro_assets.process_settings import default_analytics_path
-from rastro_assets.warehouse import schema
+from rastro_assets.warehouse import dialect, schema
 
 FIRST_RETRY_SECONDS = 0.05
 MAX_RETRY_SECONDS = 2.0
@@ -49,8 +49,9 @@ the storage it was created with: one an earlier release created in DuckDB 2's st
 
 Connection = duckdb.DuckDBPyConnection
 """What the rest of the product holds when it asks the warehouse: a connection it passes on."""
-WarehouseError = duckdb.Error
-"""Any error a warehouse statement raises, for callers that say it in their own words."""
+WarehouseError = dialect.Error
+"""Any error a warehouse statement raises, on either engine, for callers that say it in their
+own words."""
 
 _LOCK_HOLDER = re.compile(r"Conflicting lock is held in (?P<exe>.+?) \(PID (?P<pid>\d+)\)")
 
@@ -95,6 +96,8 @@ class WarehouseUnreadable(duckdb.IOException):
 
 class Warehouse:
     """The DuckDB file: where it is, and how to open it without fighting over it."""
+
+    engine = dialect.DUCKDB
 
     def __init__(
         self,
@@ -338,7 +341,7 @@ def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConne
         yield con
     except BaseException:
         # A failed COMMIT inside the body has already ended the transaction.
-        with suppress(duckdb.TransactionException):
+        with suppress(*dialect.TransactionEnded):
             con.execute("ROLLBACK")
         raise
     else:
@@ -352,8 +355,10 @@ def in_transaction(con: duckdb.DuckDBPyConnection) -> bool:
 
     DuckDB has no direct question for this, and a failed BEGIN would abort
     the open transaction; but in autocommit mode every statement gets a new
-    transaction id, while inside a transaction the id stays put.
+    transaction id, while inside a transaction the id stays put. PostgreSQL says it.
     """
+    if dialect.is_postgres(con):
+        return con.in_transaction()
     first = con.execute("SELECT txid_current()").fetchall()
     second = con.execute("SELECT txid_current()").fetchall()
     return first == second

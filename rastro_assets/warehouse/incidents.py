@@ -203,7 +203,7 @@ def abandon_unconfigured(
         UPDATE alert_notices SET abandoned_at = ?,
             last_error = 'the channel is no longer configured'
         WHERE delivered_at IS NULL AND abandoned_at IS NULL
-            AND NOT list_contains(?::VARCHAR[], channel_id)
+            AND NOT channel_id = ANY(?::VARCHAR[])
         """,
         [now, list(channel_ids)],
     ).fetchone()

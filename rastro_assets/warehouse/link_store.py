@@ -160,7 +160,7 @@ class _BatchLinking:
             row[0]: (row[1], row[2], row[3])
             for row in con.execute(
                 "SELECT ad_account_id, connection_id, timezone, currency FROM meta_ad_accounts"
-                " WHERE list_contains(?::VARCHAR[], ad_account_id)",
+                " WHERE ad_account_id = ANY(?::VARCHAR[])",
                 [ids],
             ).fetchall()
         }
@@ -348,8 +348,8 @@ def _sites_linking_each(
 ) -> dict[str, list[str]]:
     """The sites linking each of the accounts named that any site links."""
     rows = con.execute(
-        "SELECT ad_account_id, list(site_id ORDER BY site_id) FROM site_ad_accounts"
-        " WHERE list_contains(?::VARCHAR[], ad_account_id) GROUP BY ad_account_id",
+        "SELECT ad_account_id, array_agg(site_id ORDER BY site_id) FROM site_ad_accounts"
+        " WHERE ad_account_id = ANY(?::VARCHAR[]) GROUP BY ad_account_id",
         [list(ad_account_ids)],
     ).fetchall()
     return {account: list(sites) for account, sites in rows}

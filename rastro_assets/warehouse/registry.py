@@ -115,7 +115,7 @@ def get_connections(
     if not wanted:
         return {}
     rows = con.execute(
-        f"{_CONNECTION_QUERY} WHERE list_contains(?::VARCHAR[], connection_id)", [wanted]
+        f"{_CONNECTION_QUERY} WHERE connection_id = ANY(?::VARCHAR[])", [wanted]
     ).fetchall()
     return {row[0]: _connection(row) for row in rows}
 
@@ -173,7 +173,7 @@ def mark_connection_invalid(
 
 _LINKED_ACCOUNTS = f"""
     SELECT a.ad_account_id, a.connection_id, a.timezone, a.currency, a.name, a.created_at,
-           a.sync_requested_at, list(l.site_id ORDER BY l.site_id) AS sites,
+           a.sync_requested_at, array_agg(l.site_id ORDER BY l.site_id) AS sites,
            c.status, c.sealed_at, {SHARD} AS shard
     FROM meta_ad_accounts a
     JOIN site_ad_accounts l USING (ad_account_id)

@@ -165,7 +165,7 @@ def open_sync_runs(
     )
     params: list = []
     if accounts is not None:
-        query += " AND list_contains(?::VARCHAR[], ad_account_id)"
+        query += " AND ad_account_id = ANY(?::VARCHAR[])"
         params.append(list(accounts))
     found = con.execute(query, params).fetchall()
     return [(run_id, account, since) for run_id, account, since in found]

@@ -7,6 +7,7 @@ Column names of the contract's tables are stable; extra columns are ours.
 
 from __future__ import annotations
 
+import re
 import time
 from contextlib import suppress
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import duckdb
 
 from rastro_assets.spend_schema import COUNT_SQL, SPEND_SQL
+from rastro_assets.warehouse import dialect
 
 
 @dataclass(frozen=True)
@@ -279,6 +281,8 @@ MIGRATIONS: tuple[Migration, ...] = (
 
 LATEST_VERSION = MIGRATIONS[-1].version
 MIGRATION_ATTEMPTS = 6
+MIGRATION_LOCK_KEY = 0x7261_7374_726F
+"""The advisory lock PostgreSQL migrations take turns on (the bytes of "rastro")."""
 
 _VERSION_TABLE = """
     CREATE TABLE IF NOT EXISTS schema_version (
@@ -293,7 +297,7 @@ def current_version(con: duckdb.DuckDBPyConnection) -> int:
     """The highest migration applied; 0 for a file that has none."""
     exists = con.execute(
         "SELECT count(*) FROM information_schema.tables"
-        " WHERE table_schema = 'main' AND table_name = 'schema_version'"
+        " WHERE table_schema = current_schema() AND table_name = 'schema_version'"
     ).fetchone()
     if not exists or not exists[0]:
         return 0
@@ -307,7 +311,10 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
     Another process cannot hold the file read-write meanwhile (DuckDB's file
     lock), but another connection of this process can: the version is read
     again inside the transaction, and a commit that loses a race to such a
-    connection is rolled back and re-checked rather than applied twice.
+    connection is rolled back and re-checked rather than applied twice. On
+    PostgreSQL many processes start at once: each migration transaction first
+    takes one advisory lock, so they apply it one after another, and only the
+    first finds it missing.
     """
     if current_version(con) >= LATEST_VERSION:
         return LATEST_VERSION
@@ -317,19 +324,21 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
                 time.sleep(0.05 * 2**attempt)
             con.execute("BEGIN TRANSACTION")
             try:
+                if dialect.is_postgres(con):
+                    con.execute("SELECT pg_advisory_xact_lock(?)", [MIGRATION_LOCK_KEY])
                 con.execute(_VERSION_TABLE)
                 if current_version(con) >= migration.version:
                     con.execute("ROLLBACK")
                     break
                 for statement in migration.statements:
-                    con.execute(statement)
+                    con.execute(_for_engine(con, statement))
                 con.execute(
                     "INSERT INTO schema_version (version, description) VALUES (?, ?)",
                     [migration.version, migration.description],
                 )
                 con.execute("COMMIT")
                 break
-            except (duckdb.TransactionException, duckdb.ConstraintException):
+            except (*dialect.Conflict, *dialect.ConstraintViolated):
                 _rollback_quietly(con)
             except BaseException:
                 _rollback_quietly(con)
@@ -341,8 +350,20 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
 
 def _rollback_quietly(con: duckdb.DuckDBPyConnection) -> None:
     # A failed COMMIT has already ended the transaction; ROLLBACK then refuses.
-    with suppress(duckdb.TransactionException):
+    with suppress(*dialect.TransactionEnded):
         con.execute("ROLLBACK")
+
+
+_PG_TYPES = ((re.compile(r"\bBLOB\b"), "BYTEA"), (re.compile(r"\bDOUBLE\b"), "DOUBLE PRECISION"))
+
+
+def _for_engine(con: object, statement: str) -> str:
+    """A migration's statement as `con`'s engine spells it: only two type names differ."""
+    if not dialect.is_postgres(con):
+        return statement
+    for pattern, name in _PG_TYPES:
+        statement = pattern.sub(name, statement)
+    return statement
 
 
 def table_columns() -> dict[str, list[tuple[str, str, bool]]]:

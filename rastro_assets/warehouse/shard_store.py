@@ -25,7 +25,7 @@ def shard_counts(con: duckdb.DuckDBPyConnection) -> dict[int, int]:
     """Linked accounts per shard (shards holding none are absent)."""
     rows = con.execute(
         f"SELECT {SHARD} AS shard, count(*) FROM meta_ad_accounts a {SHARD_JOIN}"
-        " WHERE a.ad_account_id IN (SELECT ad_account_id FROM site_ad_accounts) GROUP BY ALL"
+        " WHERE a.ad_account_id IN (SELECT ad_account_id FROM site_ad_accounts) GROUP BY 1"
     ).fetchall()
     return {int(shard): int(count) for shard, count in rows}
 
@@ -37,7 +37,7 @@ def account_shards(
     query = f"SELECT a.ad_account_id, {SHARD} FROM meta_ad_accounts a {SHARD_JOIN}"
     params: list[object] = []
     if ad_account_ids is not None:
-        query += " WHERE list_contains(?::VARCHAR[], a.ad_account_id)"
+        query += " WHERE a.ad_account_id = ANY(?::VARCHAR[])"
         params.append(sorted(set(ad_account_ids)))
     return {account: int(shard) for account, shard in con.execute(query, params).fetchall()}
 

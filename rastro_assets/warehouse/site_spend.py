@@ -102,9 +102,9 @@ def replace_site_spend(
         f"""
         DELETE FROM site_spend_daily USING {SCOPE} s
         WHERE site_spend_daily.ad_account_id = s.ad_account_id AND site_spend_daily.day = s.day
-          AND list_contains($accounts::VARCHAR[], site_spend_daily.ad_account_id)
+          AND site_spend_daily.ad_account_id = ANY($accounts::VARCHAR[])
           AND site_spend_daily.day BETWEEN $first AND $last
-          AND ($sites::VARCHAR[] IS NULL OR list_contains($sites::VARCHAR[], site_id))
+          AND ($sites::VARCHAR[] IS NULL OR site_id = ANY($sites::VARCHAR[]))
         """,
         params,
     )
@@ -123,12 +123,12 @@ def _insert_sums(con: duckdb.DuckDBPyConnection, params: dict) -> list[tuple]:
                 SELECT {_SITE_SUMS}
                 FROM ad_spend_daily
                 JOIN {SCOPE} USING (ad_account_id, day)
-                WHERE list_contains($accounts::VARCHAR[], ad_account_id)
+                WHERE ad_account_id = ANY($accounts::VARCHAR[])
                   AND day BETWEEN $first AND $last
                 GROUP BY ad_account_id, day
             ) sums
             JOIN site_ad_accounts l USING (ad_account_id)
-            WHERE $sites::VARCHAR[] IS NULL OR list_contains($sites::VARCHAR[], l.site_id)
+            WHERE $sites::VARCHAR[] IS NULL OR l.site_id = ANY($sites::VARCHAR[])
             RETURNING site_id, ad_account_id, day, spend, ad_rows
             """,
             params,

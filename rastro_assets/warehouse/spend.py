@@ -345,9 +345,9 @@ def _bounds(batch: dict[str, _Read]) -> dict[str, object]:
 # several blocks starts each block's sync when it reaches it, after its own start.
 _CHECKS = """
     WITH links AS (
-        SELECT ad_account_id, list(site_id ORDER BY site_id) AS sites
+        SELECT ad_account_id, array_agg(site_id ORDER BY site_id) AS sites
         FROM site_ad_accounts
-        WHERE list_contains($accounts::VARCHAR[], ad_account_id)
+        WHERE ad_account_id = ANY($accounts::VARCHAR[])
         GROUP BY ad_account_id
     ), repeats AS (
         SELECT ad_account_id, count(*) AS n
@@ -357,13 +357,13 @@ _CHECKS = """
     ), stored AS (
         SELECT ad_account_id, count(*) AS n
         FROM ad_spend_daily
-        WHERE list_contains($accounts::VARCHAR[], ad_account_id) AND day BETWEEN $first AND $last
+        WHERE ad_account_id = ANY($accounts::VARCHAR[]) AND day BETWEEN $first AND $last
         GROUP BY ad_account_id
     ), newer AS (
         SELECT ad_account_id, count(*) AS n
         FROM meta_sync_runs
-        WHERE started_at > $synced_at AND list_contains($accounts::VARCHAR[], ad_account_id)
-          AND NOT list_contains($own_runs::VARCHAR[], run_id)
+        WHERE started_at > $synced_at AND ad_account_id = ANY($accounts::VARCHAR[])
+          AND NOT run_id = ANY($own_runs::VARCHAR[])
         GROUP BY ad_account_id
     )
     SELECT a.ad_account_id, l.sites, coalesce(r.n, 0), coalesce(s.n, 0), coalesce(w.n, 0)
@@ -406,7 +406,7 @@ _CLASSIFY = f"""
                s.clicks, s.conversations, scope.complete
         FROM ad_spend_daily s
         JOIN spend_scope scope USING (ad_account_id, day)
-        WHERE list_contains($accounts::VARCHAR[], s.ad_account_id)
+        WHERE s.ad_account_id = ANY($accounts::VARCHAR[])
           AND s.day BETWEEN $first AND $last
     ) d ON d.ad_account_id = i.ad_account_id AND d.ad_id = i.ad_id AND d.day = i.day
     WHERE i.ad_id IS NOT NULL OR d.complete

@@ -71,7 +71,7 @@ def wanted_thumbnails(
         FROM ad_catalog c LEFT JOIN ad_thumbnails t ON t.ad_id = c.ad_id
         WHERE c.ad_account_id = ? AND c.thumbnail_url IS NOT NULL
           AND (t.ad_id IS NULL OR t.creative_id IS DISTINCT FROM c.creative_id)
-          AND (?::VARCHAR[] IS NULL OR list_contains(?::VARCHAR[], c.ad_id))
+          AND (?::VARCHAR[] IS NULL OR c.ad_id = ANY(?::VARCHAR[]))
         ORDER BY t.ad_id IS NOT NULL, coalesce(c.ad_status = 'ACTIVE', false) DESC, c.ad_id
         LIMIT ?
         """,
@@ -162,7 +162,7 @@ def latest_thumbnails(
         """
         SELECT t.ad_id, c.ad_name, t.content_type, t.image
         FROM ad_thumbnails t JOIN ad_catalog c ON c.ad_id = t.ad_id
-        WHERE c.ad_account_id = ? AND list_contains(?::VARCHAR[], t.content_type)
+        WHERE c.ad_account_id = ? AND t.content_type = ANY(?::VARCHAR[])
           AND octet_length(t.image) <= ?
         ORDER BY t.fetched_at DESC, t.ad_id
         LIMIT ?

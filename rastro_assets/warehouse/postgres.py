@@ -1,0 +1,341 @@
+"""The warehouse on a PostgreSQL server: connections from a small pool, one statement text.
+
+Set `RASTRO_WAREHOUSE_URL=postgresql://...` and every process (run workers, the daemon,
+the CLI, the webserver) shares the warehouse over the network instead of one DuckDB file on
+one host. A connection here answers what the rest of `warehouse/` asks of a DuckDB one:
+`execute` with `?` or `$name` parameters, `fetchone`, `fetchall`, Arrow tables registered
+by name, `BEGIN`/`COMMIT`/`ROLLBACK` as statements. So a statement differs by engine only
+where its SQL must (`dialect.pick`).
+
+Nothing here keeps session state a transaction-mode pooler (PgBouncer) would lose: no
+server-side prepared statements, temporary tables only for the transaction that made them
+or dropped before the connection goes back, the time zone pinned at connect as a startup
+option and never relied on by a statement.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any
+from urllib.parse import SplitResult, urlsplit, urlunsplit
+
+import psycopg
+import pyarrow as pa
+from psycopg import pq, sql
+
+from rastro_assets.warehouse import schema
+
+POOL_IDLE_CONNECTIONS = 4
+"""Idle connections a process keeps for the next caller; more may be open at a busy moment."""
+CONNECT_TIMEOUT_SECONDS = 10
+
+ENGINE = "postgres"
+
+
+class WarehouseUnreachable(psycopg.OperationalError):
+    """The server named by RASTRO_WAREHOUSE_URL refused us or could not be reached."""
+
+
+def redacted(url: str) -> str:
+    """`url` with its password replaced, fit for any log, message or run record."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "postgresql://(unparseable URL)"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(SplitResult(parts.scheme, f"{user}:***@{netloc}", *parts[2:]))
+
+
+def is_postgres_url(value: str | None) -> bool:
+    return bool(value) and value.split(":", 1)[0] in {"postgresql", "postgres"}
+
+
+class PostgresWarehouse:
+    """A PostgreSQL database: where it is, and a pool of connections to it."""
+
+    engine = ENGINE
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        snapshot_path: str | None = None,
+        idle_connections: int = POOL_IDLE_CONNECTIONS,
+        **_duckdb_only: Any,
+    ) -> None:
+        if not is_postgres_url(url):
+            raise ValueError(f"not a postgresql:// URL: {redacted(url)}")
+        self._url = url
+        self.path = redacted(url)
+        """What messages name: the URL without its password."""
+        self.snapshot_path = snapshot_path
+        self._idle: list[psycopg.Connection] = []
+        self._idle_limit = idle_connections
+        self._lock = threading.Lock()
+        self._migrated = False
+
+    def __repr__(self) -> str:
+        return f"PostgresWarehouse({self.path!r})"
+
+    @contextmanager
+    def connect(self, read_only: bool = False) -> Iterator[PostgresConnection]:
+        """A pooled connection for the body of the `with`, given back when it ends.
+
+        The first connection of this object brings the schema up to date, readers too: a
+        reader then always sees every table.
+        """
+        del read_only  # the server keeps readers and writers apart itself
+        con = PostgresConnection(self._checkout())
+        try:
+            if not self._migrated:
+                schema.migrate(con)
+                self._migrated = True
+            yield con
+        finally:
+            self._checkin(con)
+
+    @contextmanager
+    def held(self) -> Iterator[PostgresWarehouse]:
+        """Nothing to hold: the server takes many connections at once."""
+        yield self
+
+    def migrate(self) -> int:
+        with self.connect() as con:
+            return schema.current_version(con)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for raw in idle:
+            with suppress(Exception):
+                raw.close()
+
+    def _checkout(self) -> psycopg.Connection:
+        with self._lock:
+            while self._idle:
+                raw = self._idle.pop()
+                if not raw.closed and raw.info.transaction_status == pq.TransactionStatus.IDLE:
+                    return raw
+                with suppress(Exception):
+                    raw.close()
+        return self._open()
+
+    def _checkin(self, con: PostgresConnection) -> None:
+        raw = con.detach()
+        healthy = not raw.closed and raw.info.transaction_status == pq.TransactionStatus.IDLE
+        with self._lock:
+            if healthy and len(self._idle) < self._idle_limit:
+                self._idle.append(raw)
+                return
+        with suppress(Exception):
+            raw.close()
+
+    def _open(self) -> psycopg.Connection:
+        try:
+            return psycopg.connect(
+                self._url,
+                autocommit=True,
+                # Never prepared server-side: a transaction-mode pooler hands the next
+                # statement to another server connection, which has not seen it.
+                prepare_threshold=None,
+                connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                options=_with_utc(urlsplit(self._url).query),
+                application_name="rastro_assets",
+            )
+        except psycopg.OperationalError as exc:
+            raise WarehouseUnreachable(
+                f"the warehouse {self.path} (RASTRO_WAREHOUSE_URL) cannot be reached:"
+                f" {_scrubbed(str(exc), self._url)}"
+            ) from None
+
+
+def _with_utc(query: str) -> str:
+    """The URL's own `options`, then the UTC time zone, which every timestamp is read in."""
+    own = ""
+    for pair in query.split("&"):
+        name, _, value = pair.partition("=")
+        if name == "options":
+            from urllib.parse import unquote_plus
+
+            own = unquote_plus(value)
+    return f"{own} -c TimeZone=UTC".strip()
+
+
+def _scrubbed(text: str, url: str) -> str:
+    password = urlsplit(url).password
+    text = " ".join(text.split())
+    return text.replace(password, "***") if password else text
+
+
+class PostgresConnection:
+    """One pooled connection, spoken to as the DuckDB connection the warehouse expects."""
+
+    engine = ENGINE
+
+    def __init__(self, raw: psycopg.Connection) -> None:
+        self._raw = raw
+        self._cursor = raw.cursor()
+        self._registered: list[str] = []
+
+    @property
+    def raw(self) -> psycopg.Connection:
+        return self._raw
+
+    def detach(self) -> psycopg.Connection:
+        """Give the connection back clean: no open transaction, no registered table."""
+        raw = self._raw
+        with suppress(Exception):
+            if raw.info.transaction_status != pq.TransactionStatus.IDLE:
+                raw.execute("ROLLBACK")
+            for name in self._registered:
+                raw.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+        with suppress(Exception):
+            self._cursor.close()
+        return raw
+
+    def execute(
+        self, statement: str, parameters: Sequence[Any] | Mapping[str, Any] | None = None
+    ) -> PostgresConnection:
+        if parameters is None or (not parameters and not isinstance(parameters, Mapping)):
+            self._cursor.execute(statement.replace("%", "%%") if "%" in statement else statement)
+        else:
+            named = isinstance(parameters, Mapping)
+            self._cursor.execute(_pyformat(statement, named), _adapted(parameters))
+        return self
+
+    def executemany(self, statement: str, rows: Sequence[Sequence[Any]]) -> PostgresConnection:
+        self._cursor.executemany(_pyformat(statement, False), [_adapted(r) for r in rows])
+        return self
+
+    def fetchall(self) -> list[tuple]:
+        if self._cursor.description is None:
+            return []
+        return self._cursor.fetchall()
+
+    def fetchone(self) -> tuple | None:
+        if self._cursor.description is None:
+            return None
+        return self._cursor.fetchone()
+
+    @property
+    def description(self):
+        return self._cursor.description
+
+    def in_transaction(self) -> bool:
+        return self._raw.info.transaction_status != pq.TransactionStatus.IDLE
+
+    def complete(self) -> None:
+        """Nothing is left half-read here: results come whole."""
+
+    def register(self, name: str, table: pa.Table) -> None:
+        """A temporary table named `name` holding `table`'s rows, loaded by `COPY`.
+
+        Made for the open transaction only when there is one; otherwise dropped by
+        `unregister` or before the connection goes back to the pool.
+        """
+        self.unregister(name)
+        columns = sql.SQL(", ").join(
+            sql.SQL("{} {}").format(sql.Identifier(field.name), sql.SQL(_pg_type(field.type)))
+            for field in table.schema
+        )
+        on_commit = sql.SQL(" ON COMMIT DROP") if self.in_transaction() else sql.SQL("")
+        self._raw.execute(
+            sql.SQL("CREATE TEMPORARY TABLE {} ({}){}").format(
+                sql.Identifier(name), columns, on_commit
+            )
+        )
+        self._registered.append(name)
+        if table.num_rows:
+            copy_into(self._raw, name, table)
+
+    def unregister(self, name: str) -> None:
+        self._raw.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+        if name in self._registered:
+            self._registered.remove(name)
+
+    def cursor(self) -> PostgresConnection:
+        return self
+
+    def close(self) -> None:
+        """Closed by the pool that lent it, when the `with` ends."""
+
+
+def copy_into(raw: psycopg.Connection, table_name: str, table: pa.Table) -> None:
+    """`COPY` an Arrow table's rows into `table_name`, columns matched by name."""
+    names = table.schema.names
+    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+        sql.Identifier(table_name), sql.SQL(", ").join(map(sql.Identifier, names))
+    )
+    with raw.cursor() as cursor, cursor.copy(statement) as copy:
+        for batch in table.to_batches(max_chunksize=10_000):
+            columns = [column.to_pylist() for column in batch.columns]
+            for row in zip(*columns, strict=True):
+                copy.write_row(row)
+
+
+def _pg_type(arrow: pa.DataType) -> str:
+    if pa.types.is_string(arrow) or pa.types.is_large_string(arrow):
+        return "text"
+    if pa.types.is_decimal(arrow):
+        return f"numeric({arrow.precision},{arrow.scale})"
+    if pa.types.is_int64(arrow) or pa.types.is_uint32(arrow):
+        return "bigint"
+    if pa.types.is_integer(arrow):
+        return "integer"
+    if pa.types.is_boolean(arrow):
+        return "boolean"
+    if pa.types.is_floating(arrow):
+        return "double precision"
+    if pa.types.is_date(arrow):
+        return "date"
+    if pa.types.is_timestamp(arrow):
+        return "timestamptz" if arrow.tz else "timestamp"
+    if pa.types.is_binary(arrow) or pa.types.is_large_binary(arrow):
+        return "bytea"
+    if pa.types.is_list(arrow) or pa.types.is_large_list(arrow):
+        return _pg_type(arrow.value_type) + "[]"
+    if pa.types.is_null(arrow):
+        return "text"
+    raise TypeError(f"no PostgreSQL column type for Arrow's {arrow}")
+
+
+_PLACEHOLDER = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|%|\?|\$([A-Za-z_]\w*)|::")
+
+
+@functools.lru_cache(maxsize=1024)
+def _pyformat(statement: str, named: bool) -> str:
+    """DuckDB's `?` and `$name` parameters as psycopg's `%s` and `%(name)s`; `%` doubled."""
+
+    def swap(match: re.Match[str]) -> str:
+        token = match.group(0)
+        if token == "%":
+            return "%%"
+        if token == "?":
+            return "%s"
+        if match.group(1) is not None:
+            return f"%({match.group(1)})s" if named else token
+        if token[0] in "'\"":
+            return token.replace("%", "%%")
+        return token
+
+    return _PLACEHOLDER.sub(swap, statement)
+
+
+def _adapted(parameters: Sequence[Any] | Mapping[str, Any]) -> Any:
+    if isinstance(parameters, Mapping):
+        return {key: _adapt(value) for key, value in parameters.items()}
+    return [_adapt(value) for value in parameters]
+
+
+def _adapt(value: Any) -> Any:
+    # DuckDB reads a tuple as a list; psycopg would send a composite record.
+    if isinstance(value, tuple):
+        return list(value)
+    return value
