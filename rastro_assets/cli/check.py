@@ -69,7 +69,7 @@ def open_incidents(ctx: Context) -> tuple[list[Incident], int]:
             last_check = store.last_check(con, store.DAEMON_CHECKER)
     except WarehouseLocked as exc:
         raise CannotTell(str(exc)) from None
-    except (WarehouseError, OSError) as exc:
+    except (*WarehouseError, OSError) as exc:
         raise CannotTell(f"the warehouse at {path} cannot be read: {exc}") from None
     try:
         channels_from_env(ctx.environ)

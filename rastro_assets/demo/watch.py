@@ -56,7 +56,7 @@ def read_progress(duckdb_path: Path, now: datetime | None = None) -> Progress | 
     try:
         with warehouse.connect(read_only=True) as con:
             accounts = planned_accounts(con)
-    except (WarehouseLocked, WarehouseError):
+    except (WarehouseLocked, *WarehouseError):
         return None
     now = now or datetime.now(UTC)
     done = days_read = days_owed = 0
@@ -79,7 +79,7 @@ def snapshot_ready(analytics_path: Path, accounts: int) -> bool:
     """Whether the analytics snapshot was published after every account's backfill."""
     try:
         rows = snapshot_backfill_counts(analytics_path)
-    except (OSError, WarehouseError, LookupError, ValueError):
+    except (OSError, *WarehouseError, LookupError, ValueError):
         # Missing, being replaced, or from an older format: the next look decides.
         return False
     return rows is not None and rows[0] >= accounts and rows[1] == 0

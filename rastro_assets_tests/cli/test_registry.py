@@ -14,11 +14,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from rastro_assets.cli import context
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.meta.models import AdAccount
 from rastro_assets.vault import ENV_VAR, Vault
-from rastro_assets.warehouse import registry
+from rastro_assets.warehouse import engines, registry
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.cli.conftest import assert_usage_error
 from rastro_assets_tests.conftest import record_sync_run
@@ -560,7 +559,7 @@ def test_a_locked_warehouse_is_one_line(rastro, env: Path, world, monkeypatch):
     try:
         assert holder.stdout.readline().strip() == "locked"
         monkeypatch.setattr(
-            context,
+            engines,
             "Warehouse",
             lambda path, **named: Warehouse(path, lock_wait_seconds=0.2, **named),
         )
