@@ -232,3 +232,10 @@ def _warehouse_url(raw: str | None) -> str | None:
             " leave it unset for the DuckDB file of RASTRO_DUCKDB_PATH"
         )
     return url
+
+
+def warehouse_engine(environ: Mapping[str, str] | None = None) -> str:
+    """`postgres` when RASTRO_WAREHOUSE_URL is set, else `duckdb`: what the definitions show
+    as the warehouse tables' kind."""
+    env = os.environ if environ is None else environ
+    return "postgres" if (env.get("RASTRO_WAREHOUSE_URL") or "").strip() else "duckdb"
