@@ -227,8 +227,8 @@ class PostgresConnection:
         setting, lock or prepared statement a caller left on the session.
 
         `DISCARD ALL` puts every setting back to what the connection started with, so the
-        startup options (UTC, the URL's own) stay. A connection it cannot clean is closed
-        by the pool rather than lent again.
+        startup options (UTC, the URL's own) stay. A connection that cannot be cleaned is
+        closed, never lent again.
         """
         raw = self._raw
         with suppress(Exception):
