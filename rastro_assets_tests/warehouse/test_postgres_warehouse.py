@@ -312,3 +312,28 @@ def test_two_sites_linking_one_new_account_at_once_through_two_connections(wareh
         assert outcome and "already synced through connection 'c1'" in str(outcome[0])
         assert registry.get_account(first, "act_1").connection_id == "c1"
         assert registry.sites_linking(first, "act_1") == ["s1"]
+
+
+@pytest.mark.engines("postgres")
+def test_a_pooled_connection_the_server_dropped_is_replaced_not_lent(
+    warehouse_server: WarehouseServer,
+):
+    warehouse = PostgresWarehouse(warehouse_server.fresh_schema_url(), check_idle_after_seconds=0)
+    try:
+        with warehouse.connect() as con:
+            [dropped] = con.execute("SELECT pg_backend_pid()").fetchone()
+        with contextlib.closing(warehouse_server.server.connect()) as admin, admin.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(%s)", [dropped])
+            # Bounded: the server ends the backend at once, the poll only waits for it to go.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                cur.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [dropped])
+                if cur.fetchone() == (0,):
+                    break
+                time.sleep(0.01)
+        with warehouse.connect() as con:
+            [fresh] = con.execute("SELECT pg_backend_pid()").fetchone()
+            assert con.execute("SELECT count(*) FROM sites").fetchone() == (0,)
+        assert fresh != dropped
+    finally:
+        warehouse.close()
