@@ -145,18 +145,18 @@ class PostgresReader:
 
     def totals(self, table: str) -> tuple:
         """`TOTALS_COMPARED` for `table`, each figure as an exact `Decimal` (None if null)."""
-        row = self._table(f"SELECT {TOTALS_COMPARED[table]} FROM {table}").to_pylist()[0]
-        return comparable(row.values())
+        [row] = _rows(self._table(f"SELECT {TOTALS_COMPARED[table]} FROM {table}"))
+        return comparable(row)
 
     def account_totals(self, table: str) -> dict[str, tuple]:
         """`TOTALS_COMPARED` for a spend table, per account."""
-        rows = self._table(
-            f"SELECT ad_account_id, {TOTALS_COMPARED[table]} FROM {table}"
-            " GROUP BY ad_account_id"
-        ).to_pylist()
-        return {
-            row.pop("ad_account_id"): comparable(row.values()) for row in rows
-        }
+        rows = _rows(
+            self._table(
+                f"SELECT ad_account_id, {TOTALS_COMPARED[table]} FROM {table}"
+                " GROUP BY ad_account_id"
+            )
+        )
+        return {account: comparable(figures) for account, *figures in rows}
 
     def _scalar(self, statement: str) -> Any:
         return self._table(statement).column(0)[0].as_py()
@@ -197,6 +197,11 @@ def open_reader(url: str) -> Iterator[PostgresReader]:
 def comparable(values: Sequence[Any] | Any) -> tuple:
     """Totals from either engine as exact Decimals, so `12.5` and `12.5000` agree."""
     return tuple(None if value is None else Decimal(str(value)) for value in values)
+
+
+def _rows(table: pa.Table) -> list[tuple]:
+    """The rows as tuples: the totals' columns share names, so no dict would do."""
+    return list(zip(*(column.to_pylist() for column in table.columns), strict=True))
 
 
 def _message(exc: BaseException, url: str) -> str:

@@ -254,6 +254,8 @@ class Publisher:
             if self.staging.exists() and _storage_tag(self.staging) != self._wanted_storage():
                 self._remove_staging()
         except duckdb.Error as exc:
+            # Unreadable from its first page: the retry starts from a new file.
+            self._remove_staging()
             raise _StagingFailed from exc
         if dialect.is_postgres(self.warehouse):
             return self._refresh_staging_from_postgres(now, published_at)
