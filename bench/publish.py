@@ -691,6 +691,10 @@ def run(args, pg_server, Publisher, fixed_clock, Warehouse) -> None:  # noqa: N8
                   f"{pg['first'].duration_seconds:10.1f}   <= 30")
             print(f"  a wave's publish       {publish_s:7.2f}   {pg_median:10.2f}   <= 2"
                   f"   (median of {len(walls)})")
+            duck_refresh = statistics.median(r.refresh_seconds for r in publishes)
+            pg_refresh = statistics.median(r.refresh_seconds for r in pg["results"])
+            print(f"    of which the refresh {duck_refresh:7.2f}   {pg_refresh:10.2f}"
+                  "          (the rest copies the file)")
             twin.close()
         leftovers = [p.name for p in target.parent.iterdir() if p.name.endswith(".tmp")]
         if leftovers:
