@@ -168,8 +168,10 @@ def _copy_table(
     columns = ", ".join(f'"{column}"' for column in table.columns)
     read = f'SELECT {columns} FROM "{table.name}"'
     write = f'COPY "{table.name}" ({columns}) FROM STDIN'
+    # DuckDB refuses a new statement while an earlier result is half-read.
+    source.complete()
     with target.raw.cursor() as cursor, cursor.copy(write) as copy:
-        for row in _rows(source.execute(read).to_arrow_reader(BATCH_ROWS)):
+        for row in _rows(source.sql(read).to_arrow_reader(BATCH_ROWS)):
             copy.write_row(row)
 
 
