@@ -16,12 +16,12 @@ from rastro_assets.warehouse.runs import (
     SyncRunEnd,
     SyncRunStart,
     finish_sync_runs,
-    lock_accounts,
     open_sync_runs,
     prune_sync_runs,
     record_finished_run,
     start_sync_runs,
 )
+from rastro_assets.warehouse.spend import lock_accounts
 from rastro_assets_tests.conftest import NOW, record_sync_run
 
 DAY = timedelta(days=1)
