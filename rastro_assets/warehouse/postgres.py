@@ -183,6 +183,7 @@ class PostgresConnection:
         self._raw = raw
         self._cursor = raw.cursor()
         self._registered: list[str] = []
+        self._changed: int | None = None
 
     @property
     def raw(self) -> psycopg.Connection:
@@ -203,11 +204,14 @@ class PostgresConnection:
     def execute(
         self, statement: str, parameters: Sequence[Any] | Mapping[str, Any] | None = None
     ) -> PostgresConnection:
+        self._changed = None
         if parameters is None or (not parameters and not isinstance(parameters, Mapping)):
             self._cursor.execute(statement.replace("%", "%%") if "%" in statement else statement)
         else:
             named = isinstance(parameters, Mapping)
             self._cursor.execute(_pyformat(statement, named), _adapted(parameters))
+        if self._cursor.description is None and _changes_rows(self._cursor.statusmessage):
+            self._changed = self._cursor.rowcount
         return self
 
     def executemany(self, statement: str, rows: Sequence[Sequence[Any]]) -> PostgresConnection:
@@ -216,12 +220,16 @@ class PostgresConnection:
 
     def fetchall(self) -> list[tuple]:
         if self._cursor.description is None:
-            return []
+            changed = self.fetchone()
+            return [changed] if changed is not None else []
         return self._cursor.fetchall()
 
     def fetchone(self) -> tuple | None:
+        """The next row; after an INSERT, UPDATE or DELETE without RETURNING, once, the
+        count of rows it changed, as DuckDB answers."""
         if self._cursor.description is None:
-            return None
+            changed, self._changed = self._changed, None
+            return (changed,) if changed is not None else None
         return self._cursor.fetchone()
 
     @property
@@ -265,6 +273,10 @@ class PostgresConnection:
 
     def close(self) -> None:
         """Closed by the pool that lent it, when the `with` ends."""
+
+
+def _changes_rows(status: str | None) -> bool:
+    return bool(status) and status.split(" ", 1)[0] in {"INSERT", "UPDATE", "DELETE", "MERGE"}
 
 
 def copy_into(raw: psycopg.Connection, table_name: str, table: pa.Table) -> None:
