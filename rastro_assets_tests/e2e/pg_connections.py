@@ -70,18 +70,30 @@ def _parent(pid: int) -> int:
     return 0
 
 
-def role_of(pid: int, test_pid: int) -> tuple[str, int]:
-    """The role of `pid` and the process that has it (itself or an ancestor)."""
+def _roles(pid: int, test_pid: int) -> Iterator[tuple[str, int]]:
+    """The roles of `pid` and of its ancestors, nearest first."""
     here = pid
     while here > 1:
         if here == test_pid:
-            return "test", here
+            yield "test", here
+            return
         command = _cmdline(here)
         for role, mark in ROLES:
             if mark in command:
-                return role, here
+                yield role, here
+                break
         here = _parent(here)
-    return "other", pid
+
+
+def role_of(pid: int, test_pid: int) -> tuple[str, int]:
+    """The role of `pid` and the process that has it (itself or an ancestor); a code server
+    is named by who started it (the daemon's, the webserver's)."""
+    roles = _roles(pid, test_pid)
+    role, holder = next(roles, ("other", pid))
+    if role == "code server":
+        parent = next(roles, ("", 0))[0]
+        role = f"{parent}'s code server" if parent else role
+    return role, holder
 
 
 @dataclass

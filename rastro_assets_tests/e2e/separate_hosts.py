@@ -17,21 +17,27 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
-from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, WorkerStatus
+from dagster._core.launcher import (
+    CheckRunHealthResult,
+    LaunchRunContext,
+    RunLauncher,
+    WorkerStatus,
+)
 from dagster._grpc.types import ExecuteRunArgs
-from dagster._serdes import ConfigurableClass, ConfigurableClassData
+from dagster._serdes import ConfigurableClass, ConfigurableClassData, serialize_value
 
 # What a pod's image gives every process, beside the variables the launcher passes on.
 BASE_VARIABLES = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "TZ", "VIRTUAL_ENV")
 
 
-class SeparateHostRunLauncher(dg.RunLauncher, ConfigurableClass):
+class SeparateHostRunLauncher(RunLauncher, ConfigurableClass):
     """Each run a `dagster api execute_run` process with its own empty directories."""
 
     def __init__(
@@ -84,9 +90,9 @@ class SeparateHostRunLauncher(dg.RunLauncher, ConfigurableClass):
             and name not in ("RASTRO_DUCKDB_PATH", "DAGSTER_HOME")
         }
         env.update(DAGSTER_HOME=str(home), TMPDIR=str(tmp), HOME=str(work))
-        command = ExecuteRunArgs(
-            job_origin=origin, run_id=run.run_id, instance_ref=None
-        ).get_command_args()
+        # The code's own Python, as the image's entry point would be; PATH need not hold it.
+        args = ExecuteRunArgs(job_origin=origin, run_id=run.run_id, instance_ref=None)
+        command = [sys.executable, "-m", "dagster", "api", "execute_run", serialize_value(args)]
         self._instance.report_engine_event(
             f"Starting the run worker in {work}", run, cls=self.__class__
         )
