@@ -110,6 +110,12 @@ class PostgresWarehouse:
     def __repr__(self) -> str:
         return f"PostgresWarehouse({self.path!r})"
 
+    @property
+    def url_with_password(self) -> str:
+        """The URL as set, password included: for another driver to connect with (the
+        snapshot's publisher reads over ADBC), never for a message."""
+        return self._url
+
     @contextmanager
     def connect(self, read_only: bool = False) -> Iterator[PostgresConnection]:
         """A pooled connection for the body of the `with`, given back when it ends.

@@ -1,0 +1,31 @@
+"""The same world in a PostgreSQL warehouse as in a DuckDB one: every table copied, row for
+row, so a snapshot published from each can be compared value for value."""
+
+from __future__ import annotations
+
+from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.postgres import PostgresWarehouse, copy_into
+
+# The migrations' own bookkeeping is each engine's; everything else is the world.
+SKIPPED = {"schema_version"}
+
+
+def mirror(source: Warehouse, target: PostgresWarehouse) -> None:
+    """Replace every table of `target` with `source`'s rows (columns matched by name)."""
+    with source.connect(read_only=True) as duck:
+        tables = [
+            name
+            for (name,) in duck.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'"
+                " AND database_name = current_database() ORDER BY 1"
+            ).fetchall()
+            if name not in SKIPPED
+        ]
+        rows = {
+            name: duck.execute(f"SELECT * FROM {name}").to_arrow_table() for name in tables
+        }
+    with target.connect() as pg:
+        for name, table in rows.items():
+            pg.execute(f"DELETE FROM {name}")
+            if table.num_rows:
+                copy_into(pg.raw, name, table)
