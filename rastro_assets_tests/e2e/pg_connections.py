@@ -25,6 +25,14 @@ ROLES = (
     ("webserver", "dagster-webserver"),
     ("daemon", "dagster-daemon"),
 )
+# Named in the summary even when they held none.
+EXPECTED_ROLES = (
+    "run worker",
+    "daemon",
+    "daemon's code server",
+    "webserver",
+    "webserver's code server",
+)
 
 
 def _listening_inodes(ports: set[int]) -> dict[int, int]:
@@ -113,11 +121,20 @@ class ConnectionCounts:
             self.processes[role].add(pid)
 
     def summary(self) -> str:
-        return ", ".join(
-            f"{role}: at most {self.per_process[role]} a process"
-            f" ({len(self.processes[role])} seen)"
-            for role in sorted(self.per_process)
-        ) + f"; at most {self.most_at_once} in all, over {self.samples} samples"
+        roles = sorted({*self.per_process, *EXPECTED_ROLES})
+        held = ", ".join(
+            f"{role}: at most {self.per_process.get(role, 0)} a process"
+            f" ({len(self.processes.get(role, ()))} seen)"
+            for role in roles
+        )
+        others = "".join(
+            f"; {role} ({pid}): {_cmdline(pid)[:160]!r}"
+            for role in sorted(set(self.processes) - {*EXPECTED_ROLES, "test"})
+            for pid in sorted(self.processes[role])[:2]
+        )
+        return (
+            f"{held}; at most {self.most_at_once} in all, over {self.samples} samples{others}"
+        )
 
 
 def sample(cursor, database: str, test_pid: int) -> list[tuple[str, int]]:
