@@ -96,10 +96,11 @@ class SeparateHostRunLauncher(RunLauncher, ConfigurableClass):
         self._instance.report_engine_event(
             f"Starting the run worker in {work}", run, cls=self.__class__
         )
-        worker = subprocess.Popen(
-            command, cwd=work, env=env, stdin=subprocess.DEVNULL,
-            stdout=(host / "worker.log").open("ab"), stderr=subprocess.STDOUT,
-        )
+        with (host / "worker.log").open("ab") as log:
+            worker = subprocess.Popen(
+                command, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         with self._lock:
             self._workers[run.run_id] = worker
 
