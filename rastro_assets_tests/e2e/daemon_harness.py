@@ -23,6 +23,8 @@ from rastro_assets.timekeeping import local_date
 from rastro_assets.vault import Vault
 from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.engines import AnyWarehouse
+from rastro_assets.warehouse.postgres import PostgresWarehouse
 from rastro_assets_tests.conftest import TOKEN
 from rastro_assets_tests.truth import assert_equals_truth
 from rastro_fake_graph.server import serve
@@ -55,12 +57,22 @@ def one_account_world() -> FakeWorld:
 
 
 def linked_warehouse(
-    directory: Path, accounts: list[str], timezone: str, currency: str
-) -> tuple[Warehouse, Path]:
-    """A new warehouse in `directory` with `accounts` linked to site `s1` through connection
-    `c1` (TOKEN sealed), and its first snapshot published: the warehouse and the snapshot's
-    path."""
-    warehouse = Warehouse(directory / "rastro.duckdb")
+    directory: Path,
+    accounts: list[str],
+    timezone: str,
+    currency: str,
+    warehouse_url: str | None = None,
+) -> tuple[AnyWarehouse, Path]:
+    """A new warehouse with `accounts` linked to site `s1` through connection `c1` (TOKEN
+    sealed), and its first snapshot published in `directory`: the warehouse and the
+    snapshot's path. The warehouse is the database of `warehouse_url` when given, else a
+    DuckDB file in `directory`."""
+    snapshot_path = directory / "analytics.duckdb"
+    warehouse = (
+        PostgresWarehouse(warehouse_url, snapshot_path=str(snapshot_path))
+        if warehouse_url
+        else Warehouse(directory / "rastro.duckdb")
+    )
     warehouse.migrate()
     vault = Vault.from_env()
     now = datetime.now(UTC)
@@ -69,7 +81,6 @@ def linked_warehouse(
         registry.save_connection(con, "c1", vault.seal("c1", TOKEN), now)
         for account in accounts:
             link_store.link_account(con, "s1", account, "c1", timezone, currency, now)
-    snapshot_path = directory / "analytics.duckdb"
     Publisher(warehouse, snapshot_path).publish()
     return warehouse, snapshot_path
 
@@ -131,7 +142,7 @@ class Daemon:
 @dataclass
 class LinkedWorld:
     world: FakeWorld
-    warehouse: Warehouse
+    warehouse: AnyWarehouse
     vault: Vault
     home: Path
     daemon: Daemon
@@ -145,24 +156,41 @@ def linked_world(
     world: FakeWorld,
     instance_config: dict,
     extra_env: dict[str, str] | None = None,
-    prepare: Callable[[Warehouse], None] | None = None,
+    prepare: Callable[[AnyWarehouse], None] | None = None,
+    warehouse_url: str | None = None,
+    snapshot_dir: Path | None = None,
 ) -> Iterator[LinkedWorld]:
     """`ACCOUNT` linked to site `s1` in a new warehouse, the fake Graph serving `world`, and a
     running daemon on a Dagster home holding `instance_config`; the daemon stops on exit.
-    `prepare` changes the warehouse before the daemon starts."""
+    `prepare` changes the warehouse before the daemon starts.
+
+    With `warehouse_url` the warehouse is that PostgreSQL database and no process is told of
+    a DuckDB file (`RASTRO_DUCKDB_PATH` unset); the snapshot is published in `snapshot_dir`
+    (default `tmp_path`)."""
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text(yaml.safe_dump(instance_config))
-    warehouse, snapshot_path = linked_warehouse(tmp_path, [ACCOUNT], TIMEZONE, "NZD")
+    warehouse, snapshot_path = linked_warehouse(
+        snapshot_dir or tmp_path, [ACCOUNT], TIMEZONE, "NZD", warehouse_url
+    )
+    where = (
+        {"RASTRO_WAREHOUSE_URL": warehouse_url}
+        if warehouse_url
+        else {"RASTRO_DUCKDB_PATH": str(warehouse.path)}
+    )
     if prepare is not None:
         prepare(warehouse)
     vault = Vault.from_env()
     with serve(world) as server:
         env = {
-            **os.environ,
+            **{
+                name: value
+                for name, value in os.environ.items()
+                if name not in ("RASTRO_DUCKDB_PATH", "RASTRO_WAREHOUSE_URL")
+            },
             **(extra_env or {}),
             "DAGSTER_HOME": str(home),
-            "RASTRO_DUCKDB_PATH": str(warehouse.path),
+            **where,
             "RASTRO_META_GRAPH_URL": server.base_url,
             "RASTRO_SECRETS_KEY": secrets_key,
             "RASTRO_SENSOR_INTERVAL_SECONDS": str(SENSOR_INTERVAL_SECONDS),
@@ -176,15 +204,17 @@ def linked_world(
             yield LinkedWorld(world, warehouse, vault, home, daemon, snapshot_path)
         finally:
             daemon.stop()
+            if isinstance(warehouse, PostgresWarehouse):
+                warehouse.close()
 
 
-def account_status(warehouse: Warehouse) -> cadence.AccountStatus:
+def account_status(warehouse: AnyWarehouse) -> cadence.AccountStatus:
     with warehouse.connect() as con:
         [account] = planned_accounts(con)
     return cadence.status(account.state, datetime.now(UTC))
 
 
-def runs(warehouse: Warehouse, kind: str) -> list[tuple]:
+def runs(warehouse: AnyWarehouse, kind: str) -> list[tuple]:
     with warehouse.connect() as con:
         return con.execute(
             "SELECT since, until, outcome FROM meta_sync_runs WHERE kind = ? ORDER BY started_at",
@@ -192,7 +222,7 @@ def runs(warehouse: Warehouse, kind: str) -> list[tuple]:
         ).fetchall()
 
 
-def wait_for_the_backfill(warehouse: Warehouse, world: FakeWorld, timeout_seconds: float):
+def wait_for_the_backfill(warehouse: AnyWarehouse, world: FakeWorld, timeout_seconds: float):
     """The new account's 90-day backfill, once done and published: 30-day blocks, all ok,
     equal to Meta.
 
@@ -221,7 +251,7 @@ def wait_for_the_backfill(warehouse: Warehouse, world: FakeWorld, timeout_second
     return backfill
 
 
-def published_after_backfill(warehouse: Warehouse) -> bool:
+def published_after_backfill(warehouse: AnyWarehouse) -> bool:
     """A snapshot was published after the last backfill block finished."""
     with warehouse.connect() as con:
         [[published, finished]] = con.execute(
@@ -231,7 +261,7 @@ def published_after_backfill(warehouse: Warehouse) -> bool:
     return published is not None and finished is not None and published >= finished
 
 
-def wave_outcome_after(warehouse: Warehouse, instant: datetime) -> str | None:
+def wave_outcome_after(warehouse: AnyWarehouse, instant: datetime) -> str | None:
     """The outcome of the first finished wave sync (live, daily, weekly) after `instant`."""
     with warehouse.connect() as con:
         row = con.execute(
@@ -245,7 +275,7 @@ def wave_outcome_after(warehouse: Warehouse, instant: datetime) -> str | None:
     return row[0] if row else None
 
 
-def sync_now(warehouse: Warehouse) -> datetime:
+def sync_now(warehouse: AnyWarehouse) -> datetime:
     requested_at = datetime.now(UTC)
     with warehouse.connect() as con:
         registry.request_sync(con, ACCOUNT, requested_at)

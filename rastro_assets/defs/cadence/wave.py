@@ -162,7 +162,10 @@ def _first_wave_of_block(outcome: SyncOutcome) -> bool:
     "is recorded for its back-off and does not stop the others.",
     pool="meta_api",
 )
-def sync_wave(context: dg.OpExecutionContext, config: WaveConfig, rastro: RastroResource):
+def sync_wave(
+    context: dg.OpExecutionContext, config: WaveConfig, rastro: RastroResource
+) -> None:
+    # Returns nothing, so no IO manager stores an output: a run pod keeps no file of its own.
     requests = _not_held(context, _requests(context, config, rastro))
     wave = rastro.syncer().sync_wave(
         requests, synced_at=rastro.run_started_at(context), concurrency=WAVE_CONCURRENCY
