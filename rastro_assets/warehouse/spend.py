@@ -305,10 +305,12 @@ def _apply(
             con.execute(_DELETE_GONE)
         if totals["changed"]:
             con.execute(_UPDATE_CHANGED, stamped)
-        if totals["same"]:
-            con.execute(_STAMP_UNCHANGED, stamped)
         if totals["new"]:
             con.execute(_INSERT_NEW, stamped)
+        if totals["same"]:
+            con.execute(_STAMP_COMPLETE_DAYS, {**params, **stamped})
+            if any(len(read.complete_days) < len(read.days) for read in batch.values()):
+                con.execute(_STAMP_PARTIAL_DAYS, stamped)
     finally:
         with suppress(*dialect.TransactionAborted):  # an aborted transaction drops it
             con.execute("DROP TABLE IF EXISTS spend_changes")
@@ -444,12 +446,25 @@ _UPDATE_CHANGED = f"""
     WHERE {_MATCH} AND c.change = 'changed'
 """
 
-# Most of a re-read: only the stamp moves. No indexed column changes, so PostgreSQL may
-# keep the new row version on its page (a HOT update); a row already stamped is left be.
-_STAMP_UNCHANGED = f"""
+# Most of a re-read: only the stamp moves, and on a complete day every row left after the
+# deletes is one the read brought, so those days are stamped by the scope alone, without
+# matching the rows. A partial day's rows are stamped only where the read had them. No
+# indexed column changes, so PostgreSQL may keep the new row version on its page (a HOT
+# update); a row already stamped (changed or new) is left be.
+_STAMP_COMPLETE_DAYS = """
+    UPDATE ad_spend_daily SET synced_at = $synced_at
+    FROM spend_scope scope
+    WHERE ad_spend_daily.ad_account_id = scope.ad_account_id
+      AND ad_spend_daily.day = scope.day AND scope.complete
+      AND ad_spend_daily.ad_account_id = ANY($accounts::VARCHAR[])
+      AND ad_spend_daily.day BETWEEN $first AND $last
+      AND ad_spend_daily.synced_at IS DISTINCT FROM $synced_at
+"""
+_STAMP_PARTIAL_DAYS = f"""
     UPDATE ad_spend_daily SET synced_at = $synced_at
     FROM spend_changes c
-    WHERE {_MATCH} AND c.change = 'same'
+    JOIN spend_scope scope ON scope.ad_account_id = c.ad_account_id AND scope.day = c.day
+    WHERE {_MATCH} AND c.change = 'same' AND NOT scope.complete
       AND ad_spend_daily.synced_at IS DISTINCT FROM $synced_at
 """
 
