@@ -8,8 +8,10 @@ at once: every figure exact.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import queue
+import threading
 import time
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -18,6 +20,7 @@ import pytest
 
 from rastro_assets.meta.models import InsightRow, insight_table
 from rastro_assets.warehouse import link_store, registry, site_store
+from rastro_assets.warehouse.catalog import upsert_spend_names
 from rastro_assets.warehouse.connection import transaction
 from rastro_assets.warehouse.errors import AccountTakenOver
 from rastro_assets.warehouse.postgres import PostgresWarehouse
@@ -269,3 +272,36 @@ def _stop(processes) -> None:
         if process.is_alive():
             process.kill()
             process.join()
+
+
+# -- two runs naming one account's new ads -------------------------------------------
+
+def test_two_runs_naming_the_same_new_ads_take_turns(shared):
+    """The second merge waits for the first and then finds its ads: no duplicate key."""
+    warehouse, _ = shared
+    link(warehouse, ["act_1"])
+    names = insight_table([
+        dataclasses.replace(row, ad_name=f"Ad {row.ad_id}")
+        for row in reads([f"ad{index}" for index in range(20)], DAYS[:1], 100)
+    ])
+    errors: list[BaseException] = []
+    with warehouse.connect() as first, warehouse.connect() as second:
+        def name_too() -> None:
+            try:
+                upsert_spend_names(second, [("act_1", names)], AT)
+            except BaseException as exc:  # noqa: BLE001 - the test reports it
+                errors.append(exc)
+
+        with transaction(first):
+            upsert_spend_names(first, [("act_1", names)], AT)
+            other = threading.Thread(target=name_too)
+            other.start()
+            _wait_until_blocked(warehouse, _Pid(second.raw.info.backend_pid))
+        other.join(WAIT_SECONDS)
+        assert not errors, errors
+        assert first.execute("SELECT count(*) FROM ad_catalog").fetchone()[0] == 20
+
+
+@dataclasses.dataclass
+class _Pid:
+    value: int
