@@ -588,15 +588,12 @@ def run(args, pg_server, Publisher, fixed_clock, Warehouse) -> None:  # noqa: N8
 
         twin = pg = None
         if pg_server is not None:
-            from rastro_assets_tests.analytics.mirror import planner_on
-
             started = time.perf_counter()
             twin = postgres_twin(warehouse, pg_server)
             print(f"(e) copied to PostgreSQL in {time.perf_counter() - started:.0f} s")
             pg_target = root / "pg" / "analytics.duckdb"
             pg_publisher = Publisher(twin, pg_target, clock=fixed_clock(clock_at))
-            with planner_on(warehouse):
-                pg_first = pg_publisher.publish()
+            pg_first = pg_publisher.publish()
             pg = {"first": pg_first, "walls": [], "results": []}
             print(f"(e) first publish from PostgreSQL: {pg_first.duration_seconds:.1f} s (refresh "
                   f"{pg_first.refresh_seconds:.1f} s, copy {pg_first.copy_seconds:.1f} s), "
@@ -636,8 +633,7 @@ def run(args, pg_server, Publisher, fixed_clock, Warehouse) -> None:  # noqa: N8
                 pg_publisher = Publisher(twin, pg_target,
                                          clock=fixed_clock(at + timedelta(minutes=2)))
                 pg_started = time.perf_counter()
-                with planner_on(warehouse):
-                    pg_result = pg_publisher.publish()
+                pg_result = pg_publisher.publish()
                 pg["walls"].append(time.perf_counter() - pg_started)
                 pg["results"].append(pg_result)
                 print(f"(e) wave {wave + 1} from PostgreSQL: publish {pg['walls'][-1]:.2f} s:"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -49,10 +48,9 @@ def vault(secrets_key: str) -> Vault:
     return Vault.from_env()
 
 
-ENGINE_PARAMETRISED = tuple(
-    filter(None, os.environ.get("RASTRO_TEST_ENGINE_PACKAGES", "").split(","))
-)
-"""The test packages whose tests run once on each warehouse engine; elsewhere DuckDB only."""
+ENGINE_PARAMETRISED = ("warehouse", "sync", "planner")
+"""The test packages whose tests run once on each warehouse engine; elsewhere DuckDB only,
+unless a test names its engines (`@pytest.mark.engines`)."""
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

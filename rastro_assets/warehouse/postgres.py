@@ -16,6 +16,7 @@ option and never relied on by a statement.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import threading
 import time
@@ -87,6 +88,10 @@ def is_postgres_url(value: str | None) -> bool:
     return bool(value) and value.split(":", 1)[0] in {"postgresql", "postgres"}
 
 
+_INHERITED: list = []
+"""Idle connections a forked process found in its parent's pool: kept, never used or closed."""
+
+
 class PostgresWarehouse:
     """A PostgreSQL database: where it is, and a pool of connections to it."""
 
@@ -111,6 +116,7 @@ class PostgresWarehouse:
         """Each idle connection, with the `time.monotonic()` it came back at."""
         self._idle_limit = idle_connections
         self._check_idle_after = check_idle_after_seconds
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._migrated = False
 
@@ -168,6 +174,11 @@ class PostgresWarehouse:
     def _checkout(self) -> psycopg.Connection:
         while True:
             with self._lock:
+                if self._pid != os.getpid():
+                    # A forked child shares its parent's sockets: it must neither use nor
+                    # close them (closing says goodbye to the server on the parent's behalf).
+                    _INHERITED.extend(self._idle)
+                    self._idle, self._pid = [], os.getpid()
                 if not self._idle:
                     break
                 raw, returned_at = self._idle.pop()

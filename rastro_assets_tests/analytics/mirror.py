@@ -3,14 +3,10 @@ row, so a snapshot published from each can be compared value for value."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
-from psycopg import errors as pg_errors
 
-from rastro_assets.analytics import publish
 from rastro_assets.analytics.tables import ANALYST_TABLES
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.postgres import PostgresWarehouse, copy_into
@@ -51,24 +47,3 @@ def snapshot_tables(path: Path) -> dict[str, tuple[list, list]]:
             )
             for table in ANALYST_TABLES
         }
-
-
-@contextmanager
-def planner_on(twin: Warehouse) -> Iterator[None]:
-    """The planner's reads, for a publisher on PostgreSQL, while they are not portable yet:
-    the account states come from `twin`, the DuckDB warehouse holding the same world.
-    Once the planner runs on PostgreSQL, its own answer is used and this changes nothing."""
-    real = publish.planned_accounts
-
-    def planned(con, *args, **kwargs):
-        try:
-            return real(con, *args, **kwargs)
-        except (pg_errors.SyntaxError, pg_errors.UndefinedFunction):
-            with twin.connect(read_only=True) as duck:
-                return real(duck, *args, **kwargs)
-
-    publish.planned_accounts = planned
-    try:
-        yield
-    finally:
-        publish.planned_accounts = real

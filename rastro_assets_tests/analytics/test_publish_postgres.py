@@ -16,7 +16,7 @@ from rastro_assets.analytics.tables import COPIED_COLUMNS
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets.warehouse.postgres import PostgresWarehouse
 from rastro_assets_tests.analytics.helpers import WEEK
-from rastro_assets_tests.analytics.mirror import mirror, planner_on, snapshot_tables
+from rastro_assets_tests.analytics.mirror import mirror, snapshot_tables
 
 # The world is synced into the DuckDB warehouse and copied to PostgreSQL: the DuckDB one is
 # both the source and the reference, whatever engines the package runs on.
@@ -40,8 +40,7 @@ def pg(world, warehouse_server):
     twin = PostgresWarehouse(warehouse_server.fresh_schema_url())
     twin.migrate()
     mirror(world, twin)
-    with planner_on(world):
-        yield twin
+    yield twin
     twin.close()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import secrets
 import threading
 import time
@@ -337,3 +338,30 @@ def test_a_pooled_connection_the_server_dropped_is_replaced_not_lent(
         assert fresh != dropped
     finally:
         warehouse.close()
+
+
+@pytest.mark.engines("postgres")
+def test_a_forked_process_leaves_its_parents_pooled_connections_alone(warehouse):
+    """Dagster forks: a child that used or closed the parent's pooled socket would break it."""
+    with warehouse.connect() as con:
+        parent_backend = con.execute("SELECT pg_backend_pid()").fetchone()[0]
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        code = 1
+        try:
+            with warehouse.connect() as con:
+                backend = con.execute("SELECT pg_backend_pid()").fetchone()[0]
+            warehouse.close()
+            os.write(writer, str(backend).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(writer)
+    _, status = os.waitpid(child, 0)
+    child_backend = int(os.read(reader, 64) or b"0")
+    os.close(reader)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert child_backend not in (0, parent_backend)
+    with warehouse.connect() as con:
+        assert con.execute("SELECT pg_backend_pid()").fetchone()[0] == parent_backend
