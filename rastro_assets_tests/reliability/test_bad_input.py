@@ -5,15 +5,18 @@ an `httpx.MockTransport`) either lands exactly — every figure equal as a
 Decimal, every name as sent — or is refused with a clear, short error, and a
 refused answer writes nothing. Command-line input is likewise accepted as
 given (normalized) or refused with exit 2, one line on stderr, nothing written.
+Every case runs on both engines.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, timedelta
 from decimal import Decimal
@@ -37,11 +40,16 @@ from rastro_assets.timekeeping import days_between
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
 from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.connection import Warehouse, transaction
+from rastro_assets.warehouse.postgres import PostgresWarehouse
 from rastro_assets.warehouse.run_history import sync_run_rows
 from rastro_assets.warehouse.spend import write_spend
 from rastro_assets_tests.conftest import NOW, TOKEN
 from rastro_assets_tests.insight_rows import chunk_from_rows
-from rastro_assets_tests.reliability.helpers import table_dump
+from rastro_assets_tests.reliability.helpers import (
+    open_warehouse_of,
+    table_dump,
+    warehouse_env_for,
+)
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
 
 ACCOUNT = "act_101"
@@ -58,6 +66,7 @@ BASELINE = [
     for day in days_between(SINCE, UNTIL)
     for ad in ADS[:3]
 ]
+pytestmark = pytest.mark.engines("duckdb", "postgres")
 PROPERTY_SETTINGS = settings(
     max_examples=75,
     deadline=None,
@@ -297,24 +306,56 @@ class Pages:
 
 @dataclass
 class Bench:
-    warehouse: Warehouse
+    warehouse: Warehouse | PostgresWarehouse
     vault: Vault
 
 
+class Benches:
+    """One linked warehouse an engine for the module, made when first asked for (a DuckDB
+    file held open until the module ends); every answer starts from `reset`."""
+
+    def __init__(self, tmp_path_factory, request: pytest.FixtureRequest) -> None:
+        self.tmp_path_factory, self.request = tmp_path_factory, request
+        self.made: dict[str, Bench] = {}
+        self.held = contextlib.ExitStack()
+
+    def __call__(self, engine: str) -> Bench:
+        if engine not in self.made:
+            vault = Vault.from_env({ENV_VAR: generate_key()})
+            path = self.tmp_path_factory.mktemp("bench") / "rastro.duckdb"
+            server = None
+            if engine == "postgres":
+                server = self.request.getfixturevalue("warehouse_server")
+            warehouse = open_warehouse_of(warehouse_env_for(engine, path, server),
+                                          lock_wait_seconds=5)
+            warehouse.migrate()
+            with warehouse.connect() as con:
+                site_store.add_site(con, "s1", "Site one", NOW)
+                site_store.add_site(con, "s2", "Site two", NOW)
+                registry.save_connection(con, "c1", vault.seal("c1", TOKEN), NOW)
+                link_store.link_account(con, "s1", ACCOUNT, "c1", "America/Sao_Paulo", "BRL", NOW)
+                link_store.link_account(con, "s2", ACCOUNT, "c1", "America/Sao_Paulo", "BRL", NOW)
+            self.held.enter_context(warehouse.held())
+            self.made[engine] = Bench(warehouse, vault)
+        return self.made[engine]
+
+    def close(self) -> None:
+        self.held.close()
+        for bench in self.made.values():
+            if bench.warehouse.engine == "postgres":
+                bench.warehouse.close()
+
+
 @pytest.fixture(scope="module")
-def bench(tmp_path_factory) -> Bench:
-    """One linked warehouse for the module; every answer starts from `reset`."""
-    vault = Vault.from_env({ENV_VAR: generate_key()})
-    warehouse = Warehouse(tmp_path_factory.mktemp("bench") / "rastro.duckdb", lock_wait_seconds=5)
-    warehouse.migrate()
-    with warehouse.connect() as con:
-        site_store.add_site(con, "s1", "Site one", NOW)
-        site_store.add_site(con, "s2", "Site two", NOW)
-        registry.save_connection(con, "c1", vault.seal("c1", TOKEN), NOW)
-        link_store.link_account(con, "s1", ACCOUNT, "c1", "America/Sao_Paulo", "BRL", NOW)
-        link_store.link_account(con, "s2", ACCOUNT, "c1", "America/Sao_Paulo", "BRL", NOW)
-    with warehouse.held():
-        yield Bench(warehouse, vault)
+def benches(tmp_path_factory, request) -> Iterator[Benches]:
+    made = Benches(tmp_path_factory, request)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def bench(engine: str, benches: Benches) -> Bench:
+    return benches(engine)
 
 
 def reset(warehouse: Warehouse) -> dict[str, list[tuple]]:
@@ -553,20 +594,20 @@ def is_identifier(text: str) -> bool:
 
 
 @pytest.fixture
-def shell(tmp_path, monkeypatch, capsys):
+def shell(warehouse_env, monkeypatch, capsys):
     """`rastro ARGS` in-process on a warehouse with site s1 and connection c1.
 
-    The commands get one held Warehouse (cursors of one open file) instead of
-    opening the file several times an example; what they validate and write
-    is the same.
+    The commands get one held warehouse (on DuckDB, cursors of one open file)
+    instead of opening it several times an example; what they validate and
+    write is the same.
     """
-    path = tmp_path / "rastro.duckdb"
-    monkeypatch.setenv("RASTRO_DUCKDB_PATH", str(path))
+    for name, value in warehouse_env.items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv(ENV_VAR, generate_key())
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
     monkeypatch.delenv("RASTRO_META_FAKE", raising=False)
     monkeypatch.setenv("RASTRO_META_GRAPH_URL", "http://127.0.0.1:9/v25.0")  # never reached
-    warehouse = Warehouse(path)
+    warehouse = open_warehouse_of(warehouse_env)
 
     def run(*args: str, stdin: str = "") -> tuple[int, str, str]:
         monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
@@ -580,6 +621,8 @@ def shell(tmp_path, monkeypatch, capsys):
         assert run("connect", "c1", "--no-verify", stdin=TOKEN)[0] == 0
         run.warehouse = warehouse
         yield run
+    if warehouse.engine == "postgres":
+        warehouse.close()
 
 
 def cli_snapshot(warehouse: Warehouse) -> dict[str, list[tuple]]:
