@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from rastro_assets.settings import (
     ANALYTICS_FILE_NAME,
@@ -226,9 +227,19 @@ def _warehouse_url(raw: str | None) -> str | None:
     if raw is None or not raw.strip():
         return None
     url = raw.strip()
-    if url.split(":", 1)[0] not in {"postgresql", "postgres"}:
+    # The value is never quoted back: it may carry the database's password.
+    if url.split(":", 1)[0] not in {"postgresql", "postgres"} or not _parses(url):
         raise SettingsError(
             "RASTRO_WAREHOUSE_URL must be a postgresql://user@host/database URL;"
             " leave it unset for the DuckDB file of RASTRO_DUCKDB_PATH"
         )
     return url
+
+
+def _parses(url: str) -> bool:
+    """Whether `url` splits into its parts with a numeric port, if it names one."""
+    try:
+        urlsplit(url).port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return False
+    return True

@@ -309,3 +309,28 @@ def test_the_running_guide_gives_every_numeric_setting_its_range():
             row = rows["the `RASTRO_ALERT_*_MINUTES` thresholds"]
         assert row is not None, name
         assert most in row and least in row, row
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "mysql://rastro:s3cretPass@db.example/rastro",
+        "rastro:s3cretPass@db.example/rastro",
+        "postgresql://rastro:s3cretPass@db.example:five432/rastro",
+        "postgresql://rastro:s3cretPass@[::1/rastro",
+    ],
+)
+def test_a_malformed_warehouse_url_is_refused_in_one_line_that_hides_it(raw: str):
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({"RASTRO_WAREHOUSE_URL": raw})
+    message = str(refused.value)
+    assert "RASTRO_WAREHOUSE_URL" in message and "\n" not in message
+    assert "s3cretPass" not in message
+
+
+def test_the_warehouse_url_is_read_when_set_and_never_shown():
+    url = "postgresql://rastro:s3cretPass@db.example:5432/rastro?sslmode=require"
+    settings = Settings.from_env({"RASTRO_WAREHOUSE_URL": f"  {url} "})
+    assert settings.warehouse_url == url
+    assert "s3cretPass" not in repr(settings)
+    assert Settings.from_env({"RASTRO_WAREHOUSE_URL": " "}).warehouse_url is None

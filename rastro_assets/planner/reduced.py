@@ -46,6 +46,7 @@ from rastro_assets.warehouse.run_history import (
     BucketRow,
     ReducedReads,
     ReducedShape,
+    RunStart,
     SummaryRow,
 )
 
@@ -70,11 +71,11 @@ class _Summary:
 
     last_ok: int
     finished: int | None
-    finished_rid: int | None
-    marks: list[tuple[int, int, str]]  # (started, rowid, kind) of each mark's latest candidate
+    finished_start: int | None  # the start of the good run that finished last
+    marks: list[tuple[int, str]]  # (started, kind) of each mark's latest candidate
     buckets: set[int] = field(default_factory=set)
-    points: list[tuple[int, int]] = field(default_factory=list)  # (started, rowid) a bucket
-    coverage: list[int] = field(default_factory=list)
+    points: list[int] = field(default_factory=list)  # each bucket's last good start
+    coverage: list[int] = field(default_factory=list)  # the good backfill and gap starts
 
     @classmethod
     def of(cls, row: SummaryRow) -> _Summary:
@@ -83,17 +84,16 @@ class _Summary:
         return summary
 
     def add_marks(self, row: Sequence, kinds: Sequence[str] = MARK_KINDS) -> None:
-        """Keep the later candidate of each mark, from (started, rowid) pairs in kind order."""
-        latest = {kind: (at, rid) for at, rid, kind in self.marks}
-        for index, kind in enumerate(MARK_KINDS):
-            at, rid = row[2 * index], row[2 * index + 1]
-            if kind in kinds and rid is not None and (kind not in latest or at > latest[kind][0]):
-                latest[kind] = (at, rid)
-        self.marks = [(at, rid, kind) for kind, (at, rid) in latest.items()]
+        """Keep the later candidate of each mark, from starts in kind order."""
+        latest = {kind: at for at, kind in self.marks}
+        for kind, at in zip(MARK_KINDS, row, strict=True):
+            if kind in kinds and at is not None and (kind not in latest or at > latest[kind]):
+                latest[kind] = at
+        self.marks = [(at, kind) for kind, at in latest.items()]
 
     @property
     def has_live(self) -> bool:
-        return any(kind == "live" for _, _, kind in self.marks)
+        return any(kind == "live" for _, kind in self.marks)
 
 
 def planner_runs_by_account(
@@ -188,24 +188,24 @@ def _kept_runs(
 ) -> dict[str, list[SyncRun]]:
     """The chosen rows of the summarised accounts, by account, oldest first.
 
-    The rows chosen by rowid, the runs from each account's latest ok run on, and every
+    The runs chosen by start, the runs from each account's latest ok run on, and every
     unfinished run.
     """
-    rids: set[int] = set()
+    chosen: set[RunStart] = set()
     for account, summary in summaries.items():
-        rids.update(summary.coverage)
-        rids.update(rid for _, rid, _ in summary.marks)
-        if summary.finished_rid is not None:
-            rids.add(summary.finished_rid)
-        rids.update(_anchor_rids(summary, link[account]))
+        starts = {*summary.coverage, *(at for at, _ in summary.marks)}
+        if summary.finished_start is not None:
+            starts.add(summary.finished_start)
+        starts.update(_anchor_starts(summary, link[account]))
+        chosen.update((account, at) for at in starts)
     since = {account: instant(summary.last_ok) for account, summary in summaries.items()}
     history: dict[str, list[SyncRun]] = defaultdict(list)
-    previous = None
-    for row in reads.chosen_rows(sorted(rids), since):
-        key = (row[0], row[1])
-        if key != previous and row[0] in summaries:  # a row may come from two branches
+    seen: set[tuple] = set()
+    for row in reads.chosen_rows(chosen, since):
+        key = (row[0], row[1], row[3])  # a row may come from two branches
+        if key not in seen and row[0] in summaries:
             history[row[0]].append(sync_run(row[1:]))
-        previous = key
+        seen.add(key)
     return history
 
 
@@ -214,35 +214,35 @@ def _add_buckets(summaries: dict[str, _Summary], rows: Sequence[BucketRow]) -> N
         summary = summaries.get(row[0])
         if summary is not None:
             summary.buckets.add(row[1])
-            summary.points.append((row[2], row[3]))
-            summary.coverage.extend(row[4] or ())
+            summary.points.append(row[2])
+            summary.coverage.extend(row[3] or ())
 
 
 def _buckets_unbroken(summary: _Summary, link: int) -> bool:
     """Every bucket from the link (or the first good run) to the last good run holds one."""
     held = set(summary.buckets)
-    for at in (link, summary.last_ok, *(start for start, _, _ in summary.marks)):
+    for at in (link, summary.last_ok, *(start for start, _ in summary.marks)):
         held.add(at // _BUCKET_US)
     return len(held) == max(held) - min(held) + 1
 
 
-def _anchor_rids(summary: _Summary, link: int) -> list[int]:
+def _anchor_starts(summary: _Summary, link: int) -> list[int]:
     """Bucket runs to keep so that no two kept good runs (or the link) are GAP_AFTER apart.
 
     The link, the latest good run and the marks are anchors anyway; a bucket
     run between them is kept only where leaving it out would open a pause
     over GAP_AFTER.
     """
-    fixed = [link, summary.last_ok, *(at for at, _, _ in summary.marks)]
-    points = sorted([(at, None) for at in fixed] + summary.points, key=lambda point: point[0])
-    first_at, first_rid = points[0]
-    kept = [] if first_rid is None else [first_rid]
+    fixed = [link, summary.last_ok, *(at for at, _ in summary.marks)]
+    points = sorted([(at, False) for at in fixed] + [(at, True) for at in summary.points])
+    first_at, first_is_run = points[0]
+    kept = [first_at] if first_is_run else []
     last = first_at
     for index in range(1, len(points) - 1):
-        at, rid = points[index]
-        if rid is None or points[index + 1][0] - last > _GAP_US:
-            if rid is not None:
-                kept.append(rid)
+        at, is_run = points[index]
+        if not is_run or points[index + 1][0] - last > _GAP_US:
+            if is_run:
+                kept.append(at)
             last = at
     return kept
 
@@ -251,7 +251,7 @@ def _exact(runs: list[SyncRun], summary: _Summary, linked_at: datetime, timezone
     """Whether the kept runs decide the marks and the backfill as every run would."""
     tz = zone(timezone)
     wanted: dict[datetime, list[str]] = defaultdict(list)
-    for at, _, kind in summary.marks:
+    for at, kind in summary.marks:
         wanted[instant(at)].append(kind)
     for run in runs:
         kinds = wanted.get(run.started_at)

@@ -31,7 +31,7 @@ class LinkedState:
 _LINKED = f"""
     SELECT a.ad_account_id, a.timezone, a.created_at, a.sync_requested_at, a.connection_id,
            c.status, c.last_error, c.sealed_at,
-           list(l.site_id ORDER BY l.site_id) AS sites, {SHARD} AS shard
+           array_agg(l.site_id ORDER BY l.site_id) AS sites, {SHARD} AS shard
     FROM meta_ad_accounts a
     JOIN site_ad_accounts l USING (ad_account_id)
     LEFT JOIN meta_connections c USING (connection_id)
@@ -46,9 +46,13 @@ def linked_states(
     query = _LINKED
     params: list[object] = []
     if ad_account_ids is not None:
-        query += " WHERE a.ad_account_id IN (SELECT unnest(?))"
+        query += " WHERE a.ad_account_id = ANY(?::VARCHAR[])"
         params.append(list(ad_account_ids))
-    query += " GROUP BY ALL ORDER BY a.ad_account_id"
+    query += (
+        " GROUP BY a.ad_account_id, a.timezone, a.created_at, a.sync_requested_at,"
+        " a.connection_id, c.status, c.last_error, c.sealed_at, s.shard"
+        " ORDER BY a.ad_account_id"
+    )
     return [
         LinkedState(
             ad_account_id=account,
@@ -96,7 +100,7 @@ FROM (
     SELECT ad_account_id, NULL, true
     FROM ad_catalog
     WHERE ad_status = 'ACTIVE' {accounts}
-)
+) AS deliveries
 GROUP BY ad_account_id
 """
 

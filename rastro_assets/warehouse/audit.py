@@ -13,13 +13,13 @@ _EXPECTED = """
            SUM(a.clicks) AS clicks, SUM(a.conversations) AS conversations
     FROM ad_spend_daily a
     JOIN site_ad_accounts l USING (ad_account_id)
-    WHERE a.ad_account_id = $account AND a.day IN (SELECT unnest($days))
-    GROUP BY ALL
+    WHERE a.ad_account_id = $account AND a.day = ANY($days::DATE[])
+    GROUP BY l.site_id, a.ad_account_id, a.day
 """
 _STORED = """
     SELECT site_id, ad_account_id, day, spend, impressions, clicks, conversations
     FROM site_spend_daily
-    WHERE ad_account_id = $account AND day IN (SELECT unnest($days))
+    WHERE ad_account_id = $account AND day = ANY($days::DATE[])
 """
 
 

@@ -23,7 +23,7 @@ def most_ad_rows_in_a_day(
         " SELECT ad_account_id, day, count(*) AS n FROM ad_spend_daily"
         " WHERE day >= ? AND ad_account_id IN (SELECT unnest(?::VARCHAR[]))"
         " GROUP BY ad_account_id, day"
-        ") GROUP BY ad_account_id",
+        ") AS daily GROUP BY ad_account_id",
         [since, list(ad_account_ids)],
     ).fetchall()
     return {account: int(rows) for account, rows in found}

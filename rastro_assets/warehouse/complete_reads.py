@@ -12,23 +12,37 @@ from dataclasses import dataclass
 from datetime import date, datetime
 
 from rastro_assets.warehouse.connection import Connection
+from rastro_assets.warehouse.run_history import epoch_us_sql
 
 # Each ok, finished read from `first` on, expanded to its days; a day the read left
-# incomplete is dropped from that read only. Per account-day: the sync that read it last,
-# and when the first complete read of it finished.
-_COMPLETE_DAYS = """
+# incomplete is dropped from that read only. Per account-day: the sync that read it last
+# (the latest finish; of two at once, the greater run id), and when the first complete
+# read of it finished.
+_COMPLETE_DAYS = f"""
 WITH reads AS (
-    SELECT ad_account_id, run_id, finished_at,
-           string_split(coalesce(incomplete_days, ''), ',') AS incomplete,
-           unnest(generate_series(greatest(since, $first), until, INTERVAL 1 DAY))::DATE AS day
+    SELECT ad_account_id, run_id, finished_at, incomplete_days, until,
+           greatest(since, $first) AS first_day
     FROM meta_sync_runs
     WHERE outcome = 'ok' AND finished_at IS NOT NULL AND until >= $first
       AND NOT run_id = ANY($excluded::VARCHAR[])
-      {accounts}
+      {{accounts}}
+),
+read_days AS (
+    SELECT r.ad_account_id, r.run_id, r.finished_at, r.incomplete_days,
+           r.first_day + CAST(d.n AS INTEGER) AS day
+    FROM reads r
+    CROSS JOIN LATERAL generate_series(0, r.until - r.first_day) AS d(n)
+),
+complete AS (
+    SELECT ad_account_id, run_id, finished_at, day,
+           max(finished_at) OVER (PARTITION BY ad_account_id, day) AS last_finish
+    FROM read_days
+    WHERE incomplete_days IS NULL
+       OR NOT day = ANY(CAST(string_to_array(incomplete_days, ',') AS DATE[]))
 )
-SELECT ad_account_id, day, arg_max(run_id, finished_at), epoch_us(min(finished_at))
-FROM reads
-WHERE NOT list_contains(incomplete, strftime(day, '%Y-%m-%d'))
+SELECT ad_account_id, day, max(run_id) FILTER (WHERE finished_at = last_finish),
+       {epoch_us_sql("min(finished_at)")}
+FROM complete
 GROUP BY ad_account_id, day
 ORDER BY ad_account_id, day
 """

@@ -12,6 +12,8 @@ from datetime import datetime, timedelta
 
 import duckdb
 
+from rastro_assets.warehouse import dialect
+
 DAEMON_CHECKER = "meta_incidents"
 """The checker whose last check `rastro status --check` reads: the daemon's sensor."""
 
@@ -60,12 +62,12 @@ def open_incidents(con: duckdb.DuckDBPyConnection) -> list[StoredIncident]:
         rows = con.execute(
             """
             SELECT incident_key, opened_at, kind, summary, coalesce(detail, ''),
-                   coalesce(fix, ''), coalesce(accounts, []), last_seen_at, notified_at,
+                   coalesce(fix, ''), accounts, last_seen_at, notified_at,
                    resolved_at
             FROM alert_incidents WHERE resolved_at IS NULL ORDER BY opened_at, incident_key
             """
         ).fetchall()
-    except duckdb.CatalogException:
+    except dialect.MissingTable:
         return []
     return [_incident(row) for row in rows]
 
@@ -78,7 +80,7 @@ def _incident(row: tuple) -> StoredIncident:
         summary=row[3],
         detail=row[4],
         fix=row[5],
-        accounts=tuple(row[6]),
+        accounts=tuple(row[6] or ()),
         last_seen_at=row[7],
         notified_at=row[8],
         resolved_at=row[9],
@@ -177,9 +179,11 @@ def record_attempt(
     con.execute(
         """
         UPDATE alert_notices SET attempts = attempts + 1, last_error = ?,
-            delivered_at = CASE WHEN ? IS NULL THEN ? END,
-            abandoned_at = CASE WHEN ? IS NOT NULL AND ? IS NULL THEN ? END,
-            next_attempt_at = coalesce(?, next_attempt_at)
+            delivered_at = CASE WHEN CAST(? AS VARCHAR) IS NULL THEN ? END,
+            abandoned_at = CASE
+                WHEN CAST(? AS VARCHAR) IS NOT NULL AND CAST(? AS TIMESTAMPTZ) IS NULL THEN ?
+            END,
+            next_attempt_at = coalesce(CAST(? AS TIMESTAMPTZ), next_attempt_at)
         WHERE incident_key = ? AND opened_at = ? AND event = ? AND created_at = ?
             AND channel_id = ?
         """,
@@ -215,13 +219,15 @@ def channel_troubles(con: duckdb.DuckDBPyConnection) -> list[ChannelTrouble]:
     try:
         rows = con.execute(
             """
-            SELECT channel_id, count(*), min(created_at), arg_max(last_error, next_attempt_at)
+            SELECT channel_id, count(*), min(created_at),
+                   (array_agg(last_error ORDER BY next_attempt_at DESC)
+                       FILTER (WHERE last_error IS NOT NULL))[1]
             FROM alert_notices
             WHERE delivered_at IS NULL AND abandoned_at IS NULL AND attempts > 0
             GROUP BY channel_id ORDER BY channel_id
             """
         ).fetchall()
-    except duckdb.CatalogException:
+    except dialect.MissingTable:
         return []
     return [ChannelTrouble(*row) for row in rows]
 
@@ -241,7 +247,7 @@ def last_check(con: duckdb.DuckDBPyConnection, checker: str) -> datetime | None:
         row = con.execute(
             "SELECT checked_at FROM alert_checks WHERE checker = ?", [checker]
         ).fetchone()
-    except duckdb.CatalogException:
+    except dialect.MissingTable:
         return None
     return row[0] if row else None
 
@@ -259,7 +265,8 @@ def first_sync_since(con: duckdb.DuckDBPyConnection, instant: datetime | None) -
     """When the first sync after `instant` started (any sync, when None): the oldest change
     a snapshot published at `instant` cannot carry."""
     row = con.execute(
-        "SELECT min(started_at) FROM meta_sync_runs WHERE ? IS NULL OR started_at > ?",
+        "SELECT min(started_at) FROM meta_sync_runs"
+        " WHERE CAST(? AS TIMESTAMPTZ) IS NULL OR started_at > ?",
         [instant, instant],
     ).fetchone()
     return row[0] if row else None

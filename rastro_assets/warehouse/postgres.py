@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
-from urllib.parse import SplitResult, urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote, unquote_plus, urlsplit, urlunsplit
 
 import psycopg
 import pyarrow as pa
@@ -41,16 +41,41 @@ class WarehouseUnreachable(psycopg.OperationalError):
 
 
 def redacted(url: str) -> str:
-    """`url` with its password replaced, fit for any log, message or run record."""
+    """`url` with its password replaced, fit for any log, message or run record.
+
+    libpq takes a password after the user (`user:secret@host`) or as a query parameter
+    (`?password=secret`): both are hidden.
+    """
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return "postgresql://(unparseable URL)"
+    netloc, query = parts.netloc, parts.query
+    if parts.password is not None:
+        netloc = f"{parts.username or ''}:***@{netloc.rsplit('@', 1)[1]}"
+    if query:
+        query = "&".join(
+            f"{pair.partition('=')[0]}=***" if _is_password(pair) else pair
+            for pair in query.split("&")
+        )
+    return urlunsplit(SplitResult(parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _is_password(pair: str) -> bool:
+    return unquote_plus(pair.partition("=")[0]).strip().lower() == "password"
+
+
+def _passwords(url: str) -> list[str]:
+    """Every spelling of the URL's password that an error could quote."""
     try:
         parts = urlsplit(url)
     except ValueError:
-        return "postgresql://(unparseable URL)"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(SplitResult(parts.scheme, f"{user}:***@{netloc}", *parts[2:]))
+        return []
+    found = [parts.password] if parts.password else []
+    found += [pair.partition("=")[2] for pair in parts.query.split("&") if _is_password(pair)]
+    spelled = {text for raw in found if raw for text in (raw, unquote(raw), unquote_plus(raw))}
+    return sorted(spelled, key=len, reverse=True)
 
 
 def is_postgres_url(value: str | None) -> bool:
@@ -162,16 +187,16 @@ def _with_utc(query: str) -> str:
     for pair in query.split("&"):
         name, _, value = pair.partition("=")
         if name == "options":
-            from urllib.parse import unquote_plus
-
             own = unquote_plus(value)
     return f"{own} -c TimeZone=UTC".strip()
 
 
 def _scrubbed(text: str, url: str) -> str:
-    password = urlsplit(url).password
+    """`text` on one line, without the URL's password however it is spelled."""
     text = " ".join(text.split())
-    return text.replace(password, "***") if password else text
+    for password in _passwords(url):
+        text = text.replace(password, "***")
+    return text
 
 
 class PostgresConnection:
@@ -182,32 +207,43 @@ class PostgresConnection:
     def __init__(self, raw: psycopg.Connection) -> None:
         self._raw = raw
         self._cursor = raw.cursor()
-        self._registered: list[str] = []
+        self._changed: int | None = None
 
     @property
     def raw(self) -> psycopg.Connection:
         return self._raw
 
     def detach(self) -> psycopg.Connection:
-        """Give the connection back clean: no open transaction, no registered table."""
+        """Give the connection back clean: no open transaction, no temporary table, no
+        setting, lock or prepared statement a caller left on the session.
+
+        `DISCARD ALL` puts every setting back to what the connection started with, so the
+        startup options (UTC, the URL's own) stay. A connection it cannot clean is closed
+        by the pool rather than lent again.
+        """
         raw = self._raw
         with suppress(Exception):
+            self._cursor.close()
+        try:
             if raw.info.transaction_status != pq.TransactionStatus.IDLE:
                 raw.execute("ROLLBACK")
-            for name in self._registered:
-                raw.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
-        with suppress(Exception):
-            self._cursor.close()
+            raw.execute("DISCARD ALL")
+        except Exception:
+            with suppress(Exception):
+                raw.close()
         return raw
 
     def execute(
         self, statement: str, parameters: Sequence[Any] | Mapping[str, Any] | None = None
     ) -> PostgresConnection:
+        self._changed = None
         if parameters is None or (not parameters and not isinstance(parameters, Mapping)):
             self._cursor.execute(statement.replace("%", "%%") if "%" in statement else statement)
         else:
             named = isinstance(parameters, Mapping)
             self._cursor.execute(_pyformat(statement, named), _adapted(parameters))
+        if self._cursor.description is None and _changes_rows(self._cursor.statusmessage):
+            self._changed = self._cursor.rowcount
         return self
 
     def executemany(self, statement: str, rows: Sequence[Sequence[Any]]) -> PostgresConnection:
@@ -216,12 +252,16 @@ class PostgresConnection:
 
     def fetchall(self) -> list[tuple]:
         if self._cursor.description is None:
-            return []
+            changed = self.fetchone()
+            return [changed] if changed is not None else []
         return self._cursor.fetchall()
 
     def fetchone(self) -> tuple | None:
+        """The next row; after an INSERT, UPDATE or DELETE without RETURNING, once, the
+        count of rows it changed, as DuckDB answers."""
         if self._cursor.description is None:
-            return None
+            changed, self._changed = self._changed, None
+            return (changed,) if changed is not None else None
         return self._cursor.fetchone()
 
     @property
@@ -251,20 +291,21 @@ class PostgresConnection:
                 sql.Identifier(name), columns, on_commit
             )
         )
-        self._registered.append(name)
         if table.num_rows:
             copy_into(self._raw, name, table)
 
     def unregister(self, name: str) -> None:
         self._raw.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
-        if name in self._registered:
-            self._registered.remove(name)
 
     def cursor(self) -> PostgresConnection:
         return self
 
     def close(self) -> None:
         """Closed by the pool that lent it, when the `with` ends."""
+
+
+def _changes_rows(status: str | None) -> bool:
+    return bool(status) and status.split(" ", 1)[0] in {"INSERT", "UPDATE", "DELETE", "MERGE"}
 
 
 def copy_into(raw: psycopg.Connection, table_name: str, table: pa.Table) -> None:

@@ -16,6 +16,7 @@ from datetime import datetime
 import duckdb
 
 from rastro_assets.outcomes import RESTATED_INVALID, ConnectionStatus
+from rastro_assets.warehouse import dialect
 from rastro_assets.warehouse.connection import in_transaction, transaction
 
 # Named here too (`registry.validate_identifier`, ...): callers check input through the registry.
@@ -155,20 +156,27 @@ def mark_connection_invalid(
                         status = ?, invalid_since = coalesce(invalid_since, ?),
                         last_error = CASE
                             WHEN status = ? AND last_error IS NOT NULL
-                                 AND (contains(?, last_error) OR contains(?, ?))
+                                 AND (strpos(?, last_error) > 0 OR strpos(?, ?) > 0)
                             THEN last_error ELSE ? END,
                         updated_at = ?
                     WHERE connection_id = ? AND sealed_at = ?
+                    RETURNING connection_id
                     """,
                     [invalid, now, invalid, message, message, RESTATED_INVALID, message, now,
                      connection_id, token_sealed_at],
                 ).fetchone()
-            return bool(row and row[0])
-        except duckdb.TransactionException as exc:
-            if "conflict" not in str(exc).lower() or attempt == attempts:
+            return row is not None
+        except dialect.Conflict as exc:
+            if not _is_write_conflict(exc) or attempt == attempts:
                 raise
             time.sleep(MARK_CONFLICT_PAUSE_SECONDS * attempt)
     raise AssertionError("unreachable")
+
+
+def _is_write_conflict(exc: BaseException) -> bool:
+    # DuckDB raises one TransactionException for conflicts and for misuse alike; only a
+    # conflict is worth another try. PostgreSQL's errors in `Conflict` are all conflicts.
+    return not isinstance(exc, duckdb.TransactionException) or "conflict" in str(exc).lower()
 
 
 _LINKED_ACCOUNTS = f"""
@@ -180,7 +188,8 @@ _LINKED_ACCOUNTS = f"""
     LEFT JOIN meta_connections c USING (connection_id)
     {SHARD_JOIN}
     WHERE CAST(? AS VARCHAR) IS NULL OR a.ad_account_id = ?
-    GROUP BY ALL
+    GROUP BY a.ad_account_id, a.connection_id, a.timezone, a.currency, a.name, a.created_at,
+             a.sync_requested_at, c.status, c.sealed_at, s.shard
     ORDER BY a.ad_account_id
 """
 

@@ -8,14 +8,15 @@ trims them without changing what it answers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
 import duckdb
 import pyarrow as pa
 
-from rastro_assets.warehouse.connection import register_arrow, transaction
+from rastro_assets.warehouse import dialect
+from rastro_assets.warehouse.connection import Connection, register_arrow, transaction
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,17 @@ def start_sync_runs(con: duckdb.DuckDBPyConnection, starts: Sequence[SyncRunStar
 
     A wave starts hundreds of syncs at once; a row each cost a statement
     each. Starting a run id again (a retried Dagster run) reopens its row.
+    The accounts are locked first (`lock_accounts`), so a spend write of one of them
+    either sees the new lease or commits before it opens.
     """
     if not starts:
         return
+    with transaction(con):
+        lock_accounts(con, [start.ad_account_id for start in starts])
+        _insert_starts(con, starts)
+
+
+def _insert_starts(con: Connection, starts: Sequence[SyncRunStart]) -> None:
     table = pa.table(
         {
             "run_id": pa.array([s.run_id for s in starts], pa.string()),
@@ -79,6 +88,27 @@ def start_sync_runs(con: duckdb.DuckDBPyConnection, starts: Sequence[SyncRunStar
         )
     finally:
         con.unregister("starting_runs")
+
+
+_LOCK_ACCOUNTS = """
+SELECT ad_account_id FROM meta_ad_accounts
+WHERE ad_account_id = ANY(?::VARCHAR[])
+ORDER BY ad_account_id
+FOR UPDATE
+"""
+
+
+def lock_accounts(con: Connection, ad_account_ids: Collection[str]) -> None:
+    """Hold the accounts' rows of `meta_ad_accounts` until the open transaction ends.
+
+    Opening a lease and writing an account's spend each take this lock first, so the
+    writer's check for a newer lease and a newer lease's start are ordered. The rows are
+    taken in one order, by account, so two holders of several accounts cannot deadlock.
+    A DuckDB file has one writing process, and its transactions conflict instead of
+    waiting: there is nothing to take.
+    """
+    if dialect.is_postgres(con) and ad_account_ids:
+        con.execute(_LOCK_ACCOUNTS, [sorted(set(ad_account_ids))]).fetchall()
 
 
 SyncKey = tuple[str, str, date]
@@ -173,37 +203,51 @@ def open_sync_runs(
 
 # Per account, the good runs that stay whatever else goes: ok runs started before
 # `older_than` that are not live reads, the first ok run from `older_than` on, and the
-# latest ok run. An old live read goes when the nearest of these before it and the nearest
-# after it start at most `gap_after` apart; the ASOF joins find those two.
+# latest ok run. An old live read goes when the nearest start of these before it and the
+# nearest after it are at most `gap_after` apart. Each account's ok starts are taken once
+# each, in order: a running max and min over the starts strictly before and after give
+# those two neighbours, so a run at the same instant as a staying one is not its own
+# neighbour. The rows that go are named by their primary key.
 _PRUNE = """
-WITH staying AS (
-    SELECT ad_account_id, started_at FROM meta_sync_runs
-    WHERE outcome = 'ok' AND started_at < $older_than AND kind IS DISTINCT FROM 'live'
-    UNION ALL
-    SELECT ad_account_id, min(started_at) FROM meta_sync_runs
-    WHERE outcome = 'ok' AND started_at >= $older_than GROUP BY ad_account_id
-    UNION ALL
-    SELECT ad_account_id, max(started_at) FROM meta_sync_runs
-    WHERE outcome = 'ok' GROUP BY ad_account_id
+WITH ok_runs AS (
+    SELECT ad_account_id, started_at, kind,
+           min(CASE WHEN started_at >= $older_than THEN started_at END)
+               OVER (PARTITION BY ad_account_id) AS first_recent,
+           max(started_at) OVER (PARTITION BY ad_account_id) AS latest
+    FROM meta_sync_runs
+    WHERE outcome = 'ok'
 ),
-old_live AS (
-    SELECT rowid AS rid, ad_account_id, started_at FROM meta_sync_runs
-    WHERE outcome = 'ok' AND kind = 'live' AND started_at < $older_than
-      AND finished_at IS NOT NULL
+starts AS (
+    SELECT ad_account_id, started_at,
+           bool_or((started_at < $older_than AND kind IS DISTINCT FROM 'live')
+                   OR started_at = first_recent OR started_at = latest) AS staying
+    FROM ok_runs
+    GROUP BY ad_account_id, started_at
+),
+neighbours AS (
+    SELECT ad_account_id, started_at,
+           max(CASE WHEN staying THEN started_at END) OVER (
+               PARTITION BY ad_account_id ORDER BY started_at
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS previous_start,
+           min(CASE WHEN staying THEN started_at END) OVER (
+               PARTITION BY ad_account_id ORDER BY started_at
+               ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS next_start
+    FROM starts
 ),
 bridged AS (
-    SELECT r.rid
-    FROM old_live r
-    ASOF JOIN staying before
-      ON r.ad_account_id = before.ad_account_id AND r.started_at > before.started_at
-    ASOF JOIN staying after
-      ON r.ad_account_id = after.ad_account_id AND r.started_at < after.started_at
-    WHERE epoch_us(after.started_at) - epoch_us(before.started_at) <= $gap_after_us
+    SELECT r.run_id, r.ad_account_id, r.since
+    FROM meta_sync_runs r
+    JOIN neighbours n ON n.ad_account_id = r.ad_account_id AND n.started_at = r.started_at
+    WHERE r.outcome = 'ok' AND r.kind = 'live' AND r.started_at < $older_than
+      AND r.finished_at IS NOT NULL AND n.next_start - n.previous_start <= $gap_after
 )
 DELETE FROM meta_sync_runs
 WHERE started_at < $older_than
   AND finished_at IS NOT NULL
-  AND (outcome IS DISTINCT FROM 'ok' OR rowid IN (SELECT rid FROM bridged))
+  AND (outcome IS DISTINCT FROM 'ok' OR EXISTS (
+      SELECT 1 FROM bridged b
+      WHERE b.run_id = meta_sync_runs.run_id AND b.ad_account_id = meta_sync_runs.ad_account_id
+        AND b.since = meta_sync_runs.since))
 RETURNING 1
 """
 
@@ -224,5 +268,5 @@ def prune_sync_runs(
     The live reads next to a pause stay (the planner measures the pause, and the gap it
     owes, from them), and so does each account's latest ok run.
     """
-    params = {"older_than": older_than, "gap_after_us": gap_after // timedelta(microseconds=1)}
+    params = {"older_than": older_than, "gap_after": gap_after}
     return len(con.execute(_PRUNE, params).fetchall())

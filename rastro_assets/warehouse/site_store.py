@@ -46,7 +46,8 @@ def list_sites(con: duckdb.DuckDBPyConnection) -> list[Site]:
     """Every site with how many accounts it links, sorted by id."""
     rows = con.execute(
         "SELECT s.site_id, s.name, s.created_at, count(l.ad_account_id) FROM sites s"
-        " LEFT JOIN site_ad_accounts l USING (site_id) GROUP BY ALL ORDER BY s.site_id"
+        " LEFT JOIN site_ad_accounts l USING (site_id)"
+        " GROUP BY s.site_id, s.name, s.created_at ORDER BY s.site_id"
     ).fetchall()
     return [
         Site(site_id, name, created_at, int(linked)) for site_id, name, created_at, linked in rows

@@ -16,6 +16,8 @@ import pytest
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.warehouse import link_store, registry, site_store
+from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.postgres import PostgresWarehouse
 from rastro_assets_tests.planner.history import COLUMNS, History
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -127,11 +129,14 @@ def scenarios() -> list[History]:
     return out
 
 
-@pytest.fixture(scope="module")
-def histories(tmp_path_factory):
-    from rastro_assets.warehouse.connection import Warehouse
-
-    warehouse = Warehouse(tmp_path_factory.mktemp("history") / "rastro.duckdb")
+@pytest.fixture(scope="module", params=["duckdb", "postgres"])
+def histories(request, tmp_path_factory):
+    """The scenarios written once per engine, read back reduced and whole."""
+    if request.param == "postgres":
+        server = request.getfixturevalue("warehouse_server")
+        warehouse = PostgresWarehouse(server.fresh_schema_url())
+    else:
+        warehouse = Warehouse(tmp_path_factory.mktemp("history") / "rastro.duckdb")
     warehouse.migrate()
     built = scenarios()
     rows = sorted((row for history in built for row in history.rows),
@@ -153,6 +158,8 @@ def histories(tmp_path_factory):
         reduced = planned_accounts(con)
         full = planned_accounts(con, full_history=True)
     newest = max(row["started_at"] for row in rows)
+    if request.param == "postgres":
+        warehouse.close()
     return built, reduced, full, newest
 
 

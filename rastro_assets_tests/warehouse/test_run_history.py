@@ -101,10 +101,6 @@ def test_each_mark_s_predicate_holds_for_every_run_that_earns_the_mark(con):
 # -- The reduced reads -------------------------------------------------------------------------
 
 
-def rowid(con, run_id: str) -> int:
-    return con.execute("SELECT rowid FROM meta_sync_runs WHERE run_id = ?", [run_id]).fetchone()[0]
-
-
 @pytest.fixture
 def history(con):
     """act_1: a backfill, a daily re-sync, live reads, a failure and a run in flight."""
@@ -129,19 +125,18 @@ def test_an_empty_history_has_no_newest_start(con):
 def test_summaries_give_the_last_good_run_and_each_mark_s_candidate(con, history):
     assert history.newest_start() == NOW
     [summary] = history.summaries_of(["act_1"])
-    account, last_ok, finished, finished_rid, *marks = summary
+    account, last_ok, finished, finished_start, *marks = summary
     assert account == "act_1"
-    assert (last_ok, finished_rid) == (epoch_us(NOW - timedelta(hours=2)), rowid(con, "live"))
+    assert last_ok == finished_start == epoch_us(NOW - timedelta(hours=2))
     assert finished == epoch_us(NOW - timedelta(hours=2) + timedelta(seconds=5))
     assert marks == [
-        epoch_us(NOW - timedelta(hours=2)), rowid(con, "live"),  # live
-        epoch_us(NOW - 2 * DAY), rowid(con, "daily"),  # daily
-        epoch_us(NOW - 30 * DAY), rowid(con, "fill"),  # weekly: the fill read every day
+        epoch_us(NOW - timedelta(hours=2)),  # live
+        epoch_us(NOW - 2 * DAY),  # daily
+        epoch_us(NOW - 30 * DAY),  # weekly: the fill read every day
     ]
     # From a start on: only the runs of the last day, so the fill is no candidate.
     [recent] = history.summaries_from(NOW - DAY)
-    assert recent[4:] == (epoch_us(NOW - timedelta(hours=2)), rowid(con, "live"),
-                          None, None, None, None)
+    assert recent[4:] == (epoch_us(NOW - timedelta(hours=2)), None, None)
     # The trailing reads leave out the live reads of less than a re-sync's days.
     [trailing] = history.trailing_summaries_from(NOW - 3 * DAY)
     assert trailing[1] == epoch_us(NOW - 2 * DAY)
@@ -166,15 +161,47 @@ def test_buckets_leave_out_live_reads_unless_the_accounts_are_named(con, history
     assert all(row[1] == row[2] // bucket_us for row in unnamed + named)
     assert max(row[2] for row in named) == epoch_us(NOW - timedelta(hours=2))
     assert max(row[2] for row in unnamed) == epoch_us(NOW - 2 * DAY)
-    coverage = {rid for row in named for rid in row[4] or ()}
-    assert coverage == {rowid(con, "fill")}
+    coverage = {start for row in named for start in row[3] or ()}
+    assert coverage == {epoch_us(NOW - 30 * DAY)}
 
 
-def test_chosen_rows_are_the_rowids_the_runs_from_a_start_and_those_in_flight(con, history):
-    rows = history.chosen_rows([rowid(con, "fill")], {"act_1": NOW - timedelta(hours=2)})
+def test_chosen_rows_are_the_starts_the_runs_from_a_start_and_those_in_flight(con, history):
+    fill = ("act_1", epoch_us(NOW - 30 * DAY))
+    rows = history.chosen_rows([fill], {"act_1": NOW - timedelta(hours=2)})
     assert [row[1] for row in rows] == ["fill", "live", "failed", "flight", "flight"]
     with pytest.raises(ValueError):
         history.chosen_rows([], {})
+
+
+def test_the_good_run_that_finished_last_is_named_by_its_exact_start(con, history):
+    # A slow weekly re-sync started before the latest live read and finished after it; its
+    # start has microseconds, and it alone (not the live read) is chosen by that start.
+    started = NOW - timedelta(hours=3, microseconds=-123_457)
+    record_sync_run(con, "slow", "act_1", "weekly", TODAY - 27 * DAY, TODAY, started,
+                    took=timedelta(hours=2, minutes=30))
+    [summary] = history.summaries_of(["act_1"])
+    assert summary[3] == epoch_us(started)
+    rows = history.chosen_rows([("act_1", summary[3])], {"act_1": NOW})
+    assert [row[1] for row in rows] == ["slow", "flight", "flight"]
+
+
+def test_a_start_chooses_every_block_that_began_then(con):
+    # A run reading an account in two blocks starts both at once: one start, two rows, each
+    # once however many of the reads' branches find it.
+    for since in (TODAY - 89 * DAY, TODAY - 44 * DAY):
+        record_sync_run(con, "fill", "act_1", "backfill", since, since + 44 * DAY, NOW - DAY)
+    record_sync_run(con, "other", "act_2", "backfill", TODAY - DAY, TODAY, NOW - DAY)
+    reads = ReducedReads(con, READ_SHAPE)
+    rows = reads.chosen_rows([("act_1", epoch_us(NOW - DAY))] * 2, {"act_1": NOW - DAY})
+    assert [(row[0], row[1], row[3]) for row in rows] == [
+        ("act_1", "fill", TODAY - 89 * DAY), ("act_1", "fill", TODAY - 89 * DAY),
+        ("act_1", "fill", TODAY - 44 * DAY), ("act_1", "fill", TODAY - 44 * DAY),
+    ]
+    linked = {"act_1": (NOW - 2 * DAY, "UTC")}
+    runs = planner_runs_by_account(reads, linked)["act_1"]
+    assert [(run.run_id, run.since) for run in runs] == [
+        ("fill", TODAY - 89 * DAY), ("fill", TODAY - 44 * DAY)
+    ]
 
 
 def test_the_planner_refuses_reads_cut_another_way(con, history):

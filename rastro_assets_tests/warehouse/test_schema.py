@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from rastro_assets.warehouse import schema
+from rastro_assets.warehouse import dialect, schema
 from rastro_assets.warehouse.connection import Warehouse
 
 # The contract's columns, exactly; the tables may have more.
@@ -108,13 +108,35 @@ PRIMARY_KEYS = {
 }
 
 
+# PostgreSQL's names for the types DuckDB calls by the contract's names.
+_POSTGRES_TYPES = {
+    "character varying": "VARCHAR",
+    "date": "DATE",
+    "bigint": "BIGINT",
+    "integer": "INTEGER",
+    "boolean": "BOOLEAN",
+    "bytea": "BLOB",
+    "double precision": "DOUBLE",
+    "timestamp with time zone": "TIMESTAMP WITH TIME ZONE",
+}
+
+
 def columns(con: duckdb.DuckDBPyConnection, table: str) -> dict[str, str]:
+    """Each column's type, in DuckDB's words whichever engine holds the table."""
     rows = con.execute(
-        "SELECT column_name, data_type FROM information_schema.columns"
-        " WHERE table_schema = 'main' AND table_name = ? ORDER BY ordinal_position",
+        "SELECT column_name, data_type, numeric_precision, numeric_scale"
+        " FROM information_schema.columns"
+        " WHERE table_schema = current_schema() AND table_name = ? ORDER BY ordinal_position",
         [table],
     ).fetchall()
-    return dict(rows)
+    if not dialect.is_postgres(con):
+        return {name: data_type for name, data_type, _, _ in rows}
+    return {
+        name: f"DECIMAL({precision},{scale})"
+        if data_type == "numeric"
+        else _POSTGRES_TYPES.get(data_type, data_type)
+        for name, data_type, precision, scale in rows
+    }
 
 
 def test_fresh_file_gets_every_contract_table(con: duckdb.DuckDBPyConnection):
@@ -126,17 +148,27 @@ def test_fresh_file_gets_every_contract_table(con: duckdb.DuckDBPyConnection):
 
 def test_primary_keys_are_the_contracts(con: duckdb.DuckDBPyConnection):
     rows = con.execute(
-        "SELECT table_name, constraint_column_names FROM duckdb_constraints()"
-        " WHERE constraint_type = 'PRIMARY KEY'"
+        "SELECT k.table_name, k.column_name FROM information_schema.table_constraints c"
+        " JOIN information_schema.key_column_usage k ON k.constraint_name = c.constraint_name"
+        " AND k.table_schema = c.table_schema AND k.table_name = c.table_name"
+        " WHERE c.constraint_type = 'PRIMARY KEY' AND c.table_schema = current_schema()"
+        " ORDER BY k.table_name, k.ordinal_position"
     ).fetchall()
-    found = {table: list(cols) for table, cols in rows}
+    found: dict[str, list[str]] = {}
+    for table, column in rows:
+        found.setdefault(table, []).append(column)
     for table, key in PRIMARY_KEYS.items():
         assert found.get(table) == key, table
 
 
 def test_sync_runs_are_indexed_by_account_and_start(con: duckdb.DuckDBPyConnection):
     rows = con.execute(
-        "SELECT expressions FROM duckdb_indexes() WHERE table_name = 'meta_sync_runs'"
+        dialect.pick(
+            con,
+            duckdb="SELECT expressions FROM duckdb_indexes() WHERE table_name = 'meta_sync_runs'",
+            postgres="SELECT indexdef FROM pg_indexes"
+            " WHERE schemaname = current_schema() AND tablename = 'meta_sync_runs'",
+        )
     ).fetchall()
     assert any("ad_account_id" in str(row) and "started_at" in str(row) for row in rows)
 
