@@ -15,6 +15,7 @@ holds) does.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import date, datetime
 
@@ -22,6 +23,7 @@ import duckdb
 import pyarrow as pa
 
 from rastro_assets.meta.models import INSIGHT_SCHEMA, Ad
+from rastro_assets.warehouse import dialect
 from rastro_assets.warehouse.connection import register_arrow, transaction
 from rastro_assets.warehouse.errors import (
     AccountNotLinked,
@@ -104,7 +106,7 @@ _CHANGES = """
                c.ad_id IS NOT NULL
                AND (?::BOOLEAN OR c.ad_account_id IS NULL OR c.ad_account_id = ?) AS owned
         FROM incoming_ads i LEFT JOIN ad_catalog c ON c.ad_id = i.ad_id
-    )
+    ) changes
 """
 
 @dataclass(frozen=True)
@@ -179,7 +181,8 @@ def upsert_catalog(
             ).fetchall()[0]
             con.execute(_MERGE, [ad_account_id, now, refile])
         finally:
-            con.unregister(_INCOMING_ADS)
+            with suppress(*dialect.TransactionAborted):  # an aborted transaction drops it
+                con.unregister(_INCOMING_ADS)
     return CatalogWriteResult(
         ads=int(ads_seen),
         added=int(added),
@@ -268,7 +271,7 @@ def _reads_overlap(batch: Sequence[tuple[int, str, pa.Table]]) -> bool:
 def _merge_names(
     con: duckdb.DuckDBPyConnection, batch: Sequence[tuple[int, str, pa.Table]], now: datetime
 ) -> dict[str, tuple]:
-    """One merge of every read's names; per account, `_NAMES_COUNTS`'s figures (whether a
+    """One merge of every read's names; per account, `_names_counts`' figures (whether a
     site links it, its ads, added, skipped, renamed, touched)."""
     incoming = pa.concat_tables(
         table.add_column(
@@ -276,30 +279,39 @@ def _merge_names(
         )
         for _, account, table in batch
     )
+    names_counts, names_merge = _NAMES_STATEMENTS[dialect.is_postgres(con)]
     with transaction(con):
         register_arrow(con, _INCOMING_NAMES, incoming)
         try:
-            counts = {row[0]: row[1:] for row in con.execute(_NAMES_COUNTS).fetchall()}
+            counts = {row[0]: row[1:] for row in con.execute(names_counts).fetchall()}
             if any(linked and (added or touched)
                    for linked, _, added, _, _, touched in counts.values()):
-                con.execute(_NAMES_MERGE, [now])
+                con.execute(names_merge, [now])
         finally:
-            con.unregister(_INCOMING_NAMES)
+            with suppress(*dialect.TransactionAborted):  # an aborted transaction drops it
+                con.unregister(_INCOMING_NAMES)
     return counts
 
 
-# Each read's ads with their latest non-empty value of each name, by day, and
-# whether a site links the read's account.
-_LATEST_NAMES = ", ".join(
-    f"arg_max({name}, day) FILTER (WHERE {name} IS NOT NULL) AS {name}"
-    for name in _NAME_COLUMNS
-)
-_NAMES_SOURCE = f"""
-    SELECT ad_account_id, ad_id, {_LATEST_NAMES},
+def _latest(name: str, *, postgres: bool) -> str:
+    """An ad's latest non-empty `name`, by day: PostgreSQL has no `arg_max`, so there the
+    ad's names are ordered by day and the first is taken."""
+    if postgres:
+        return (f"(array_agg({name} ORDER BY day DESC) FILTER (WHERE {name} IS NOT NULL))[1]"
+                f" AS {name}")
+    return f"arg_max({name}, day) FILTER (WHERE {name} IS NOT NULL) AS {name}"
+
+
+def _names_source(*, postgres: bool) -> str:
+    """Each read's ads with their latest names, and whether a site links the read's account."""
+    latest = ", ".join(_latest(name, postgres=postgres) for name in _NAME_COLUMNS)
+    return f"""
+    SELECT ad_account_id, ad_id, {latest},
            ad_account_id IN (SELECT ad_account_id FROM site_ad_accounts) AS linked
     FROM {_INCOMING_NAMES}
     GROUP BY ad_account_id, ad_id
 """
+
 
 # An incoming name differs from the stored one (a NULL name keeps the stored value).
 _NAMES_DIFFER = " OR ".join(
@@ -310,22 +322,27 @@ _OWNED = "(c.ad_account_id IS NULL OR c.ad_account_id = i.ad_account_id)"
 # What the merge writes to a stored ad: an owned ad whose names differ, or that has no owner.
 _TOUCHED = f"{_OWNED} AND (({_NAMES_DIFFER}) OR c.ad_account_id IS NULL)"
 
-# Per account, what merging its names would change. A NULL on either side is
-# no rename (`<>` is NULL then, and FILTER drops it).
-_NAMES_COUNTS = f"""
+
+
+def _names_counts(source: str) -> str:
+    """Per account, what merging its names would change. A NULL on either side is no
+    rename (`<>` is NULL then, and FILTER drops it)."""
+    return f"""
     SELECT i.ad_account_id, bool_or(i.linked), count(*),
            count(*) FILTER (WHERE c.ad_id IS NULL),
            count(*) FILTER (WHERE c.ad_id IS NOT NULL AND NOT {_OWNED}),
            count(*) FILTER (WHERE c.ad_id IS NOT NULL AND {_OWNED} AND i.ad_name <> c.ad_name),
            count(*) FILTER (WHERE c.ad_id IS NOT NULL AND {_TOUCHED})
-    FROM ({_NAMES_SOURCE}) i LEFT JOIN ad_catalog c ON c.ad_id = i.ad_id
+    FROM ({source}) i LEFT JOIN ad_catalog c ON c.ad_id = i.ad_id
     GROUP BY i.ad_account_id
 """
 
-_NAMES_MERGE = f"""
+
+def _names_merge(source: str) -> str:
+    return f"""
     MERGE INTO ad_catalog c
     USING (
-        SELECT *, ?::TIMESTAMPTZ AS updated_at FROM ({_NAMES_SOURCE}) WHERE linked
+        SELECT *, ?::TIMESTAMPTZ AS updated_at FROM ({source}) names WHERE linked
     ) i
     ON c.ad_id = i.ad_id
     WHEN MATCHED AND {_TOUCHED}
@@ -339,6 +356,14 @@ _NAMES_MERGE = f"""
         (i.ad_id, i.ad_account_id, i.ad_name, i.adset_id, i.adset_name, i.campaign_id,
          i.campaign_name, i.updated_at)
 """
+
+
+# Each engine's text of the two statements over a batch's names.
+_NAMES_STATEMENTS = {
+    postgres: (_names_counts(_names_source(postgres=postgres)),
+               _names_merge(_names_source(postgres=postgres)))
+    for postgres in (False, True)
+}
 
 
 def missing_ad_names(

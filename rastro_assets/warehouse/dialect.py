@@ -28,6 +28,8 @@ MissingTable = (duckdb.CatalogException, pg_errors.UndefinedTable)
 InvalidInput = (duckdb.InvalidInputException, psycopg.DataError)
 TransactionEnded = (duckdb.TransactionException, pg_errors.NoActiveSqlTransaction)
 """ROLLBACK after a failed COMMIT: the transaction is already over."""
+TransactionAborted = (duckdb.TransactionException, pg_errors.InFailedSqlTransaction)
+"""A statement after a failed one in the same transaction: only its ROLLBACK is left."""
 
 
 def engine_of(con: object) -> str:

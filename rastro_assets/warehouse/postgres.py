@@ -25,6 +25,7 @@ from urllib.parse import SplitResult, unquote, unquote_plus, urlsplit, urlunspli
 
 import psycopg
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 from psycopg import pq, sql
 
 from rastro_assets.warehouse import schema
@@ -309,16 +310,43 @@ def _changes_rows(status: str | None) -> bool:
 
 
 def copy_into(raw: psycopg.Connection, table_name: str, table: pa.Table) -> None:
-    """`COPY` an Arrow table's rows into `table_name`, columns matched by name."""
+    """`COPY` an Arrow table's rows into `table_name`, columns matched by name.
+
+    Columns of types whose CSV text PostgreSQL reads back exactly go as CSV that Arrow writes
+    in one pass; any other table row by row.
+    """
     names = table.schema.names
-    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
-        sql.Identifier(table_name), sql.SQL(", ").join(map(sql.Identifier, names))
-    )
+    columns = sql.SQL(", ").join(map(sql.Identifier, names))
+    if all(_csv_exact(field.type) for field in table.schema):
+        statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
+            sql.Identifier(table_name), columns
+        )
+        # Arrow quotes every string and writes a null as nothing: PostgreSQL's CSV reads
+        # the unquoted empty field as NULL and "" as the empty string.
+        buffer = pa.BufferOutputStream()
+        pa_csv.write_csv(table, buffer, pa_csv.WriteOptions(include_header=False))
+        with raw.cursor() as cursor, cursor.copy(statement) as copy:
+            copy.write(memoryview(buffer.getvalue()))
+        return
+    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(sql.Identifier(table_name), columns)
     with raw.cursor() as cursor, cursor.copy(statement) as copy:
         for batch in table.to_batches(max_chunksize=10_000):
-            columns = [column.to_pylist() for column in batch.columns]
-            for row in zip(*columns, strict=True):
+            values = [column.to_pylist() for column in batch.columns]
+            for row in zip(*values, strict=True):
                 copy.write_row(row)
+
+
+def _csv_exact(arrow: pa.DataType) -> bool:
+    """Whether Arrow's CSV text of `arrow` reads back into its PostgreSQL column unchanged."""
+    return (
+        pa.types.is_string(arrow)
+        or pa.types.is_large_string(arrow)
+        or pa.types.is_decimal(arrow)
+        or pa.types.is_integer(arrow)
+        or pa.types.is_boolean(arrow)
+        or pa.types.is_date(arrow)
+        or (pa.types.is_timestamp(arrow) and arrow.unit != "ns")
+    )
 
 
 def _pg_type(arrow: pa.DataType) -> str:

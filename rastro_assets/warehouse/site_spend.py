@@ -18,6 +18,7 @@ import duckdb
 import pyarrow as pa
 
 from rastro_assets.spend_schema import COUNT_MAX, COUNT_MIN, SPEND_MAX
+from rastro_assets.warehouse import dialect
 from rastro_assets.warehouse.connection import register_arrow, transaction
 from rastro_assets.warehouse.errors import SpendInputError
 
@@ -73,7 +74,7 @@ def rebuild_site_spend(
         try:
             replace_site_spend(con, [ad_account_id], day_list[0], day_list[-1], sites=sites)
         finally:
-            with suppress(duckdb.TransactionException):  # an aborted transaction drops it
+            with suppress(*dialect.TransactionAborted):  # an aborted transaction drops it
                 con.unregister(SCOPE)
 
 
@@ -113,6 +114,7 @@ def replace_site_spend(
 
 def _insert_sums(con: duckdb.DuckDBPyConnection, params: dict) -> list[tuple]:
     """Insert the scope's site sums; the rows inserted (site, account, day, spend, ad rows)."""
+    sums = dialect.pick(con, duckdb=_SITE_SUMS_DUCKDB, postgres=_SITE_SUMS_POSTGRES)
     try:
         return con.execute(
             f"""
@@ -120,7 +122,7 @@ def _insert_sums(con: duckdb.DuckDBPyConnection, params: dict) -> list[tuple]:
                                           clicks, conversations, ad_rows)
             SELECT l.site_id, sums.*
             FROM (
-                SELECT {_SITE_SUMS}
+                SELECT {sums}
                 FROM ad_spend_daily
                 JOIN {SCOPE} USING (ad_account_id, day)
                 WHERE ad_account_id = ANY($accounts::VARCHAR[])
@@ -133,11 +135,17 @@ def _insert_sums(con: duckdb.DuckDBPyConnection, params: dict) -> list[tuple]:
             """,
             params,
         ).fetchall()
-    except duckdb.InvalidInputException as exc:
+    except dialect.InvalidInput as exc:
         message = str(exc)
         if _OVERFLOW_MARK not in message:
             raise
-        raise SpendInputError(message.split(_OVERFLOW_MARK, 1)[1]) from None
+        raise SpendInputError(_overflow_of(message)) from None
+
+
+def _overflow_of(message: str) -> str:
+    """The refusal an overflowing sum raised, without the engine's words around it."""
+    # PostgreSQL quotes the text it could not read as a number.
+    return message.split(_OVERFLOW_MARK, 1)[1].splitlines()[0].rstrip('"')
 
 
 def _summaries_of_first_sites(inserted: list[tuple]) -> dict[str, dict[date, DaySummary]]:
@@ -153,29 +161,42 @@ def _summaries_of_first_sites(inserted: list[tuple]) -> dict[str, dict[date, Day
     return summaries
 
 
-# DuckDB sums DECIMAL(18,4) as DECIMAL(38,4) and BIGINT as HUGEINT, so a day of
-# rows that each fit can still sum past `site_spend_daily`'s types. The check
-# rides in the insert itself: `error()` names the day and the figure, where
-# the cast would only say "out of range".
+# DuckDB sums DECIMAL(18,4) as DECIMAL(38,4) and BIGINT as HUGEINT, PostgreSQL both as
+# NUMERIC, so a day of rows that each fit can still sum past `site_spend_daily`'s types.
+# The check rides in the insert itself and names the day and the figure, where the cast
+# would only say "out of range": DuckDB's `error()` raises it; PostgreSQL has no such
+# function, so the refusal is cast to a number, which fails quoting it.
 _OVERFLOW_MARK = "site sum overflow: "
-_SPEND_SUM_RANGE = f"-{SPEND_MAX}::DECIMAL(38,4) AND {SPEND_MAX}::DECIMAL(38,4)"
-_COUNT_SUM_RANGE = f"{COUNT_MIN}::HUGEINT AND {COUNT_MAX}::HUGEINT"
 
 
-def _checked_sum(column: str, allowed: str) -> str:
-    return (
-        f"CASE WHEN sum({column}) NOT BETWEEN {allowed}"
-        f" THEN error('{_OVERFLOW_MARK}' || ad_account_id || ' on ' || day::VARCHAR"
+def _checked_sum(column: str, allowed: str, *, postgres: bool) -> str:
+    refusal = (
+        f"'{_OVERFLOW_MARK}' || ad_account_id || ' on ' || day::VARCHAR"
         f" || ': the {column} of its ads sums to ' || sum({column})::VARCHAR"
-        f" || ', more than site_spend_daily.{column} holds')"
-        f" ELSE sum({column}) END"
+        f" || ', more than site_spend_daily.{column} holds'"
     )
+    raised = f"({refusal})::NUMERIC" if postgres else f"error({refusal})"
+    return f"CASE WHEN sum({column}) NOT BETWEEN {allowed} THEN {raised} ELSE sum({column}) END"
 
 
-# A day's sums for `site_spend_daily`, each checked against its column's type.
-_SITE_SUMS = ", ".join([
-    "ad_account_id, day",
-    _checked_sum("spend", _SPEND_SUM_RANGE),
-    *(_checked_sum(name, _COUNT_SUM_RANGE) for name in ("impressions", "clicks", "conversations")),
-    "count(*)",
-])
+def _site_sums(spend_range: str, count_range: str, *, postgres: bool) -> str:
+    """A day's sums for `site_spend_daily`, each checked against its column's type."""
+    return ", ".join([
+        "ad_account_id, day",
+        _checked_sum("spend", spend_range, postgres=postgres),
+        *(_checked_sum(name, count_range, postgres=postgres)
+          for name in ("impressions", "clicks", "conversations")),
+        "count(*)",
+    ])
+
+
+_SITE_SUMS_DUCKDB = _site_sums(
+    f"-{SPEND_MAX}::DECIMAL(38,4) AND {SPEND_MAX}::DECIMAL(38,4)",
+    f"{COUNT_MIN}::HUGEINT AND {COUNT_MAX}::HUGEINT",
+    postgres=False,
+)
+_SITE_SUMS_POSTGRES = _site_sums(
+    f"-{SPEND_MAX}::NUMERIC AND {SPEND_MAX}::NUMERIC",
+    f"{COUNT_MIN}::NUMERIC AND {COUNT_MAX}::NUMERIC",
+    postgres=True,
+)

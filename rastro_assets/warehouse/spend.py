@@ -21,7 +21,8 @@ from decimal import Decimal
 import duckdb
 import pyarrow as pa
 
-from rastro_assets.warehouse.connection import register_arrow, transaction
+from rastro_assets.warehouse import dialect
+from rastro_assets.warehouse.connection import in_transaction, register_arrow, transaction
 from rastro_assets.warehouse.errors import (
     AccountTakenOver,
     SpendInputError,
@@ -37,6 +38,7 @@ __all__ = [
     "SpendInputError",
     "SpendWrite",
     "SpendWriteResult",
+    "lock_accounts",
     "spend_by_day",
     "write_spend",
     "write_spend_many",
@@ -176,6 +178,7 @@ def _write_batch(
 ) -> dict[str, SpendWriteResult | WriteRefusal]:
     """The batch's statements, inside the caller's transaction."""
     answers: dict[str, SpendWriteResult | WriteRefusal] = {}
+    lock_accounts(con, batch)
     _register(con, batch)
     try:
         refused, stored = _check_batch(con, batch, synced_at, answers)
@@ -189,13 +192,13 @@ def _write_batch(
             counts = _apply(con, batch, params, synced_at)
         else:
             # Nothing stored for these days yet (a first backfill): every row is new.
-            con.execute(_INSERT.format(source=_INCOMING), {"synced_at": synced_at})
+            con.execute(_INSERT, {"synced_at": synced_at})
             counts = {account: {"new": read.table.num_rows} for account, read in batch.items()}
         summaries = replace_site_spend(con, params["accounts"], params["first"], params["last"])
     finally:
-        # After a failed statement the transaction is aborted and DuckDB refuses even
-        # this; the rollback that follows drops the views with it.
-        with suppress(duckdb.TransactionException):
+        # After a failed statement the transaction is aborted and refuses even this; the
+        # rollback that follows drops the tables with it.
+        with suppress(*dialect.TransactionAborted):
             con.unregister(_INCOMING)
             con.unregister(SCOPE)
     for account, read in batch.items():
@@ -208,6 +211,30 @@ def _write_batch(
             days={day: found.get(day, DaySummary(ZERO_SPEND, 0)) for day in read.days},
         )
     return answers
+
+
+def lock_accounts(con: duckdb.DuckDBPyConnection, ad_account_ids: Collection[str]) -> None:
+    """Hold each account's `meta_ad_accounts` row until the open transaction ends.
+
+    The lease's order on PostgreSQL: a spend write takes it before it checks whether a
+    newer sync holds the account, and so does whatever opens a sync's lease, so two
+    writers of one account (or a writer and a newer sync's start) run one after the other
+    and the later one sees what the earlier committed. Rows are locked in the order of
+    their ids, the same in every caller: two batches sharing accounts never deadlock.
+    DuckDB has one writing process, whose transactions on the same rows conflict instead.
+
+    Raises:
+        ValueError: no transaction is open on `con`, so a lock would end at once.
+    """
+    if not dialect.is_postgres(con) or not ad_account_ids:
+        return
+    if not in_transaction(con):
+        raise ValueError("lock_accounts holds its rows only inside a transaction")
+    con.execute(
+        "SELECT ad_account_id FROM meta_ad_accounts WHERE ad_account_id = ANY(?::VARCHAR[])"
+        " ORDER BY ad_account_id FOR UPDATE",
+        [sorted(set(ad_account_ids))],
+    ).fetchall()
 
 
 def _check_batch(
@@ -254,50 +281,25 @@ def _apply(
     params: dict[str, object],
     synced_at: datetime,
 ) -> dict[str, dict[str, int]]:
-    """Delete, update and insert as classified; per account, the rows of each change."""
-    con.execute(_CLASSIFY, params)
-    try:
-        counts: dict[str, dict[str, int]] = {account: {} for account in batch}
-        for account, change, count in con.execute(
-            "SELECT ad_account_id, change, count(*) FROM spend_changes GROUP BY ALL"
-        ).fetchall():
-            counts[account][change] = int(count)
-        totals = {change: sum(c.get(change, 0) for c in counts.values())
-                  for change in ("new", "changed", "same", "gone")}
-        if totals["gone"]:
-            con.execute(
-                "DELETE FROM ad_spend_daily"
-                " WHERE rowid IN (SELECT rid FROM spend_changes WHERE change = 'gone')"
-            )
-        if totals["changed"]:
-            con.execute(
-                """
-                UPDATE ad_spend_daily SET
-                    spend = c.spend, impressions = c.impressions, clicks = c.clicks,
-                    conversations = c.conversations, synced_at = $synced_at
-                FROM spend_changes c
-                WHERE ad_spend_daily.rowid = c.rid AND c.change = 'changed'
-                """,
-                {"synced_at": synced_at},
-            )
-        if totals["same"]:
-            # Most of a re-read: only the stamp moves, and one column is cheaper to rewrite.
-            con.execute(
-                """
-                UPDATE ad_spend_daily SET synced_at = $synced_at
-                FROM spend_changes c
-                WHERE ad_spend_daily.rowid = c.rid AND c.change = 'same'
-                """,
-                {"synced_at": synced_at},
-            )
-        if totals["new"]:
-            con.execute(
-                _INSERT.format(source="spend_changes WHERE change = 'new'"),
-                {"synced_at": synced_at},
-            )
-    finally:
-        with suppress(duckdb.TransactionException):  # an aborted transaction drops it
-            con.execute("DROP TABLE IF EXISTS spend_changes")
+    """Delete, update and insert as counted; per account, the rows of each change.
+
+    Each statement finds its rows by the primary key, so one design serves both engines;
+    a statement whose change counted no rows is not run.
+    """
+    counts: dict[str, dict[str, int]] = {account: {} for account in batch}
+    for account, change, count in con.execute(_COUNT_CHANGES, params).fetchall():
+        counts[account][change] = int(count)
+    totals = {change: sum(c.get(change, 0) for c in counts.values())
+              for change in ("new", "changed", "same", "gone")}
+    stamped = {**params, "synced_at": synced_at}
+    if totals["gone"]:
+        con.execute(_DELETE_GONE, params)
+    if totals["changed"]:
+        con.execute(_UPDATE_CHANGED, stamped)
+    if totals["same"]:
+        con.execute(_STAMP_UNCHANGED, stamped)
+    if totals["new"]:
+        con.execute(_INSERT_NEW, stamped)
     return counts
 
 
@@ -352,7 +354,7 @@ _CHECKS = """
     ), repeats AS (
         SELECT ad_account_id, count(*) AS n
         FROM (SELECT ad_account_id FROM incoming_spend
-              GROUP BY ad_account_id, ad_id, day HAVING count(*) > 1)
+              GROUP BY ad_account_id, ad_id, day HAVING count(*) > 1) repeated
         GROUP BY ad_account_id
     ), stored AS (
         SELECT ad_account_id, count(*) AS n
@@ -378,38 +380,90 @@ _INSERT = """
     INSERT INTO ad_spend_daily
         (ad_account_id, ad_id, day, spend, impressions, clicks, conversations, synced_at)
     SELECT ad_account_id, ad_id, day, spend, impressions, clicks, conversations, $synced_at
-    FROM {source}
+    FROM incoming_spend
 """
+
+# A stored row `s` and its incoming match `i`, by the primary key, within the batch's bounds
+# (they let DuckDB skip row groups and PostgreSQL keep to the key's index).
+_MATCH = """ad_spend_daily.ad_account_id = i.ad_account_id
+          AND ad_spend_daily.ad_id = i.ad_id AND ad_spend_daily.day = i.day
+          AND ad_spend_daily.ad_account_id = ANY($accounts::VARCHAR[])
+          AND ad_spend_daily.day BETWEEN $first AND $last"""
+_SAME_FIGURES = """ad_spend_daily.spend = i.spend AND ad_spend_daily.impressions = i.impressions
+          AND ad_spend_daily.clicks = i.clicks
+          AND ad_spend_daily.conversations = i.conversations"""
 
 # What a write does with an incoming row `i` and its stored match `d`.
 _CHANGE = """CASE
                WHEN i.ad_id IS NULL THEN 'gone'
-               WHEN d.rid IS NULL THEN 'new'
+               WHEN d.ad_id IS NULL THEN 'new'
                WHEN d.spend <> i.spend OR d.impressions <> i.impressions
                     OR d.clicks <> i.clicks OR d.conversations <> i.conversations
                THEN 'changed'
                ELSE 'same'
            END"""
 
-# Every incoming row and every stored row of the scope's account-days, matched
-# once: `change` says what the write does with it. A stored row no read has
-# is 'gone' only on a complete day. Stored rows are addressed by rowid
-# afterwards, so the key join runs once.
-_CLASSIFY = f"""
-    CREATE OR REPLACE TEMP TABLE spend_changes AS
-    SELECT coalesce(i.ad_account_id, d.ad_account_id) AS ad_account_id,
-           i.ad_id, i.day, i.spend, i.impressions, i.clicks, i.conversations, d.rid,
-           {_CHANGE} AS change
+# Every incoming row and every stored row of the scope's account-days, matched once and
+# counted per account by what the write does with it. A stored row no read has is 'gone'
+# only on a complete day.
+_COUNT_CHANGES = f"""
+    SELECT coalesce(i.ad_account_id, d.ad_account_id) AS account, {_CHANGE} AS change,
+           count(*)
     FROM incoming_spend i
     FULL JOIN (
-        SELECT s.rowid AS rid, s.ad_account_id, s.ad_id, s.day, s.spend, s.impressions,
-               s.clicks, s.conversations, scope.complete
+        SELECT s.ad_account_id, s.ad_id, s.day, s.spend, s.impressions, s.clicks,
+               s.conversations, scope.complete
         FROM ad_spend_daily s
-        JOIN spend_scope scope USING (ad_account_id, day)
+        JOIN spend_scope scope ON scope.ad_account_id = s.ad_account_id AND scope.day = s.day
         WHERE s.ad_account_id = ANY($accounts::VARCHAR[])
           AND s.day BETWEEN $first AND $last
     ) d ON d.ad_account_id = i.ad_account_id AND d.ad_id = i.ad_id AND d.day = i.day
     WHERE i.ad_id IS NOT NULL OR d.complete
+    GROUP BY 1, 2
+"""
+
+_DELETE_GONE = """
+    DELETE FROM ad_spend_daily
+    WHERE ad_account_id = ANY($accounts::VARCHAR[]) AND day BETWEEN $first AND $last
+      AND EXISTS (
+          SELECT 1 FROM spend_scope scope
+          WHERE scope.ad_account_id = ad_spend_daily.ad_account_id
+            AND scope.day = ad_spend_daily.day AND scope.complete)
+      AND NOT EXISTS (
+          SELECT 1 FROM incoming_spend i
+          WHERE i.ad_account_id = ad_spend_daily.ad_account_id
+            AND i.ad_id = ad_spend_daily.ad_id AND i.day = ad_spend_daily.day)
+"""
+
+_UPDATE_CHANGED = f"""
+    UPDATE ad_spend_daily SET
+        spend = i.spend, impressions = i.impressions, clicks = i.clicks,
+        conversations = i.conversations, synced_at = $synced_at
+    FROM incoming_spend i
+    WHERE {_MATCH}
+      AND NOT ({_SAME_FIGURES})
+"""
+
+# Most of a re-read: only the stamp moves. No indexed column changes, so PostgreSQL can
+# keep the new row version on its page (a HOT update); a row already stamped is left be.
+_STAMP_UNCHANGED = f"""
+    UPDATE ad_spend_daily SET synced_at = $synced_at
+    FROM incoming_spend i
+    WHERE {_MATCH}
+      AND {_SAME_FIGURES}
+      AND ad_spend_daily.synced_at IS DISTINCT FROM $synced_at
+"""
+
+_INSERT_NEW = """
+    INSERT INTO ad_spend_daily
+        (ad_account_id, ad_id, day, spend, impressions, clicks, conversations, synced_at)
+    SELECT i.ad_account_id, i.ad_id, i.day, i.spend, i.impressions, i.clicks,
+           i.conversations, $synced_at
+    FROM incoming_spend i
+    WHERE NOT EXISTS (
+        SELECT 1 FROM ad_spend_daily s
+        WHERE s.ad_account_id = i.ad_account_id AND s.ad_id = i.ad_id AND s.day = i.day
+          AND s.ad_account_id = ANY($accounts::VARCHAR[]) AND s.day BETWEEN $first AND $last)
 """
 
 

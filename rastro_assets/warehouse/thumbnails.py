@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime
 
 import duckdb
 import pyarrow as pa
 
+from rastro_assets.warehouse import dialect
 from rastro_assets.warehouse.connection import register_arrow, transaction
 from rastro_assets.warehouse.errors import require_link
 
@@ -107,13 +109,15 @@ def store_thumbnails(
         require_link(con, ad_account_id)
         register_arrow(con, _INCOMING_THUMBNAILS, table)
         try:
-            row = con.execute(
-                """
+            # Every row of the source is merged, matched or not: counted first, as
+            # PostgreSQL's MERGE returns no count.
+            stored = con.execute(
+                f"SELECT count(*) FROM ({_CATALOGUED}) i", [fetched_at, ad_account_id]
+            ).fetchone()[0]
+            con.execute(
+                f"""
                 MERGE INTO ad_thumbnails t
-                USING (
-                    SELECT i.*, ?::TIMESTAMPTZ AS fetched_at FROM incoming_thumbnails i
-                    WHERE i.ad_id IN (SELECT ad_id FROM ad_catalog WHERE ad_account_id = ?)
-                ) i
+                USING ({_CATALOGUED}) i
                 ON t.ad_id = i.ad_id
                 WHEN MATCHED THEN UPDATE SET
                     content_type = i.content_type, image = i.image, sha256 = i.sha256,
@@ -123,10 +127,18 @@ def store_thumbnails(
                 VALUES (i.ad_id, i.content_type, i.image, i.sha256, i.creative_id, i.fetched_at)
                 """,
                 [fetched_at, ad_account_id],
-            ).fetchone()
+            )
         finally:
-            con.unregister(_INCOMING_THUMBNAILS)
-    return int(row[0]) if row else 0
+            with suppress(*dialect.TransactionAborted):  # an aborted transaction drops it
+                con.unregister(_INCOMING_THUMBNAILS)
+    return int(stored)
+
+
+# The images of ads still in the account's catalog, stamped with their fetch time.
+_CATALOGUED = """
+    SELECT i.*, ?::TIMESTAMPTZ AS fetched_at FROM incoming_thumbnails i
+    WHERE i.ad_id IN (SELECT ad_id FROM ad_catalog WHERE ad_account_id = ?)
+"""
 
 
 def drop_orphaned_thumbnails(con: duckdb.DuckDBPyConnection, ad_account_id: str) -> int:
@@ -137,16 +149,17 @@ def drop_orphaned_thumbnails(con: duckdb.DuckDBPyConnection, ad_account_id: str)
     mislead. The number deleted.
     """
     with transaction(con):
-        row = con.execute(
+        deleted = con.execute(
             """
             DELETE FROM ad_thumbnails t USING ad_catalog c
             WHERE c.ad_id = t.ad_id AND c.ad_account_id = ?
               AND c.thumbnail_url IS NULL AND c.creative_id IS NOT NULL
               AND t.creative_id IS DISTINCT FROM c.creative_id
+            RETURNING t.ad_id
             """,
             [ad_account_id],
-        ).fetchone()
-    return int(row[0]) if row else 0
+        ).fetchall()
+    return len(deleted)
 
 
 def latest_thumbnails(

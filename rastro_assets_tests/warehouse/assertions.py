@@ -9,7 +9,7 @@ _EXPECTED = """
            sum(a.clicks), sum(a.conversations), count(*)
     FROM ad_spend_daily a
     JOIN site_ad_accounts l USING (ad_account_id)
-    GROUP BY ALL
+    GROUP BY l.site_id, a.ad_account_id, a.day
 """
 _STORED = """
     SELECT site_id, ad_account_id, day, spend, impressions, clicks, conversations, ad_rows

@@ -385,10 +385,10 @@ def test_writer_matches_a_model(tmp_path_factory, sequence, second_site):
 
 def test_the_writer_copes_with_a_half_read_result(con, now, linked_account):
     with transaction(con):
-        con.execute("SELECT * FROM range(10)").fetchone()
+        con.execute("SELECT * FROM generate_series(1, 10)").fetchone()
         write(con, READ, at=now)
     con.execute("BEGIN TRANSACTION")
-    con.execute("SELECT * FROM range(10)").fetchone()
+    con.execute("SELECT * FROM generate_series(1, 10)").fetchone()
     write(con, READ, at=now)
     con.execute("COMMIT")
     assert len(spend_rows(con)) == 4
