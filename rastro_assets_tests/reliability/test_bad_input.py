@@ -702,3 +702,19 @@ def test_sync_now_and_plan_refuse_bad_input_without_writing(shell, account, at):
     else:
         assert_refused((code, out, err))
     assert cli_snapshot(shell.warehouse) == before
+
+
+@pytest.mark.parametrize("at", [
+    "0001-01-01000+0001", "0001-01-01T00:00:00Z", "0001-01-05T00:00:00Z",
+    "9999-12-31T23:00:00Z", "9999-12-31T23:00:00-05:00",
+])
+def test_plan_refuses_an_instant_its_days_cannot_reach(shell, at):
+    """Days around the instant, in zones on both sides of UTC, must exist as dates."""
+    for account, timezone in (("act_1", "Pacific/Kiritimati"), ("act_2", "Pacific/Pago_Pago")):
+        assert shell("link", "s1", account, "--connection", "c1", "--timezone", timezone,
+                     "--currency", "USD")[0] == 0
+    before = cli_snapshot(shell.warehouse)
+    result = shell("plan", "--at", at, "--json")
+    assert_refused(result)
+    assert "--at" in result[2]
+    assert cli_snapshot(shell.warehouse) == before
