@@ -323,8 +323,14 @@ def copy_into(raw: psycopg.Connection, table_name: str, table: pa.Table) -> None
         )
         # Arrow quotes every string and writes a null as nothing: PostgreSQL's CSV reads
         # the unquoted empty field as NULL and "" as the empty string.
+        # Arrow 26 writes a run of zero bytes for an empty chunk, so those are left out.
+        batches = [batch for batch in table.to_batches() if batch.num_rows]
         buffer = pa.BufferOutputStream()
-        pa_csv.write_csv(table, buffer, pa_csv.WriteOptions(include_header=False))
+        pa_csv.write_csv(
+            pa.Table.from_batches(batches, schema=table.schema),
+            buffer,
+            pa_csv.WriteOptions(include_header=False),
+        )
         with raw.cursor() as cursor, cursor.copy(statement) as copy:
             copy.write(memoryview(buffer.getvalue()))
         return

@@ -8,15 +8,15 @@ trims them without changing what it answers.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
 import duckdb
 import pyarrow as pa
 
-from rastro_assets.warehouse import dialect
 from rastro_assets.warehouse.connection import Connection, register_arrow, transaction
+from rastro_assets.warehouse.spend import lock_accounts
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,8 @@ def start_sync_runs(con: duckdb.DuckDBPyConnection, starts: Sequence[SyncRunStar
 
     A wave starts hundreds of syncs at once; a row each cost a statement
     each. Starting a run id again (a retried Dagster run) reopens its row.
-    The accounts are locked first (`lock_accounts`), so a spend write of one of them
-    either sees the new lease or commits before it opens.
+    The accounts' rows are locked first, as a spend write locks them (`lock_accounts`):
+    a write of one of them either sees the new lease or commits before it opens.
     """
     if not starts:
         return
@@ -88,27 +88,6 @@ def _insert_starts(con: Connection, starts: Sequence[SyncRunStart]) -> None:
         )
     finally:
         con.unregister("starting_runs")
-
-
-_LOCK_ACCOUNTS = """
-SELECT ad_account_id FROM meta_ad_accounts
-WHERE ad_account_id = ANY(?::VARCHAR[])
-ORDER BY ad_account_id
-FOR UPDATE
-"""
-
-
-def lock_accounts(con: Connection, ad_account_ids: Collection[str]) -> None:
-    """Hold the accounts' rows of `meta_ad_accounts` until the open transaction ends.
-
-    Opening a lease and writing an account's spend each take this lock first, so the
-    writer's check for a newer lease and a newer lease's start are ordered. The rows are
-    taken in one order, by account, so two holders of several accounts cannot deadlock.
-    A DuckDB file has one writing process, and its transactions conflict instead of
-    waiting: there is nothing to take.
-    """
-    if dialect.is_postgres(con) and ad_account_ids:
-        con.execute(_LOCK_ACCOUNTS, [sorted(set(ad_account_ids))]).fetchall()
 
 
 SyncKey = tuple[str, str, date]

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from rastro_assets.meta.models import InsightRow, insight_table
 from rastro_assets.warehouse import link_store, registry, site_store
-from rastro_assets.warehouse.connection import Warehouse, transaction
+from rastro_assets.warehouse.connection import transaction
+from rastro_assets.warehouse.engines import AnyWarehouse
 from rastro_assets.warehouse.errors import AccountNotLinked
 from rastro_assets.warehouse.spend import (
     DaySummary,
@@ -31,14 +32,19 @@ ACCOUNTS = ["act_1", "act_2", "act_3"]
 AT = datetime(2026, 12, 1, tzinfo=UTC)
 
 
-def linked_warehouse(path, second_site: bool) -> Warehouse:
-    warehouse = Warehouse(path)
+def linked_warehouse(warehouse: AnyWarehouse, second_site: bool) -> AnyWarehouse:
+    """`warehouse` with act_1 and act_2 linked to s1 (act_1 to s2 too when `second_site`),
+    act_3 unlinked, and no spend: a hypothesis example starts from it again."""
     with warehouse.connect() as con:
-        site_store.add_site(con, "s1", None, AT)
-        site_store.add_site(con, "s2", None, AT)
-        registry.save_connection(con, "c1", b"\0" * 40, AT)
-        for account in ACCOUNTS[:2]:  # act_3 stays unlinked
-            link_store.link_account(con, "s1", account, "c1", "UTC", "USD", AT)
+        con.execute("DELETE FROM ad_spend_daily")
+        con.execute("DELETE FROM site_spend_daily")
+        con.execute("DELETE FROM site_ad_accounts WHERE site_id = 's2'")
+        if con.execute("SELECT count(*) FROM sites").fetchone()[0] == 0:
+            site_store.add_site(con, "s1", None, AT)
+            site_store.add_site(con, "s2", None, AT)
+            registry.save_connection(con, "c1", b"\0" * 40, AT)
+            for account in ACCOUNTS[:2]:  # act_3 stays unlinked
+                link_store.link_account(con, "s1", account, "c1", "UTC", "USD", AT)
         if second_site:
             link_store.link_account(con, "s2", "act_1", "c1", "UTC", "USD", AT)
     return warehouse
@@ -63,8 +69,8 @@ waves = st.lists(account_reads, min_size=1, max_size=3, unique_by=lambda read: r
     max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(sequence=st.lists(waves, min_size=1, max_size=3), second_site=st.booleans())
-def test_batches_match_a_model_of_every_account(tmp_path_factory, sequence, second_site):
-    warehouse = linked_warehouse(tmp_path_factory.mktemp("many") / "w.duckdb", second_site)
+def test_batches_match_a_model_of_every_account(warehouse, sequence, second_site):
+    warehouse = linked_warehouse(warehouse, second_site)
     model: dict[tuple[str, str, object], tuple] = {}
     with warehouse.connect() as con:
         for number, wave in enumerate(sequence):
@@ -100,8 +106,8 @@ def test_batches_match_a_model_of_every_account(tmp_path_factory, sequence, seco
 
 # refusals stay with their read --------------------------------------------------
 
-def test_a_refused_read_leaves_the_batch_written(tmp_path):
-    warehouse = linked_warehouse(tmp_path / "w.duckdb", second_site=True)
+def test_a_refused_read_leaves_the_batch_written(warehouse):
+    warehouse = linked_warehouse(warehouse, second_site=True)
     day = DAYS[0]
     good = write("act_1", [day], [row("a1", day, "1.5"), row("a2", day, "2")])
     repeated = write("act_2", [day], [row("a1", day, "1"), row("a1", day, "2")])
@@ -124,8 +130,8 @@ def test_a_refused_read_leaves_the_batch_written(tmp_path):
         assert_site_spend_exact(con)
 
 
-def test_a_day_whose_sums_overflow_fails_only_its_account(tmp_path):
-    warehouse = linked_warehouse(tmp_path / "w.duckdb", second_site=False)
+def test_a_day_whose_sums_overflow_fails_only_its_account(warehouse):
+    warehouse = linked_warehouse(warehouse, second_site=False)
     day = DAYS[1]
     huge = [row(ad, day, "99999999999999.9999") for ad in ADS[:2]]
     writes = [write("act_1", [day], [row("a1", day, "4.25")]), write("act_2", [day], huge)]
@@ -138,8 +144,8 @@ def test_a_day_whose_sums_overflow_fails_only_its_account(tmp_path):
         assert_site_spend_exact(con)
 
 
-def test_an_overflow_alone_is_its_writes_error(tmp_path):
-    warehouse = linked_warehouse(tmp_path / "w.duckdb", second_site=False)
+def test_an_overflow_alone_is_its_writes_error(warehouse):
+    warehouse = linked_warehouse(warehouse, second_site=False)
     day = DAYS[1]
     huge = [row(ad, day, "99999999999999.9999") for ad in ADS[:2]]
     with warehouse.connect() as con:
@@ -150,8 +156,8 @@ def test_an_overflow_alone_is_its_writes_error(tmp_path):
 
 # the shape of a batch -----------------------------------------------------------
 
-def test_a_first_write_and_a_rewrite_share_a_batch(tmp_path):
-    warehouse = linked_warehouse(tmp_path / "w.duckdb", second_site=True)
+def test_a_first_write_and_a_rewrite_share_a_batch(warehouse):
+    warehouse = linked_warehouse(warehouse, second_site=True)
     d1, d2 = DAYS[:2]
     with warehouse.connect() as con:
         write_spend_many(con, [write("act_1", [d1], [row("a1", d1, "1"), row("a2", d1, "2")])],
@@ -169,8 +175,8 @@ def test_a_first_write_and_a_rewrite_share_a_batch(tmp_path):
         assert len(site_rows(con)) == 4  # act_1 on d1 for s1 and s2, act_2 on d1 and d2
 
 
-def test_the_same_account_twice_is_written_in_order(tmp_path):
-    warehouse = linked_warehouse(tmp_path / "w.duckdb", second_site=False)
+def test_the_same_account_twice_is_written_in_order(warehouse):
+    warehouse = linked_warehouse(warehouse, second_site=False)
     day = DAYS[0]
     with warehouse.connect() as con:
         first, second = write_spend_many(con, [
@@ -181,8 +187,8 @@ def test_the_same_account_twice_is_written_in_order(tmp_path):
         assert [ad for _, ad, *_ in spend_rows(con)] == ["a2"]
 
 
-def test_no_writes_is_a_no_op(tmp_path):
-    warehouse = linked_warehouse(tmp_path / "w.duckdb", second_site=False)
+def test_no_writes_is_a_no_op(warehouse):
+    warehouse = linked_warehouse(warehouse, second_site=False)
     with warehouse.connect() as con:
         assert write_spend_many(con, [], synced_at=AT) == []
         assert write_spend_many(con, [write("act_1", [], [])], synced_at=AT) == [
@@ -192,8 +198,8 @@ def test_no_writes_is_a_no_op(tmp_path):
             write_spend_many(con, [], synced_at=datetime(2026, 1, 1))
 
 
-def test_a_batch_joins_an_outer_transaction(tmp_path):
-    warehouse = linked_warehouse(tmp_path / "w.duckdb", second_site=False)
+def test_a_batch_joins_an_outer_transaction(warehouse):
+    warehouse = linked_warehouse(warehouse, second_site=False)
     day = DAYS[0]
     with warehouse.connect() as con:
         with pytest.raises(RuntimeError), transaction(con):
