@@ -223,7 +223,7 @@ def _lag_seconds(raw: str | None) -> int:
 
 
 def _warehouse_url(raw: str | None) -> str | None:
-    """RASTRO_WAREHOUSE_URL, checked for its scheme only: the server says the rest."""
+    """RASTRO_WAREHOUSE_URL, checked for its scheme and its shape: the server says the rest."""
     if raw is None or not raw.strip():
         return None
     url = raw.strip()
@@ -243,3 +243,10 @@ def _parses(url: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def warehouse_engine(environ: Mapping[str, str] | None = None) -> str:
+    """`postgres` when RASTRO_WAREHOUSE_URL is set, else `duckdb`: what the definitions show
+    as the warehouse tables' kind."""
+    env = os.environ if environ is None else environ
+    return "postgres" if (env.get("RASTRO_WAREHOUSE_URL") or "").strip() else "duckdb"

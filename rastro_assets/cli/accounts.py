@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import unicodedata
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -82,7 +81,7 @@ def add_accounts(subparsers: Subparsers) -> None:
 def _accounts(args: argparse.Namespace, ctx: Context) -> int:
     connection_id = registry.validate_identifier("connection id", args.connection_id)
     warehouse = ctx.warehouse()
-    if not os.path.exists(warehouse.path):
+    if not warehouse.exists():
         raise _unknown_connection(connection_id)
     with warehouse.connect(read_only=True) as con:
         connection = registry.get_connection(con, connection_id)
@@ -209,11 +208,11 @@ def link_many(args: argparse.Namespace, ctx: Context) -> int:
     currency = registry.normalize_currency(args.currency) if args.currency is not None else None
     named = _named_accounts(args, ctx)
     warehouse = ctx.warehouse()
-    if not os.path.exists(warehouse.path):
+    if not warehouse.exists():
         # No site exists in a warehouse that does not: refused without making the file.
         raise registry.RegistryError(
             f"unknown site {site_id!r}: add it first with `rastro site add` (no warehouse at"
-            f" {os.path.abspath(warehouse.path)} yet)"
+            f" {warehouse.location} yet)"
         )
     with warehouse.connect() as con:
         connection = link_store.require_site_and_connection(con, site_id, connection_id)

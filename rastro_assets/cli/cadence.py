@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -48,10 +47,10 @@ def add_sync_now(subparsers: Subparsers) -> None:
 def _sync_now(args: argparse.Namespace, ctx: Context) -> int:
     ad_account_id = normalize_account_id(args.ad_account_id)
     warehouse = ctx.warehouse()
-    if not os.path.exists(warehouse.path):
+    if not warehouse.exists():
         # Nothing is linked in a warehouse that does not exist; do not create it.
         raise registry.RegistryError(
-            f"{ad_account_id} is not linked to any site: {no_warehouse(str(warehouse.path))}"
+            f"{ad_account_id} is not linked to any site: {no_warehouse(warehouse.location)}"
         )
     now = ctx.now()
     with warehouse.connect() as con:
@@ -269,7 +268,7 @@ def _read_accounts(ctx: Context) -> list[PlannedAccount] | None:
     """Every linked account with its state, from a short read-only session; None when the
     warehouse does not exist (never created here)."""
     warehouse = ctx.warehouse()
-    if not os.path.exists(warehouse.path):
+    if not warehouse.exists():
         return None
     with warehouse.connect(read_only=True) as con:
         return planned_accounts(con)

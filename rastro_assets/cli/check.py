@@ -56,8 +56,8 @@ def open_incidents(ctx: Context) -> tuple[list[Incident], int]:
     thresholds = AlertThresholds.from_env(ctx.environ)
     settings = ctx.settings()
     warehouse = ctx.warehouse()
-    path = os.path.abspath(warehouse.path)
-    if not os.path.exists(path):
+    path = warehouse.location
+    if not warehouse.exists():
         raise CannotTell(f"no warehouse at {path} (RASTRO_DUCKDB_PATH names another file)")
     warehouse.lock_wait_seconds = CHECK_LOCK_WAIT_SECONDS
     now = ctx.now()

@@ -2,33 +2,32 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 from rastro_assets.cli.context import EXIT_OK, Context
 from rastro_assets.cli.sql_print import display_width
-from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.engines import AnyWarehouse
 
 
-def no_warehouse(path: str) -> str:
+def no_warehouse(location: str) -> str:
     return (
-        f"no warehouse at {os.path.abspath(path)}: nothing has been linked there yet"
+        f"no warehouse at {location}: nothing has been linked there yet"
         " (`rastro site add`, `rastro connect` or `rastro demo` creates it; RASTRO_DUCKDB_PATH"
         " names another file)"
     )
 
 
-def existing_warehouse(ctx: Context) -> Warehouse | None:
+def existing_warehouse(ctx: Context) -> AnyWarehouse | None:
     """The pipeline's file, or None when it does not exist. Opening it, even read-only,
     would create and migrate a missing one: a command that only looks asks this first."""
     warehouse = ctx.warehouse()
-    return warehouse if os.path.exists(warehouse.path) else None
+    return warehouse if warehouse.exists() else None
 
 
 def say_no_warehouse(ctx: Context, as_json: bool) -> int:
     """What a listing says of a warehouse that does not exist, as `rastro status` says it:
     on stdout for people; on stderr beside an empty array for scripts."""
-    line = no_warehouse(ctx.warehouse().path)
+    line = no_warehouse(ctx.warehouse().location)
     if as_json:
         ctx.warn(line)
         ctx.say("[]")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-import os
 from datetime import UTC
 from typing import TYPE_CHECKING
 
@@ -26,7 +25,7 @@ from rastro_assets.shards import crowded_warning
 from rastro_assets.tokens import token_problem
 from rastro_assets.vault import generate_key
 from rastro_assets.warehouse import link_store, registry, shard_store, site_store
-from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.engines import AnyWarehouse
 from rastro_assets.warehouse.link_store import LinkResult
 from rastro_assets.warehouse.registry import RegistryError
 from rastro_assets.words import counted
@@ -142,13 +141,13 @@ def _site_remove(args: argparse.Namespace, ctx: Context) -> int:
     return EXIT_OK
 
 
-def _warehouse_holding_site(ctx: Context, site_id: str) -> Warehouse:
+def _warehouse_holding_site(ctx: Context, site_id: str) -> AnyWarehouse:
     """The warehouse, when it exists; a warehouse not there yet holds no site, and a
     refusal must leave no new file behind."""
     warehouse = existing_warehouse(ctx)
     if warehouse is None:
         raise RegistryError(
-            f"unknown site {site_id!r}: no warehouse at {os.path.abspath(ctx.warehouse().path)}"
+            f"unknown site {site_id!r}: no warehouse at {ctx.warehouse().location}"
             " yet (`rastro site add` creates it; RASTRO_DUCKDB_PATH names another file)"
         )
     return warehouse
@@ -378,7 +377,7 @@ def _unlink(args: argparse.Namespace, ctx: Context) -> int:
     if warehouse is None:
         raise RegistryError(
             f"site {site_id!r} is not linked to {ad_account_id}:"
-            f" {no_warehouse(ctx.warehouse().path)}"
+            f" {no_warehouse(ctx.warehouse().location)}"
         )
     with warehouse.connect() as con:
         purged = link_store.unlink_account(con, site_id, ad_account_id)

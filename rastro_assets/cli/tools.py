@@ -52,8 +52,8 @@ def _rotate_key(args: argparse.Namespace, ctx: Context) -> int:
     old_var = args.old_key_env.strip()
     old, new = _old_and_new_vaults(ctx, old_var)
     warehouse = ctx.warehouse()
-    if not Path(warehouse.path).exists():
-        ctx.say(f"no warehouse at {warehouse.path}: no token to re-seal")
+    if not warehouse.exists():
+        ctx.say(f"no warehouse at {warehouse.location}: no token to re-seal")
         return EXIT_OK
     with warehouse.connect() as con, transaction(con):
         resealed, already = _reseal_all(con, ctx, old, new, old_var)
@@ -199,8 +199,8 @@ def _publish(args: argparse.Namespace, ctx: Context) -> int:
     from rastro_assets.analytics.publish import Publisher, PublishError
 
     warehouse = ctx.warehouse()
-    if not Path(warehouse.path).exists():
-        raise UsageError(f"no warehouse at {os.path.abspath(warehouse.path)}: nothing to publish")
+    if not warehouse.exists():
+        raise UsageError(f"no warehouse at {warehouse.location}: nothing to publish")
     publisher = Publisher.from_settings(ctx.settings(), warehouse, ctx.clock)
     try:
         result = publisher.publish()

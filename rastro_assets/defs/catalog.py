@@ -26,6 +26,7 @@ from rastro_assets.defs.keys import (
     OWNERS,
 )
 from rastro_assets.defs.metadata import (
+    WAREHOUSE_KIND,
     catalog_materializations,
     catalog_metadata,
     catalog_table_materializations,
@@ -78,7 +79,7 @@ def _catalog_asset(key: dg.AssetKey, *, deps: list[dg.AssetKey], description: st
         key=key,
         partitions_def=account_partitions,
         deps=deps,
-        kinds={"meta", "duckdb"},
+        kinds={"meta", WAREHOUSE_KIND},
         metadata=table_metadata(key.path[-1]),
         group_name=GROUP,
         owners=OWNERS,

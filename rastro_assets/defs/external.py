@@ -15,7 +15,7 @@ from rastro_assets.defs.keys import (
     SITE_AD_ACCOUNTS,
     SITES,
 )
-from rastro_assets.defs.metadata import table_metadata
+from rastro_assets.defs.metadata import WAREHOUSE_KIND, table_metadata
 
 GROUP = "registry"
 
@@ -24,7 +24,7 @@ def _external(key: dg.AssetKey, description: str, *, written_by: str) -> dg.Asse
     return dg.AssetSpec(
         key,
         description=description,
-        kinds={"duckdb"},
+        kinds={WAREHOUSE_KIND},
         group_name=GROUP,
         owners=OWNERS,
         tags={"domain": "marketing"},

@@ -26,6 +26,7 @@ import dagster as dg
 from rastro_assets.defs.keys import AD_CATALOG, AD_THUMBNAILS
 from rastro_assets.defs.partitions import SHARD_COUNT, spend_partition_key, spend_shard
 from rastro_assets.defs.resources import RastroResource
+from rastro_assets.process_settings import warehouse_engine
 from rastro_assets.sync.types import CatalogOutcome, SyncOutcome, ThumbnailOutcome
 from rastro_assets.warehouse.connection import Connection
 from rastro_assets.warehouse.figures import (
@@ -81,10 +82,15 @@ def table_schema(table: str) -> dg.TableSchema:
     )
 
 
+WAREHOUSE_KIND = warehouse_engine()
+"""The engine the warehouse tables live in, as the UI's kind tag shows it."""
+
+
 def table_metadata(table: str) -> dict[str, object]:
-    """Definition metadata of an asset that is one DuckDB table: its name and its columns."""
+    """Definition metadata of an asset that is one warehouse table: its name and its columns
+    (on PostgreSQL in whichever schema the connection's search path selects)."""
     return {
-        TABLE_NAME_KEY: f"main.{table}",
+        TABLE_NAME_KEY: f"main.{table}" if WAREHOUSE_KIND == "duckdb" else table,
         COLUMN_SCHEMA_KEY: table_schema(table),
     }
 

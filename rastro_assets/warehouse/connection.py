@@ -120,6 +120,16 @@ class Warehouse:
     def __repr__(self) -> str:
         return f"Warehouse({self.path!r})"
 
+    @property
+    def location(self) -> str:
+        """Where it is, as messages name it: the file's absolute path."""
+        return os.path.abspath(self.path)
+
+    def exists(self) -> bool:
+        """Whether there is a warehouse to look at. Opening a missing file would create it:
+        a command that only looks asks this first."""
+        return os.path.exists(self.path)
+
     @contextmanager
     def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
         """A connection for the body of the `with`, closed when it ends.

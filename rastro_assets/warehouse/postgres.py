@@ -110,6 +110,15 @@ class PostgresWarehouse:
     def __repr__(self) -> str:
         return f"PostgresWarehouse({self.path!r})"
 
+    @property
+    def location(self) -> str:
+        """Where it is, as messages name it: the URL without its password."""
+        return self.path
+
+    def exists(self) -> bool:
+        """Always: the server holds the warehouse, and the first connection migrates it."""
+        return True
+
     @contextmanager
     def connect(self, read_only: bool = False) -> Iterator[PostgresConnection]:
         """A pooled connection for the body of the `with`, given back when it ends.

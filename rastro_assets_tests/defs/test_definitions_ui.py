@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from datetime import timedelta
 
 import dagster as dg
@@ -106,3 +110,28 @@ def test_health_is_one_table_and_a_paused_account_is_an_error(warehouse, linked_
     assert states == ["paused", "paused"]
     assert all(row.data["last_error"].startswith("META_TOKEN_INVALID")
                for row in paused.metadata["health"].records)
+
+
+def test_the_tables_kind_is_the_warehouse_engine_of_the_environment(tmp_path):
+    """A warehouse on PostgreSQL shows as such: the UI never calls its tables DuckDB's."""
+    shown = """
+import json, dagster as dg
+from rastro_assets.definitions import defs
+graph = defs.resolve_asset_graph()
+node = graph.get(dg.AssetKey("ad_spend_daily"))
+print(json.dumps([sorted(node.kinds), node.metadata["dagster/table_name"],
+                  sorted(graph.get(dg.AssetKey("sites")).kinds)]))
+"""
+    env = {
+        **os.environ,
+        "RASTRO_WAREHOUSE_URL": "postgresql://rastro:hunter2@db.invalid:5432/rastro",
+        "RASTRO_DUCKDB_PATH": str(tmp_path / "unused.duckdb"),
+    }
+    answer = subprocess.run(
+        [sys.executable, "-c", shown], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert answer.returncode == 0, answer.stderr[-2000:]
+    kinds, table_name, site_kinds = json.loads(answer.stdout.strip().splitlines()[-1])
+    assert kinds == ["meta", "postgres"] and site_kinds == ["postgres"]
+    assert table_name == "ad_spend_daily"
+    assert "hunter2" not in answer.stdout + answer.stderr

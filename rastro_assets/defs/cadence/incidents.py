@@ -14,7 +14,6 @@ waits out Meta's budget is healthy.
 """
 
 import json
-import os
 import re
 import socket
 from collections.abc import Iterable, Sequence
@@ -314,7 +313,7 @@ def _latest_health(instance: dg.DagsterInstance) -> dg.EventLogRecord | None:
 )
 def meta_incidents_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
     now = rastro.clock()()
-    if not os.path.exists(rastro.warehouse().path):
+    if not rastro.warehouse().exists():
         return dg.SkipReason("no warehouse yet: nothing is linked")
     thresholds = AlertThresholds.from_env()
     channels, channel_problem = configured_channels()

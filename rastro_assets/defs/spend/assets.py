@@ -21,6 +21,7 @@ from rastro_assets.defs.keys import (
 )
 from rastro_assets.defs.metadata import (
     DAY_ROWS_KEY,
+    WAREHOUSE_KIND,
     catalog_materializations,
     day_metadata,
     materializations,
@@ -85,7 +86,7 @@ def spend_specs(shard: SpendShard, shard_count: int) -> list[dg.AssetSpec]:
             + FIGURES_NOTE
             + _holds(shard, shard_count)
         ),
-        kinds={"meta", "duckdb"},
+        kinds={"meta", WAREHOUSE_KIND},
         group_name=group,
         owners=OWNERS,
         tags={"domain": "marketing"},
@@ -100,7 +101,7 @@ def spend_specs(shard: SpendShard, shard_count: int) -> list[dg.AssetSpec]:
             + _holds(shard, shard_count)
         ),
         deps=[shard.ad_key],
-        kinds={"meta", "duckdb"},
+        kinds={"meta", WAREHOUSE_KIND},
         group_name=group,
         owners=OWNERS,
         tags={"domain": "marketing"},

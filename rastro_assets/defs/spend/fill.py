@@ -35,6 +35,7 @@ from rastro_assets.defs.keys import (
     fill_key,
 )
 from rastro_assets.defs.metadata import (
+    WAREHOUSE_KIND,
     catalog_materializations,
     materializations,
     table_materializations,
@@ -66,7 +67,7 @@ def build_spend_fill(index: int, shard_count: int) -> dg.AssetsDefinition:
     spec = dg.AssetSpec(
         fill_key(index),
         group_name=group,
-        kinds={"meta", "duckdb"},
+        kinds={"meta", WAREHOUSE_KIND},
         owners=OWNERS,
         metadata={"rastro/shard": index} if shard_count > 1 else None,
         # A run records an account only once it owes nothing: an account left owing
