@@ -37,7 +37,7 @@ from pathlib import Path
 
 import duckdb
 
-from rastro_assets.analytics import staging
+from rastro_assets.analytics import pg_reader, staging, staging_pg
 from rastro_assets.analytics.status import status_table
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.process_settings import (
@@ -47,7 +47,9 @@ from rastro_assets.process_settings import (
     storage_version,
 )
 from rastro_assets.timekeeping import Clock, system_clock
+from rastro_assets.warehouse import dialect
 from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.postgres import PostgresWarehouse
 
 
 class PublishError(Exception):
@@ -94,7 +96,7 @@ class Publisher:
 
     def __init__(
         self,
-        warehouse: Warehouse,
+        warehouse: Warehouse | PostgresWarehouse,
         target: str | os.PathLike[str],
         *,
         mode: int = 0o644,
@@ -122,7 +124,7 @@ class Publisher:
     def from_settings(
         cls,
         settings: Settings,
-        warehouse: Warehouse,
+        warehouse: Warehouse | PostgresWarehouse,
         clock: Clock = system_clock,
         timer: Clock = system_clock,
     ) -> Publisher:
@@ -252,7 +254,11 @@ class Publisher:
             if self.staging.exists() and _storage_tag(self.staging) != self._wanted_storage():
                 self._remove_staging()
         except duckdb.Error as exc:
+            # Unreadable from its first page: the retry starts from a new file.
+            self._remove_staging()
             raise _StagingFailed from exc
+        if dialect.is_postgres(self.warehouse):
+            return self._refresh_staging_from_postgres(now, published_at)
         with self.warehouse.connect() as con:
             status = status_table(planned_accounts(con), now)
             try:
@@ -273,6 +279,37 @@ class Publisher:
                 return report
         # Only a cache of the pipeline: after a failure part way (a full disk leaves a
         # .wal, maybe empty), nothing it holds is trusted; the next refresh rebuilds it whole.
+        self._remove_staging()
+        raise _StagingFailed from failure
+
+    def _refresh_staging_from_postgres(
+        self, now: datetime, published_at: datetime
+    ) -> staging.RefreshReport:
+        """As `_refresh_staging`, the warehouse read over ADBC: the staging file is the
+        only database this DuckDB connection opens."""
+        with self.warehouse.connect() as con:
+            status = status_table(planned_accounts(con), now)
+        try:
+            with duckdb.connect() as con, pg_reader.open_reader(
+                self.warehouse.url_with_password
+            ) as source:
+                con.execute(
+                    f"ATTACH ? AS {staging.STAGE} (STORAGE_VERSION '{self.storage}')",
+                    [str(self.staging)],
+                )
+                try:
+                    os.chmod(self.staging, 0o600)
+                    report = staging_pg.refresh(con, source, status, published_at)
+                    con.execute(f"CHECKPOINT {staging.STAGE}")
+                finally:
+                    con.execute(f"DETACH {staging.STAGE}")
+        except pg_reader.SourceFailed as exc:
+            # The staging file's transaction rolled back: it is whole, and kept.
+            raise PublishError(f"{exc}; the previous snapshot is unchanged") from None
+        except (duckdb.Error, OSError) as exc:
+            failure = exc
+        else:
+            return report
         self._remove_staging()
         raise _StagingFailed from failure
 

@@ -29,6 +29,7 @@ from datetime import datetime
 import duckdb
 import pyarrow as pa
 
+from rastro_assets.analytics import pg_reader
 from rastro_assets.analytics.tables import (
     ANALYST_TABLES,
     COPIED_COLUMNS,
@@ -36,6 +37,7 @@ from rastro_assets.analytics.tables import (
     PRIMARY_KEYS,
     TOTALS_COMPARED,
 )
+from rastro_assets.warehouse import dialect
 from rastro_assets.warehouse.connection import register_arrow, transaction
 
 STAGE = "rastro_stage"
@@ -85,6 +87,8 @@ class RefreshReport:
 def fingerprint(con: duckdb.DuckDBPyConnection) -> str:
     """A cheap digest of the pipeline's state; it changes whenever anything analysts see may
     have changed (a sync started or ended, a link, a catalog or token change)."""
+    if dialect.is_postgres(con):
+        return con.execute(pg_reader.FINGERPRINT).fetchone()[0]
     return con.execute(_FINGERPRINT).fetchone()[0]
 
 
@@ -99,7 +103,7 @@ def refresh(
     `status` is the `account_sync_status` table (`STATUS_SCHEMA`).
     """
     with transaction(con):
-        fresh = _stage_version(con) != FORMAT_VERSION
+        fresh = _stage_version(con) != FORMAT_VERSION or stage_engine(con) != dialect.DUCKDB
         if fresh:
             _create_stage(con)
         report = _apply(con, status, published_at, rebuild_all=fresh)
@@ -116,6 +120,19 @@ def _stage_version(con: duckdb.DuckDBPyConnection) -> int | None:
         return None
     row = con.execute(f"SELECT max(version) FROM {STAGE}.publisher.format").fetchone()
     return row[0] if row else None
+
+
+def stage_engine(con: duckdb.DuckDBPyConnection) -> str:
+    """The warehouse engine the staging file was filled from: its run bookkeeping means
+    nothing to the other engine. Files made before PostgreSQL existed name none: DuckDB."""
+    exists = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND schema_name ="
+        " 'publisher' AND table_name = 'source'",
+        [STAGE],
+    ).fetchone()[0]
+    if not exists:
+        return dialect.DUCKDB
+    return con.execute(f"SELECT max(engine) FROM {STAGE}.publisher.source").fetchone()[0]
 
 
 def _create_stage(con: duckdb.DuckDBPyConnection) -> None:
@@ -163,14 +180,16 @@ def _apply(
     )
 
 
-def _collect_new_runs(con: duckdb.DuckDBPyConnection) -> datetime | None:
-    """Gather the sync runs whose writes the staging file does not hold yet
+def _collect_new_runs(
+    con: duckdb.DuckDBPyConnection, runs: str = "main.meta_sync_runs"
+) -> datetime | None:
+    """Gather the sync runs of `runs` whose writes the staging file does not hold yet
     (`snapshot_new_runs`); returns when the oldest of them finished."""
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE snapshot_new_runs AS
             SELECT r.run_id, r.ad_account_id, r.since, r.until, r.finished_at, r.h
             FROM (SELECT run_id, ad_account_id, since, until, finished_at, {_RUN_HASH} AS h
-                  FROM main.meta_sync_runs) r
+                  FROM {runs}) r
             ANTI JOIN {STAGE}.publisher.applied_runs a
               ON a.h = r.h AND r.finished_at IS NOT NULL"""
     )

@@ -8,6 +8,7 @@
 - `cadence`: `sync-now`, `status`, `plan`; `check`: `status --check`.
 - `shards`: `shard` (`list`), `shard move`.
 - `tools`: `rotate-key`, `demo`, `fake-meta`.
+- `warehouse_copy`: `warehouse copy`, the DuckDB file into PostgreSQL.
 - `webserver`: `webserver`; `daemon`: `daemon`; both start on the ground `private` makes.
 
 A new command lives in the module of its group (or a new one), which exposes
@@ -56,6 +57,7 @@ def registrars() -> list[Registrar]:
         shards,
         sql,
         tools,
+        warehouse_copy,
         webserver,
     )
 
@@ -66,6 +68,7 @@ def registrars() -> list[Registrar]:
         *cadence.REGISTRARS,
         *shards.REGISTRARS,
         *tools.REGISTRARS,
+        *warehouse_copy.REGISTRARS,
         *webserver.REGISTRARS,
         *daemon.REGISTRARS,
     ]

@@ -119,6 +119,12 @@ class PostgresWarehouse:
         """Always: the server holds the warehouse, and the first connection migrates it."""
         return True
 
+    @property
+    def url_with_password(self) -> str:
+        """The URL as set, password included: for another driver to connect with (the
+        snapshot's publisher reads over ADBC), never for a message."""
+        return self._url
+
     @contextmanager
     def connect(self, read_only: bool = False) -> Iterator[PostgresConnection]:
         """A pooled connection for the body of the `with`, given back when it ends.

@@ -14,7 +14,10 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from rastro_assets.analytics.publish import Publisher
+from rastro_assets.warehouse.postgres import PostgresWarehouse
 from rastro_assets_tests.analytics.helpers import publish_week
+from rastro_assets_tests.analytics.mirror import mirror, planner_on
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -89,10 +92,22 @@ def old_duckdb_python() -> Path:
     return python
 
 
-@pytest.fixture
-def published(syncer, warehouse, fake_clock, duckdb_path: Path) -> Path:
-    """The demo's layout: data/rastro.duckdb and its snapshot data/analytics.duckdb."""
-    return publish_week(syncer, warehouse, duckdb_path.parent / "analytics.duckdb", fake_clock)
+@pytest.fixture(params=["from-duckdb", "from-postgres"])
+def published(request, syncer, warehouse, fake_clock, duckdb_path: Path) -> Path:
+    """The demo's layout: data/rastro.duckdb and its snapshot data/analytics.duckdb, published
+    from that file or from a PostgreSQL warehouse holding the same world."""
+    path = publish_week(syncer, warehouse, duckdb_path.parent / "analytics.duckdb", fake_clock)
+    if request.param == "from-postgres":
+        server = request.getfixturevalue("warehouse_server")
+        twin = PostgresWarehouse(server.fresh_schema_url())
+        mirror(warehouse, twin)
+        snap = Publisher(twin, path, clock=fake_clock, timer=fake_clock)
+        for leftover in (path, snap.staging):
+            leftover.unlink()
+        with planner_on(warehouse):
+            assert snap.publish().rebuilt
+        twin.close()
+    return path
 
 
 def pipeline_figures(warehouse) -> dict:

@@ -304,3 +304,13 @@ def test_the_snapshot_is_written_in_the_storage_the_setting_names(
     assert_snapshot_equals_pipeline(warehouse, snapshot_path)
     with pytest.raises(SettingsError, match="RASTRO_ANALYTICS_STORAGE_VERSION"):
         Settings.from_env({"RASTRO_ANALYTICS_STORAGE_VERSION": "v1.0.0') (READ_ONLY"})
+
+
+def test_a_staging_file_damaged_from_its_first_page_is_rebuilt(
+    syncer, warehouse, publisher, snapshot_path
+):
+    assert syncer.sync(SyncRequest("act_101", *WEEK, run_id="r1", catalog=True)).ok
+    publisher.publish()
+    publisher.staging.write_bytes(b"\x17" * publisher.staging.stat().st_size)
+    assert publisher.publish().rebuilt
+    assert_snapshot_equals_pipeline(warehouse, snapshot_path)

@@ -1,17 +1,20 @@
-"""One way to run `rastro` in-process, and one way to check its usage errors."""
+"""One way to run `rastro` in-process, on the test's warehouse of either engine, and one way
+to check its usage errors."""
 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from rastro_assets import cli
 from rastro_assets.cli.context import Context
 from rastro_assets.timekeeping import fixed_clock
+from rastro_assets.warehouse import engines
 
 Rastro = Callable[..., tuple[int, str, str]]
 
@@ -28,16 +31,32 @@ def never_printed() -> Collection[str]:
     return ()
 
 
+def engine_environ(request: pytest.FixtureRequest) -> dict[str, str]:
+    """RASTRO_WAREHOUSE_URL, password and all, when the test's `warehouse` is on PostgreSQL:
+    a command then reaches the very schema the test filled. Nothing for a DuckDB file."""
+    if "warehouse" not in request.fixturenames:
+        return {}
+    url = getattr(request.getfixturevalue("warehouse"), "url_with_password", None)
+    return {"RASTRO_WAREHOUSE_URL": url} if url else {}
+
+
 @pytest.fixture
 def rastro(
-    rastro_environ: Mapping[str, str], never_printed: Collection[str], now: datetime
-) -> Rastro:
+    rastro_environ: Mapping[str, str],
+    never_printed: Collection[str],
+    now: datetime,
+    request: pytest.FixtureRequest,
+) -> Iterator[Rastro]:
     """Run `rastro ARGS` in-process; (exit code, stdout, stderr).
 
     `stdin` is what the command reads, `at` the instant its clock shows (the
     pinned `now` by default), and `environ` adds to or overrides `rastro_environ`,
-    read at the call.
+    read at the call. A test whose `warehouse` is on PostgreSQL runs every command on it,
+    and no command may print the server's password.
     """
+    on_engine = engine_environ(request)
+    url = on_engine.get("RASTRO_WAREHOUSE_URL")
+    secrets = [*never_printed, *filter(None, [url and urlsplit(url).password])]
 
     def run(
         *args: str,
@@ -47,18 +66,23 @@ def rastro(
     ) -> tuple[int, str, str]:
         out, err = io.StringIO(), io.StringIO()
         ctx = Context(
-            environ={**rastro_environ, **(environ or {})},
+            environ={**rastro_environ, **on_engine, **(environ or {})},
             stdin=io.StringIO(stdin),
             stdout=out,
             stderr=err,
             clock=fixed_clock(at),
         )
         code = cli.run(list(args), ctx)
-        for secret in never_printed:
+        for secret in secrets:
             assert secret not in out.getvalue() + err.getvalue()
         return code, out.getvalue(), err.getvalue()
 
-    return run
+    yield run
+    if url is not None:
+        # The commands' pool for the test's schema: closed with the test, not the session.
+        pool = engines._POOLS.pop(url, None)
+        if pool is not None:
+            pool.close()
 
 
 def assert_usage_error(result: tuple[int, str, str], *fragments: str) -> str:

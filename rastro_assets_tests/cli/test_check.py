@@ -63,10 +63,10 @@ def rastro_environ(duckdb_path, dagster_home) -> dict[str, str]:
 
 
 @pytest.fixture
-def healthy(duckdb_path) -> Warehouse:
+def healthy(warehouse, duckdb_path) -> Warehouse:
     """act_1 of connection c1 (site s1): backfilled, its today read 10 minutes ago, the
-    snapshot published after, and the daemon's last check a minute ago."""
-    warehouse = Warehouse(duckdb_path)
+    snapshot published after, and the daemon's last check a minute ago; in the DuckDB file,
+    or on PostgreSQL where a test asks for both engines."""
     linked = NOW - timedelta(hours=2)
     with warehouse.connect() as con:
         site_store.add_site(con, "s1", None, linked)
@@ -83,6 +83,7 @@ def healthy(duckdb_path) -> Warehouse:
     return warehouse
 
 
+@pytest.mark.engines("duckdb", "postgres")
 def test_exit_0_when_nothing_needs_a_person(rastro, healthy):
     code, out, err = rastro("status", "--check")
     assert (code, err) == (0, "")
@@ -91,6 +92,7 @@ def test_exit_0_when_nothing_needs_a_person(rastro, healthy):
     assert (code, json.loads(out), err) == (0, [], "")
 
 
+@pytest.mark.engines("duckdb", "postgres")
 def test_exit_1_with_one_line_per_open_incident(rastro, healthy):
     with healthy.connect() as con:
         sealed = registry.get_connection(con, "c1").sealed_at
@@ -209,6 +211,7 @@ def test_exit_2_without_the_dagster_instance_it_compares_the_warehouse_with(
     assert not missing.exists()
 
 
+@pytest.mark.engines("duckdb", "postgres")
 def test_stored_days_dagster_does_not_record_are_open_until_recorded(
     rastro, healthy, tmp_path, monkeypatch, duckdb_path, dagster_home
 ):

@@ -120,8 +120,12 @@ def world(rastro) -> None:
     assert rastro("connect", "c1", "--no-verify", stdin=f"{TOKEN}\n")[0] == 0
 
 
-def stored(path: Path, query: str) -> list[tuple]:
-    with duckdb.connect(str(path), read_only=True) as con:
+def stored(where, query: str) -> list[tuple]:
+    """`query`'s rows, from the file at a path or from the test's warehouse of either engine."""
+    if isinstance(where, Path):
+        with duckdb.connect(str(where), read_only=True) as con:
+            return con.execute(query).fetchall()
+    with where.connect(read_only=True) as con:
         return con.execute(query).fetchall()
 
 
@@ -378,14 +382,19 @@ def explicit_link(site: str, account: str, connection: str, tz: str, currency: s
 LINK = explicit_link("s1", "act_5", "c1", "UTC", "usd")
 
 
-def test_link_with_explicit_timezone_and_currency(rastro, env: Path, world, meta: FakeMeta):
+@pytest.mark.engines("duckdb", "postgres")
+def test_link_with_explicit_timezone_and_currency(
+    rastro, env: Path, warehouse, world, meta: FakeMeta
+):
     code, out, err = rastro(*LINK)
     assert (code, err) == (0, "")
     assert out == "linked s1 to act_5 (UTC, USD) via c1\n"
     assert stored(
-        env, "SELECT ad_account_id, connection_id, timezone, currency FROM meta_ad_accounts"
+        warehouse, "SELECT ad_account_id, connection_id, timezone, currency FROM meta_ad_accounts"
     ) == [("act_5", "c1", "UTC", "USD")]
-    assert stored(env, "SELECT site_id, ad_account_id FROM site_ad_accounts") == [("s1", "act_5")]
+    assert stored(warehouse, "SELECT site_id, ad_account_id FROM site_ad_accounts") == [
+        ("s1", "act_5")
+    ]
     assert meta.calls == []
 
 
@@ -492,7 +501,8 @@ def test_link_registers_the_dagster_partition(rastro, env: Path, world, monkeypa
         assert instance.get_dynamic_partitions("meta_ad_account") == ["act_5"]
 
 
-def test_unlink(rastro, env: Path, world):
+@pytest.mark.engines("duckdb", "postgres")
+def test_unlink(rastro, env: Path, warehouse, world):
     rastro(*LINK)
     rastro("site", "add", "s2")
     rastro("link", "s2", "act_5", "--connection", "c1")
@@ -500,8 +510,8 @@ def test_unlink(rastro, env: Path, world):
     code, out, _ = rastro("unlink", "s2", "5")
     assert code == 0
     assert "were removed" in out
-    assert stored(env, "SELECT count(*) FROM meta_ad_accounts") == [(0,)]
-    assert stored(env, "SELECT count(*) FROM site_ad_accounts") == [(0,)]
+    assert stored(warehouse, "SELECT count(*) FROM meta_ad_accounts") == [(0,)]
+    assert stored(warehouse, "SELECT count(*) FROM site_ad_accounts") == [(0,)]
 
 
 @pytest.mark.parametrize(

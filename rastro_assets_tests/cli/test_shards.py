@@ -6,12 +6,15 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+import dagster as dg
 import duckdb
 import pytest
 
+from rastro_assets import shards
 from rastro_assets.warehouse import link_store, registry, shard_store, site_store
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.cli.conftest import assert_usage_error
+from rastro_assets_tests.defs.instance_events import add_run, record_spend
 
 TWELVE = [f"act_{n}" for n in range(101, 113)]
 
@@ -124,3 +127,43 @@ def test_bad_shard_inputs_are_one_line(rastro, spread, args, fragment):
     before = stored_shards(spread)
     assert_usage_error(rastro(*args), fragment)
     assert stored_shards(spread) == before
+
+
+MOVED_DAYS = ["2026-11-28", "2026-11-29", "2026-11-30"]
+
+
+@pytest.mark.engines("duckdb", "postgres")
+def test_a_move_stores_each_new_shard_and_moves_its_partitions(
+    rastro, warehouse, now, tmp_path, monkeypatch
+):
+    accounts = ["act_1", "act_2", "act_3", "act_4"]
+    with warehouse.connect() as con:
+        site_store.add_site(con, "s1", None, now)
+        registry.save_connection(con, "c1", b"\0" * 40, now)
+        for account in accounts:
+            link_store.link_account(con, "s1", account, "c1", "UTC", "USD", now)
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.add_dynamic_partitions(shards.accounts_name(0), accounts)
+        add_run(instance, "r1")
+        record_spend(instance, "r1", [f"{a}|{day}" for a in accounts for day in MOVED_DAYS])
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    environ = {"DAGSTER_HOME": str(home), "RASTRO_ACCOUNT_SHARDS": "2"}
+
+    code, out, err = rastro("shard", "move", environ=environ)
+    assert (code, err) == (0, ""), err
+    assert out.splitlines()[-1] == "moved 2 accounts"
+    with warehouse.connect(read_only=True) as con:
+        assert shard_store.account_shards(con) == {
+            "act_1": 0, "act_2": 0, "act_3": 1, "act_4": 1
+        }
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert sorted(instance.get_dynamic_partitions(shards.accounts_name(1))) == [
+            "act_3", "act_4"
+        ]
+        assert instance.get_materialized_partitions(dg.AssetKey(shards.ad_spend_name(1))) == {
+            f"{a}|{day}" for a in ("act_3", "act_4") for day in MOVED_DAYS
+        }
+    code, out, err = rastro("shard", "move", environ=environ)
+    assert (code, out) == (0, "nothing to move: 4 accounts over 2 shards\n"), err

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
-from pathlib import Path
 
-import duckdb
 import pytest
 import wcwidth
 
@@ -19,7 +17,7 @@ TOKYO = "東京の店 ☀️ 👨‍👩‍👧"
 
 
 @pytest.fixture
-def sites(warehouse: Warehouse, duckdb_path: Path, now: datetime) -> Path:
+def sites(warehouse: Warehouse, now: datetime) -> Warehouse:
     """bare (no name, nothing linked), s1 linking act_1 and act_2, tokyo linking nothing."""
     with warehouse.connect() as con:
         site_store.add_site(con, "s1", "Site one", now)
@@ -28,21 +26,26 @@ def sites(warehouse: Warehouse, duckdb_path: Path, now: datetime) -> Path:
         registry.save_connection(con, "c1", b"\0" * 40, now)
         for account in ("act_1", "act_2"):
             link_store.link_account(con, "s1", account, "c1", "UTC", "USD", now)
-    return duckdb_path
+    return warehouse
 
 
-def stored(path: Path) -> dict[str, list[tuple]]:
-    with duckdb.connect(str(path), read_only=True) as con:
+def stored(warehouse: Warehouse) -> dict[str, list[tuple]]:
+    with warehouse.connect(read_only=True) as con:
         return {
-            "sites": con.execute("SELECT * FROM sites ORDER BY ALL").fetchall(),
-            "links": con.execute("SELECT * FROM site_ad_accounts ORDER BY ALL").fetchall(),
-            "accounts": con.execute("SELECT * FROM meta_ad_accounts ORDER BY ALL").fetchall(),
+            "sites": con.execute("SELECT * FROM sites ORDER BY site_id").fetchall(),
+            "links": con.execute(
+                "SELECT * FROM site_ad_accounts ORDER BY site_id, ad_account_id"
+            ).fetchall(),
+            "accounts": con.execute(
+                "SELECT * FROM meta_ad_accounts ORDER BY ad_account_id"
+            ).fetchall(),
         }
 
 
 # list ---------------------------------------------------------------------------
 
 
+@pytest.mark.engines("duckdb", "postgres")
 def test_list_shows_each_site_aligned_in_terminal_columns(rastro, sites):
     code, out, err = rastro("site", "list")
     assert (code, err) == (0, "")
@@ -56,6 +59,7 @@ def test_list_shows_each_site_aligned_in_terminal_columns(rastro, sites):
     ]
 
 
+@pytest.mark.engines("duckdb", "postgres")
 def test_list_json(rastro, sites):
     code, out, err = rastro("site", "list", "--json")
     assert (code, err) == (0, "")
@@ -79,6 +83,7 @@ def test_list_of_a_warehouse_without_sites(rastro, warehouse):
 # rename -------------------------------------------------------------------------
 
 
+@pytest.mark.engines("duckdb", "postgres")
 def test_rename(rastro, sites):
     assert rastro("site", "rename", "s1", " Shop one ") == (
         0, "site s1 renamed: Site one -> Shop one\n", ""
@@ -117,6 +122,7 @@ def test_remove_a_site_that_links_nothing(rastro, sites):
     assert rastro("site", "add", "bare")[0] == 0
 
 
+@pytest.mark.engines("duckdb", "postgres")
 def test_remove_is_refused_while_the_site_links_accounts(rastro, sites):
     before = stored(sites)
     assert_usage_error(
@@ -138,7 +144,7 @@ def test_remove_is_refused_while_the_site_links_accounts(rastro, sites):
 
 
 def test_remove_names_a_few_accounts_on_one_line(rastro, sites, now):
-    with Warehouse(sites).connect() as con:
+    with sites.connect() as con:
         for n in range(3, 10):
             link_store.link_account(con, "s1", f"act_{n}", "c1", "UTC", "USD", now)
     line = assert_usage_error(rastro("site", "remove", "s1"))
