@@ -32,12 +32,17 @@ Measured:
     holds the pipeline's file: the staging refresh (`refresh_seconds`) and the statement that
     records the publish; the copy reads only the staging file. That hold is printed.
 
+(e) The same warehouse on PostgreSQL (a server started here, every table copied over ADBC's
+    COPY, each wave's rows copied after it): the first publish and each wave's publish from it
+    (the staging file refreshed over ADBC), side by side with DuckDB's (goal <= 30 s for the
+    first, <= 2 s for a wave). `--engines duckdb` leaves it out.
+
 `--breakdown` times the statements of one more refresh and the copy's parts.
 At the end the snapshot is compared with the pipeline: per table the row count, the spend
 totals and a sum of per-row hashes over every copied column (the images' bytes included).
 
 Run: .venv/bin/python bench/publish.py [--accounts 1000] [--days 365] [--waves 5] [--breakdown]
-                                       [--keep FILE]
+                                       [--keep FILE] [--engines duckdb,postgres]
 (~3 min at the defaults, 1.5 min with --keep; `--accounts 50 --days 30` for a quick run)
 """
 
@@ -356,6 +361,58 @@ def live_wave(warehouse, wave: int, at) -> dict[str, int]:
     return {"changed": len(changed), "deleted": len(deleted), "added": len(added)}
 
 
+# -- the same warehouse on PostgreSQL ---------------------------------------------------------
+
+
+BENCH_ONLY = {"bench_accounts", "schema_version"}
+
+
+def postgres_twin(warehouse, server):
+    """A PostgreSQL warehouse holding every table of `warehouse`, copied over ADBC (binary
+    COPY, the columns in the same order: the same migrations made both)."""
+    import adbc_driver_postgresql.dbapi as adbc
+
+    from rastro_assets.warehouse.postgres import PostgresWarehouse
+
+    url = (f"postgresql://{server.user}:{server.password}@{server.host}:{server.port}/"
+           f"{server.db}?sslmode=require")
+    twin = PostgresWarehouse(url)
+    twin.migrate()
+    with warehouse.connect(read_only=True) as duck, adbc.connect(url) as pg:
+        tables = [name for (name,) in duck.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'"
+            " AND database_name = current_database()").fetchall() if name not in BENCH_ONLY]
+        cursor = pg.cursor()
+        for table in tables:
+            cursor.adbc_ingest(table, duck.execute(f"SELECT * FROM {table}").to_arrow_reader(),
+                               mode="append")
+        pg.commit()
+        cursor.execute("ANALYZE")
+        pg.commit()
+    return twin
+
+
+def copy_wave(warehouse, twin, wave: int, at) -> None:
+    """The wave's writes, copied to the twin in one transaction: the spend of every day it
+    may have touched, and its run rows."""
+    import adbc_driver_postgresql.dbapi as adbc
+
+    with warehouse.connect(read_only=True) as duck, adbc.connect(twin.url_with_password) as pg:
+        low = duck.execute(
+            "SELECT min(timezone(tz, $at::TIMESTAMPTZ)::DATE) - 1 FROM bench_accounts", {"at": at}
+        ).fetchone()[0]
+        cursor = pg.cursor()
+        for table in ("ad_spend_daily", "site_spend_daily"):
+            cursor.execute(f"DELETE FROM {table} WHERE day >= $1", [low])
+            rows = duck.execute(f"SELECT * FROM {table} WHERE day >= ?", [low]).to_arrow_table()
+            cursor.adbc_ingest(table, rows, mode="append")
+        run_id = f"wave-{wave}"
+        cursor.execute("DELETE FROM meta_sync_runs WHERE run_id = $1", [run_id])
+        runs = duck.execute("SELECT * FROM meta_sync_runs WHERE run_id = ?", [run_id])
+        cursor.adbc_ingest("meta_sync_runs", runs.to_arrow_table(), mode="append")
+        pg.commit()
+
+
 # -- measuring --------------------------------------------------------------------------------
 
 
@@ -470,12 +527,25 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, metavar="FILE",
                         help="build the pipeline's file once into FILE, then start from a copy"
                              " of it (the --accounts and --days it was built with)")
+    parser.add_argument("--engines", default="duckdb,postgres",
+                        help="duckdb, or duckdb,postgres to publish from both side by side")
     args = parser.parse_args()
+    on_postgres = "postgres" in args.engines.split(",")
 
     from rastro_assets.analytics.publish import Publisher
     from rastro_assets.timekeeping import fixed_clock
     from rastro_assets.warehouse.connection import Warehouse
 
+    with contextlib.ExitStack() as stack:
+        pg_server = None
+        if on_postgres:
+            from rastro_assets_tests.postgres_server import postgres_server
+
+            pg_server = stack.enter_context(postgres_server("warehouse"))
+        run(args, pg_server, Publisher, fixed_clock, Warehouse)
+
+
+def run(args, pg_server, Publisher, fixed_clock, Warehouse) -> None:  # noqa: N803
     mb = 2**20
     with _world.tempdir() as directory:
         root = Path(directory)
@@ -516,6 +586,22 @@ def main() -> None:
               f"{first.refresh_seconds:.1f} s, copy {first.copy_seconds:.1f} s), "
               f"{first.bytes / mb:,.0f} MB, staging rebuilt whole: {len(first.rebuilt)} tables")
 
+        twin = pg = None
+        if pg_server is not None:
+            from rastro_assets_tests.analytics.mirror import planner_on
+
+            started = time.perf_counter()
+            twin = postgres_twin(warehouse, pg_server)
+            print(f"(e) copied to PostgreSQL in {time.perf_counter() - started:.0f} s")
+            pg_target = root / "pg" / "analytics.duckdb"
+            pg_publisher = Publisher(twin, pg_target, clock=fixed_clock(clock_at))
+            with planner_on(warehouse):
+                pg_first = pg_publisher.publish()
+            pg = {"first": pg_first, "walls": [], "results": []}
+            print(f"(e) first publish from PostgreSQL: {pg_first.duration_seconds:.1f} s (refresh "
+                  f"{pg_first.refresh_seconds:.1f} s, copy {pg_first.copy_seconds:.1f} s), "
+                  f"{pg_first.bytes / mb:,.0f} MB; from DuckDB {first.duration_seconds:.1f} s")
+
         publishes, walls = [], []
         copies: dict[str, list[float]] = {how: [] for how in COPIES}
         copies_dir = root / "copies"
@@ -545,6 +631,20 @@ def main() -> None:
             if wave % 2 == 1:
                 for how in COPIES:
                     copies[how].append(cp(target, copies_dir, how))
+            if twin is not None:
+                copy_wave(warehouse, twin, wave, at)
+                pg_publisher = Publisher(twin, pg_target,
+                                         clock=fixed_clock(at + timedelta(minutes=2)))
+                pg_started = time.perf_counter()
+                with planner_on(warehouse):
+                    pg_result = pg_publisher.publish()
+                pg["walls"].append(time.perf_counter() - pg_started)
+                pg["results"].append(pg_result)
+                print(f"(e) wave {wave + 1} from PostgreSQL: publish {pg['walls'][-1]:.2f} s:"
+                      f" refresh {pg_result.refresh_seconds:.2f} + copy"
+                      f" {pg_result.copy_seconds:.2f} ({pg_result.changed_account_days:,}"
+                      " account-days"
+                      f"{', healed ' + ', '.join(pg_result.healed) if pg_result.healed else ''})")
             recording = walls[-1] - result.duration_seconds
             print(f"(b) wave {wave + 1}: wrote {rows['changed']:,} changed, {rows['deleted']:,} "
                   f"deleted, {rows['added']:,} new ad-days in {wave_seconds:.1f} s; publish "
@@ -580,6 +680,18 @@ def main() -> None:
         differ = verify(warehouse, target)
         if differ:
             raise SystemExit(f"the snapshot differs from the pipeline: {differ}")
+        if twin is not None:
+            print("verify: the snapshot published from PostgreSQL against the pipeline")
+            differ = verify(warehouse, pg_target)
+            if differ:
+                raise SystemExit(f"the snapshot from PostgreSQL differs: {differ}")
+            pg_median = statistics.median(pg["walls"])
+            print("side by side (s)          DuckDB   PostgreSQL   goal")
+            print(f"  first publish (whole)  {first.duration_seconds:7.1f}   "
+                  f"{pg['first'].duration_seconds:10.1f}   <= 30")
+            print(f"  a wave's publish       {publish_s:7.2f}   {pg_median:10.2f}   <= 2"
+                  f"   (median of {len(walls)})")
+            twin.close()
         leftovers = [p.name for p in target.parent.iterdir() if p.name.endswith(".tmp")]
         if leftovers:
             raise SystemExit(f"files left behind: {leftovers}")
