@@ -226,7 +226,7 @@ def read_insights_page(body: bytes, since: date, until: date) -> InsightsPage | 
     per-row reference, `parse_insight_table`) for anything that is not plain:
     a body that is not one JSON object starting with `{`, any key or type
     outside `_BODY_SCHEMA`, a duplicated key, invalid UTF-8, a lone surrogate,
-    a null or odd row. What comes back is then what `parse_insight_table` gives.
+    a NUL in a text, a null or odd row. What comes back is then what `parse_insight_table` gives.
     """
     # `json` guesses UTF-16/32 from NULs in the first four bytes and skips a BOM.
     if body[:1] != b"{" or b"\x00" in body[:4] or len(body) >= _MAX_BODY_BYTES:
@@ -276,6 +276,9 @@ def _plain_rows(raw: pa.StructArray, since: date, until: date) -> pa.Table | Non
         or not _all_true(pc.match_substring_regex(spend, _PLAIN_SPEND))
     ):
         return None
+    texts = [ad_id, *(field[name] for name in INSIGHT_SCHEMA.names[6:])]
+    if any(pc.match_substring(column, "\x00").true_count for column in texts):
+        return None  # a NUL: the per-row reference replaces it in a name, refuses it in an id
     try:
         impressions = _plain_count(field["impressions"])
         clicks = _plain_count(field["clicks"])

@@ -208,6 +208,8 @@ FAULTS = {
     "day_garbage": (REFUSE, ("date_start",), _set(day="2026-13-45")),
     # A valid JSON escape, but no character: stored as U+FFFD.
     "lone_surrogate_name": (ACCEPT, (), lambda row: row.names.update(ad_name="Promo \ud83d fim")),
+    # A character too, but not one PostgreSQL's text can hold: stored as U+FFFD on both.
+    "nul_name": (ACCEPT, (), lambda row: row.names.update(ad_name="Promo \x00 fim")),
 }
 
 
@@ -403,7 +405,7 @@ def expected_names(pages: list[list[Row]]) -> dict[str, str]:
     for (ad_id, day), row in latest.items():
         name = None if "ad_name" in row.drop else row.names.get("ad_name")
         if isinstance(name, str) and name and (ad_id not in names or day > names[ad_id][0]):
-            names[ad_id] = (day, name.replace("\ud83d", "\ufffd"))
+            names[ad_id] = (day, name.replace("\ud83d", "\ufffd").replace("\x00", "\ufffd"))
     return {ad_id: name for ad_id, (_, name) in names.items()}
 
 
