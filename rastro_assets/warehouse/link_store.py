@@ -24,6 +24,7 @@ from rastro_assets.warehouse.registry import (
     RegistryError,
     get_connection,
     sites_linking,
+    take_registry_turn,
 )
 from rastro_assets.warehouse.shard_store import Placement, store_shards
 from rastro_assets.warehouse.site_spend import rebuild_site_spend
@@ -129,6 +130,7 @@ def link_accounts(
     """
     wanted = list({normalize_account_id(a.ad_account_id): a for a in accounts}.items())
     with transaction(con):
+        take_registry_turn(con)
         require_site_and_connection(con, site_id, connection_id)
         linking = _BatchLinking(
             con, site_id, connection_id, [act for act, _ in wanted], shards, shard_size, max_links
@@ -317,6 +319,7 @@ def unlink_account(con: duckdb.DuckDBPyConnection, site_id: str, ad_account_id: 
     """
     ad_account_id = normalize_account_id(ad_account_id)
     with transaction(con):
+        take_registry_turn(con)
         if site_id not in sites_linking(con, ad_account_id):
             raise RegistryError(f"site {site_id!r} is not linked to {ad_account_id}")
         con.execute(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import re
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -32,6 +33,9 @@ from rastro_assets.warehouse import schema
 
 POOL_IDLE_CONNECTIONS = 4
 """Idle connections a process keeps for the next caller; more may be open at a busy moment."""
+CHECK_IDLE_AFTER_SECONDS = 30.0
+"""A pooled connection idle longer than this is asked `SELECT 1` before it is lent: the
+server may have restarted or failed over, or a pooler closed it, meanwhile."""
 CONNECT_TIMEOUT_SECONDS = 10
 
 ENGINE = "postgres"
@@ -94,6 +98,7 @@ class PostgresWarehouse:
         *,
         snapshot_path: str | None = None,
         idle_connections: int = POOL_IDLE_CONNECTIONS,
+        check_idle_after_seconds: float = CHECK_IDLE_AFTER_SECONDS,
         **_duckdb_only: Any,
     ) -> None:
         if not is_postgres_url(url):
@@ -102,8 +107,10 @@ class PostgresWarehouse:
         self.path = redacted(url)
         """What messages name: the URL without its password."""
         self.snapshot_path = snapshot_path
-        self._idle: list[psycopg.Connection] = []
+        self._idle: list[tuple[psycopg.Connection, float]] = []
+        """Each idle connection, with the `time.monotonic()` it came back at."""
         self._idle_limit = idle_connections
+        self._check_idle_after = check_idle_after_seconds
         self._lock = threading.Lock()
         self._migrated = False
 
@@ -154,18 +161,20 @@ class PostgresWarehouse:
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
-        for raw in idle:
+        for raw, _ in idle:
             with suppress(Exception):
                 raw.close()
 
     def _checkout(self) -> psycopg.Connection:
-        with self._lock:
-            while self._idle:
-                raw = self._idle.pop()
-                if not raw.closed and raw.info.transaction_status == pq.TransactionStatus.IDLE:
-                    return raw
-                with suppress(Exception):
-                    raw.close()
+        while True:
+            with self._lock:
+                if not self._idle:
+                    break
+                raw, returned_at = self._idle.pop()
+            if _usable(raw, time.monotonic() - returned_at > self._check_idle_after):
+                return raw
+            with suppress(Exception):
+                raw.close()
         return self._open()
 
     def _checkin(self, con: PostgresConnection) -> None:
@@ -173,7 +182,7 @@ class PostgresWarehouse:
         healthy = not raw.closed and raw.info.transaction_status == pq.TransactionStatus.IDLE
         with self._lock:
             if healthy and len(self._idle) < self._idle_limit:
-                self._idle.append(raw)
+                self._idle.append((raw, time.monotonic()))
                 return
         with suppress(Exception):
             raw.close()
@@ -195,6 +204,18 @@ class PostgresWarehouse:
                 f"the warehouse {self.path} (RASTRO_WAREHOUSE_URL) cannot be reached:"
                 f" {_scrubbed(str(exc), self._url)}"
             ) from None
+
+
+def _usable(raw: psycopg.Connection, ask_the_server: bool) -> bool:
+    if raw.closed or raw.info.transaction_status != pq.TransactionStatus.IDLE:
+        return False
+    if not ask_the_server:
+        return True
+    try:
+        raw.execute("SELECT 1")
+    except psycopg.Error:
+        return False
+    return True
 
 
 def _with_utc(query: str) -> str:
@@ -234,8 +255,8 @@ class PostgresConnection:
         setting, lock or prepared statement a caller left on the session.
 
         `DISCARD ALL` puts every setting back to what the connection started with, so the
-        startup options (UTC, the URL's own) stay. A connection it cannot clean is closed
-        by the pool rather than lent again.
+        startup options (UTC, the URL's own) stay. A connection that cannot be cleaned is
+        closed, never lent again.
         """
         raw = self._raw
         with suppress(Exception):

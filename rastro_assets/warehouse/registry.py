@@ -29,6 +29,8 @@ from rastro_assets.warehouse.names import validate_timezone as validate_timezone
 from rastro_assets.warehouse.shard_store import SHARD, SHARD_JOIN
 
 MARK_CONFLICT_ATTEMPTS = 5
+REGISTRY_LOCK_KEY = 0x7261_7374_7267
+"""The advisory lock PostgreSQL registry changes take turns on ("rastrg")."""
 MARK_CONFLICT_PAUSE_SECONDS = 0.01
 
 
@@ -171,6 +173,20 @@ def mark_connection_invalid(
                 raise
             time.sleep(MARK_CONFLICT_PAUSE_SECONDS * attempt)
     raise AssertionError("unreachable")
+
+
+def take_registry_turn(con: duckdb.DuckDBPyConnection) -> None:
+    """Wait until no other transaction changes links or sites, then hold that turn until
+    this transaction ends (call it inside one).
+
+    Linking decides from what it reads (whether any site links the account, through which
+    connection, how many links the connection holds) and then writes. DuckDB refuses the
+    second of two such transactions at its commit; PostgreSQL, reading committed rows only,
+    would let both write, and a later link would overwrite the account's connection. So on
+    PostgreSQL these changes run one at a time; they are rare, and a sync takes no turn.
+    """
+    if dialect.is_postgres(con):
+        con.execute("SELECT pg_advisory_xact_lock(?)", [REGISTRY_LOCK_KEY])
 
 
 def _is_write_conflict(exc: BaseException) -> bool:

@@ -12,7 +12,7 @@ from datetime import datetime
 import duckdb
 
 from rastro_assets.warehouse.connection import transaction
-from rastro_assets.warehouse.registry import RegistryError
+from rastro_assets.warehouse.registry import RegistryError, take_registry_turn
 
 SITE_ACCOUNTS_SHOWN = 5
 """Accounts a refused `remove_site` names before it says how many more: one line still."""
@@ -69,6 +69,7 @@ def remove_site(con: duckdb.DuckDBPyConnection, site_id: str) -> None:
     accounts: its spend lives through its links, so each is undone by `unlink`, which also
     decides what of an account's data goes."""
     with transaction(con):
+        take_registry_turn(con)
         if not site_exists(con, site_id):
             raise RegistryError(_unknown_site(site_id))
         linked = [

@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import secrets
+import threading
+import time
 import traceback
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -26,6 +28,7 @@ from rastro_assets.warehouse import (
     schema,
     site_store,
 )
+from rastro_assets.warehouse import connection as connection_module
 from rastro_assets.warehouse.connection import register_arrow
 from rastro_assets.warehouse.postgres import PostgresWarehouse, WarehouseUnreachable
 from rastro_assets_tests.postgres_server import WarehouseServer, free_loopback_port
@@ -264,3 +267,73 @@ def test_spend_keeps_every_digit_through_parameters_and_registered_tables(con):
         ("ad_2", "12345678901234.5678"),
     ]
     assert con.execute("SELECT sum(spend) FROM ad_spend_daily").fetchone() == (most * 2,)
+
+
+def _wait_for_a_blocked_statement(con, deadline_seconds: float = 30.0) -> None:
+    """Until another session of this database waits on a lock (bounded)."""
+    deadline = time.monotonic() + deadline_seconds
+    while time.monotonic() < deadline:
+        waiting = con.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+        if waiting[0]:
+            return
+        time.sleep(0.01)
+    raise AssertionError("no session ever waited")
+
+
+@pytest.mark.engines("postgres")
+def test_two_sites_linking_one_new_account_at_once_through_two_connections(warehouse):
+    with warehouse.connect() as con:
+        for site in ("s1", "s2"):
+            site_store.add_site(con, site, site, NEAR_MIDNIGHT)
+        for connection in ("c1", "c2"):
+            registry.save_connection(con, connection, b"\0" * 40, NEAR_MIDNIGHT)
+    outcome: list[object] = []
+
+    def link_through_c2() -> None:
+        with warehouse.connect() as other:
+            try:
+                link_store.link_account(
+                    other, "s2", "act_1", "c2", "UTC", "USD", NEAR_MIDNIGHT
+                )
+                outcome.append("linked")
+            except registry.RegistryError as exc:
+                outcome.append(str(exc))
+
+    with warehouse.connect() as first, warehouse.connect() as watcher:
+        with connection_module.transaction(first):
+            link_store.link_account(first, "s1", "act_1", "c1", "UTC", "USD", NEAR_MIDNIGHT)
+            second = threading.Thread(target=link_through_c2)
+            second.start()
+            _wait_for_a_blocked_statement(watcher)
+        second.join(timeout=30)
+        assert outcome and "already synced through connection 'c1'" in str(outcome[0])
+        assert registry.get_account(first, "act_1").connection_id == "c1"
+        assert registry.sites_linking(first, "act_1") == ["s1"]
+
+
+@pytest.mark.engines("postgres")
+def test_a_pooled_connection_the_server_dropped_is_replaced_not_lent(
+    warehouse_server: WarehouseServer,
+):
+    warehouse = PostgresWarehouse(warehouse_server.fresh_schema_url(), check_idle_after_seconds=0)
+    try:
+        with warehouse.connect() as con:
+            [dropped] = con.execute("SELECT pg_backend_pid()").fetchone()
+        with contextlib.closing(warehouse_server.server.connect()) as admin, admin.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(%s)", [dropped])
+            # Bounded: the server ends the backend at once, the poll only waits for it to go.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                cur.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [dropped])
+                if cur.fetchone() == (0,):
+                    break
+                time.sleep(0.01)
+        with warehouse.connect() as con:
+            [fresh] = con.execute("SELECT pg_backend_pid()").fetchone()
+            assert con.execute("SELECT count(*) FROM sites").fetchone() == (0,)
+        assert fresh != dropped
+    finally:
+        warehouse.close()
