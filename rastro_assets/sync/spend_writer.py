@@ -1,4 +1,4 @@
-"""The one spend writer of the sync: every read's batches go to DuckDB through it.
+"""The one spend writer of the sync: every read's batches go to the warehouse through it.
 
 A read comes as batches (`spend.SpendRead`). A large one is written batch by
 batch on a thread while the read goes on (`take`); a read of one batch comes
@@ -154,9 +154,10 @@ class SpendWriter:
 class _StreamedWrites:
     """Writes one large read's batches on a thread while the read goes on.
 
-    DuckDB releases the GIL, so a batch is written while the next pages
-    download and parse; one write in flight at most bounds memory. The file
-    is opened only for a batch's write, never across a Meta call.
+    DuckDB, and psycopg while the server works, release the GIL, so a batch
+    is written while the next pages download and parse; one write in flight
+    at most bounds memory. The warehouse is opened only for a batch's write,
+    never across a Meta call.
     """
 
     def __init__(

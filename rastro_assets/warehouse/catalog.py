@@ -31,6 +31,7 @@ from rastro_assets.warehouse.errors import (
     read_columns,
     require_link,
 )
+from rastro_assets.warehouse.spend import lock_accounts
 
 # Names the batches are registered under, spelled out in the SQL below.
 _INCOMING_ADS = "incoming_ads"
@@ -173,6 +174,7 @@ def upsert_catalog(
         schema=_AD_SCHEMA,
     )
     with transaction(con):
+        lock_accounts(con, [ad_account_id])
         require_link(con, ad_account_id)
         register_arrow(con, _INCOMING_ADS, table)
         try:
@@ -281,6 +283,8 @@ def _merge_names(
     )
     names_counts, names_merge = _NAMES_STATEMENTS[dialect.is_postgres(con)]
     with transaction(con):
+        # Two runs naming one account's new ads at once would insert the same keys.
+        lock_accounts(con, [account for _, account, _ in batch])
         register_arrow(con, _INCOMING_NAMES, incoming)
         try:
             counts = {row[0]: row[1:] for row in con.execute(names_counts).fetchall()}

@@ -281,25 +281,39 @@ def _apply(
     params: dict[str, object],
     synced_at: datetime,
 ) -> dict[str, dict[str, int]]:
-    """Delete, update and insert as counted; per account, the rows of each change.
+    """Delete, update and insert as classified; per account, the rows of each change.
 
-    Each statement finds its rows by the primary key, so one design serves both engines;
-    a statement whose change counted no rows is not run.
+    The classification is a temporary table keyed like `ad_spend_daily`, so each statement
+    after it finds its rows by the primary key on either engine. On PostgreSQL it is
+    analyzed first: the planner then knows how few rows are gone or changed and looks
+    each up by the key's index, where a guess had it scan the read once per stored row.
     """
-    counts: dict[str, dict[str, int]] = {account: {} for account in batch}
-    for account, change, count in con.execute(_COUNT_CHANGES, params).fetchall():
-        counts[account][change] = int(count)
-    totals = {change: sum(c.get(change, 0) for c in counts.values())
-              for change in ("new", "changed", "same", "gone")}
-    stamped = {**params, "synced_at": synced_at}
-    if totals["gone"]:
-        con.execute(_DELETE_GONE, params)
-    if totals["changed"]:
-        con.execute(_UPDATE_CHANGED, stamped)
-    if totals["same"]:
-        con.execute(_STAMP_UNCHANGED, stamped)
-    if totals["new"]:
-        con.execute(_INSERT_NEW, stamped)
+    con.execute(dialect.pick(con, duckdb=_CLASSIFY_DUCKDB, postgres=_CLASSIFY_POSTGRES), params)
+    try:
+        if dialect.is_postgres(con):
+            con.execute("ANALYZE spend_changes")
+        counts: dict[str, dict[str, int]] = {account: {} for account in batch}
+        for account, change, count in con.execute(
+            "SELECT ad_account_id, change, count(*) FROM spend_changes"
+            " GROUP BY ad_account_id, change"
+        ).fetchall():
+            counts[account][change] = int(count)
+        totals = {change: sum(c.get(change, 0) for c in counts.values())
+                  for change in ("new", "changed", "same", "gone")}
+        stamped = {"synced_at": synced_at}
+        if totals["gone"]:
+            con.execute(_DELETE_GONE)
+        if totals["changed"]:
+            con.execute(_UPDATE_CHANGED, stamped)
+        if totals["new"]:
+            con.execute(_INSERT_NEW, stamped)
+        if totals["same"]:
+            con.execute(_STAMP_COMPLETE_DAYS, {**params, **stamped})
+            if any(len(read.complete_days) < len(read.days) for read in batch.values()):
+                con.execute(_STAMP_PARTIAL_DAYS, stamped)
+    finally:
+        with suppress(*dialect.TransactionAborted):  # an aborted transaction drops it
+            con.execute("DROP TABLE IF EXISTS spend_changes")
     return counts
 
 
@@ -383,15 +397,9 @@ _INSERT = """
     FROM incoming_spend
 """
 
-# A stored row `s` and its incoming match `i`, by the primary key, within the batch's bounds
-# (they let DuckDB skip row groups and PostgreSQL keep to the key's index).
-_MATCH = """ad_spend_daily.ad_account_id = i.ad_account_id
-          AND ad_spend_daily.ad_id = i.ad_id AND ad_spend_daily.day = i.day
-          AND ad_spend_daily.ad_account_id = ANY($accounts::VARCHAR[])
-          AND ad_spend_daily.day BETWEEN $first AND $last"""
-_SAME_FIGURES = """ad_spend_daily.spend = i.spend AND ad_spend_daily.impressions = i.impressions
-          AND ad_spend_daily.clicks = i.clicks
-          AND ad_spend_daily.conversations = i.conversations"""
+# A stored row and its classified match `c`, by the primary key.
+_MATCH = """ad_spend_daily.ad_account_id = c.ad_account_id
+          AND ad_spend_daily.ad_id = c.ad_id AND ad_spend_daily.day = c.day"""
 
 # What a write does with an incoming row `i` and its stored match `d`.
 _CHANGE = """CASE
@@ -403,12 +411,14 @@ _CHANGE = """CASE
                ELSE 'same'
            END"""
 
-# Every incoming row and every stored row of the scope's account-days, matched once and
-# counted per account by what the write does with it. A stored row no read has is 'gone'
-# only on a complete day.
-_COUNT_CHANGES = f"""
-    SELECT coalesce(i.ad_account_id, d.ad_account_id) AS account, {_CHANGE} AS change,
-           count(*)
+# Every incoming row and every stored row of the scope's account-days, matched once by the
+# key: `change` says what the write does with it. A stored row no read has is 'gone' only
+# on a complete day.
+_CLASSIFICATION = f"""
+    SELECT coalesce(i.ad_account_id, d.ad_account_id) AS ad_account_id,
+           coalesce(i.ad_id, d.ad_id) AS ad_id, coalesce(i.day, d.day) AS day,
+           i.spend, i.impressions, i.clicks, i.conversations,
+           {_CHANGE} AS change
     FROM incoming_spend i
     FULL JOIN (
         SELECT s.ad_account_id, s.ad_id, s.day, s.spend, s.impressions, s.clicks,
@@ -419,51 +429,50 @@ _COUNT_CHANGES = f"""
           AND s.day BETWEEN $first AND $last
     ) d ON d.ad_account_id = i.ad_account_id AND d.ad_id = i.ad_id AND d.day = i.day
     WHERE i.ad_id IS NOT NULL OR d.complete
-    GROUP BY 1, 2
 """
+_CLASSIFY_DUCKDB = f"CREATE OR REPLACE TEMP TABLE spend_changes AS {_CLASSIFICATION}"
+_CLASSIFY_POSTGRES = f"CREATE TEMP TABLE spend_changes AS {_CLASSIFICATION}"
 
-_DELETE_GONE = """
-    DELETE FROM ad_spend_daily
-    WHERE ad_account_id = ANY($accounts::VARCHAR[]) AND day BETWEEN $first AND $last
-      AND EXISTS (
-          SELECT 1 FROM spend_scope scope
-          WHERE scope.ad_account_id = ad_spend_daily.ad_account_id
-            AND scope.day = ad_spend_daily.day AND scope.complete)
-      AND NOT EXISTS (
-          SELECT 1 FROM incoming_spend i
-          WHERE i.ad_account_id = ad_spend_daily.ad_account_id
-            AND i.ad_id = ad_spend_daily.ad_id AND i.day = ad_spend_daily.day)
+_DELETE_GONE = f"""
+    DELETE FROM ad_spend_daily USING spend_changes c
+    WHERE {_MATCH} AND c.change = 'gone'
 """
 
 _UPDATE_CHANGED = f"""
     UPDATE ad_spend_daily SET
-        spend = i.spend, impressions = i.impressions, clicks = i.clicks,
-        conversations = i.conversations, synced_at = $synced_at
-    FROM incoming_spend i
-    WHERE {_MATCH}
-      AND NOT ({_SAME_FIGURES})
+        spend = c.spend, impressions = c.impressions, clicks = c.clicks,
+        conversations = c.conversations, synced_at = $synced_at
+    FROM spend_changes c
+    WHERE {_MATCH} AND c.change = 'changed'
 """
 
-# Most of a re-read: only the stamp moves. No indexed column changes, so PostgreSQL can
-# keep the new row version on its page (a HOT update); a row already stamped is left be.
-_STAMP_UNCHANGED = f"""
+# Most of a re-read: only the stamp moves, and on a complete day every row left after the
+# deletes is one the read brought, so those days are stamped by the scope alone, without
+# matching the rows. A partial day's rows are stamped only where the read had them. No
+# indexed column changes, so PostgreSQL may keep the new row version on its page (a HOT
+# update); a row already stamped (changed or new) is left be.
+_STAMP_COMPLETE_DAYS = """
     UPDATE ad_spend_daily SET synced_at = $synced_at
-    FROM incoming_spend i
-    WHERE {_MATCH}
-      AND {_SAME_FIGURES}
+    FROM spend_scope scope
+    WHERE ad_spend_daily.ad_account_id = scope.ad_account_id
+      AND ad_spend_daily.day = scope.day AND scope.complete
+      AND ad_spend_daily.ad_account_id = ANY($accounts::VARCHAR[])
+      AND ad_spend_daily.day BETWEEN $first AND $last
+      AND ad_spend_daily.synced_at IS DISTINCT FROM $synced_at
+"""
+_STAMP_PARTIAL_DAYS = f"""
+    UPDATE ad_spend_daily SET synced_at = $synced_at
+    FROM spend_changes c
+    JOIN spend_scope scope ON scope.ad_account_id = c.ad_account_id AND scope.day = c.day
+    WHERE {_MATCH} AND c.change = 'same' AND NOT scope.complete
       AND ad_spend_daily.synced_at IS DISTINCT FROM $synced_at
 """
 
 _INSERT_NEW = """
     INSERT INTO ad_spend_daily
         (ad_account_id, ad_id, day, spend, impressions, clicks, conversations, synced_at)
-    SELECT i.ad_account_id, i.ad_id, i.day, i.spend, i.impressions, i.clicks,
-           i.conversations, $synced_at
-    FROM incoming_spend i
-    WHERE NOT EXISTS (
-        SELECT 1 FROM ad_spend_daily s
-        WHERE s.ad_account_id = i.ad_account_id AND s.ad_id = i.ad_id AND s.day = i.day
-          AND s.ad_account_id = ANY($accounts::VARCHAR[]) AND s.day BETWEEN $first AND $last)
+    SELECT ad_account_id, ad_id, day, spend, impressions, clicks, conversations, $synced_at
+    FROM spend_changes WHERE change = 'new'
 """
 
 

@@ -19,6 +19,7 @@ import pyarrow as pa
 from rastro_assets.warehouse import dialect
 from rastro_assets.warehouse.connection import register_arrow, transaction
 from rastro_assets.warehouse.errors import require_link
+from rastro_assets.warehouse.spend import lock_accounts
 
 # The name the images are registered under, spelled out in the SQL below.
 _INCOMING_THUMBNAILS = "incoming_thumbnails"
@@ -106,6 +107,7 @@ def store_thumbnails(
         }
     )
     with transaction(con):
+        lock_accounts(con, [ad_account_id])
         require_link(con, ad_account_id)
         register_arrow(con, _INCOMING_THUMBNAILS, table)
         try:

@@ -115,6 +115,29 @@ def test_partial_day_keeps_ads_missing_from_the_read(con, now, linked_account):
     assert_site_spend_exact(con)
 
 
+def test_synced_at_moves_only_on_rows_the_read_brought(con, now, linked_account):
+    write(con, [*READ, row("a4", D1, "3"), row("a4", D2, "4")], at=now)
+    later = now + timedelta(hours=1)
+    # D1 complete: a2 gone, a1 and a4 unchanged. D2 partial: a1 unchanged, a3 changed,
+    # a4 not read (kept, stamp untouched); a5 new.
+    result = write(
+        con,
+        [row("a1", D1, "10.5"), row("a4", D1, "3"), row("a1", D2, "7.25"),
+         row("a3", D2, "101", 5000, 40, 2), row("a5", D2, "1")],
+        days=[D1, D2], complete=[D1], at=later,
+    )
+    assert (result.rows_written, result.rows_deleted, result.rows_unchanged) == (2, 1, 3)
+    assert synced_at(con) == {
+        ("act_1", "a1", D1): later,
+        ("act_1", "a4", D1): later,
+        ("act_1", "a1", D2): later,
+        ("act_1", "a3", D2): later,
+        ("act_1", "a4", D2): now,
+        ("act_1", "a5", D2): later,
+    }
+    assert_site_spend_exact(con)
+
+
 def test_an_empty_partial_read_changes_nothing(con, now, linked_account):
     write(con, READ, at=now)
     before = spend_rows(con)
