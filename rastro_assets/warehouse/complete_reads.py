@@ -17,7 +17,9 @@ from rastro_assets.warehouse.run_history import epoch_us_sql
 # Each ok, finished read from `first` on, expanded to its days; a day the read left
 # incomplete is dropped from that read only. Per account-day: the sync that read it last
 # (the latest finish; of two at once, the greater run id), and when the first complete
-# read of it finished.
+# read of it finished. The last reader is found by joining each day's last finish back to
+# its reads: on DuckDB close to its own arg_max, which PostgreSQL lacks, and twice as
+# fast as a window over the day.
 _COMPLETE_DAYS = f"""
 WITH reads AS (
     SELECT ad_account_id, run_id, finished_at, incomplete_days, until,
@@ -34,17 +36,22 @@ read_days AS (
     CROSS JOIN LATERAL generate_series(0, r.until - r.first_day) AS d(n)
 ),
 complete AS (
-    SELECT ad_account_id, run_id, finished_at, day,
-           max(finished_at) OVER (PARTITION BY ad_account_id, day) AS last_finish
+    SELECT ad_account_id, run_id, finished_at, day
     FROM read_days
     WHERE incomplete_days IS NULL
        OR NOT day = ANY(CAST(string_to_array(incomplete_days, ',') AS DATE[]))
+),
+finishes AS (
+    SELECT ad_account_id, day, max(finished_at) AS last_finish, min(finished_at) AS first_finish
+    FROM complete
+    GROUP BY ad_account_id, day
 )
-SELECT ad_account_id, day, max(run_id) FILTER (WHERE finished_at = last_finish),
-       {epoch_us_sql("min(finished_at)")}
-FROM complete
-GROUP BY ad_account_id, day
-ORDER BY ad_account_id, day
+SELECT f.ad_account_id, f.day, max(c.run_id), {epoch_us_sql("f.first_finish")}
+FROM finishes f
+JOIN complete c
+  ON c.ad_account_id = f.ad_account_id AND c.day = f.day AND c.finished_at = f.last_finish
+GROUP BY f.ad_account_id, f.day, f.first_finish
+ORDER BY f.ad_account_id, f.day
 """
 _NAMED = "AND ad_account_id = ANY($ids::VARCHAR[])"
 

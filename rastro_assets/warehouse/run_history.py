@@ -60,7 +60,6 @@ def sync_run_rows(
 # -- The marks, over-approximated ----------------------------------------------------------
 
 MARK_KINDS = ("live", "daily", "weekly")
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 """The marks, in the order a summary row carries their candidates."""
 
 # The UTC day of the start, as days since the epoch.
@@ -114,6 +113,8 @@ class ReducedShape:
     bucket_us: int
     """The width of the buckets good runs are grouped in by start, in microseconds."""
 
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 RunStart = tuple[str, int]
 """(ad_account_id, start in microseconds since the epoch): the runs of an account that

@@ -186,7 +186,9 @@ def open_sync_runs(
 # nearest after it are at most `gap_after` apart. Each account's ok starts are taken once
 # each, in order: a running max and min over the starts strictly before and after give
 # those two neighbours, so a run at the same instant as a staying one is not its own
-# neighbour. The rows that go are named by their primary key.
+# neighbour. Both frames start at the partition's first row, in opposite orders: a frame
+# running to the partition's end makes PostgreSQL aggregate it again for every row. The
+# rows that go are named by their primary key.
 _PRUNE = """
 WITH ok_runs AS (
     SELECT ad_account_id, started_at, kind,
@@ -209,8 +211,8 @@ neighbours AS (
                PARTITION BY ad_account_id ORDER BY started_at
                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS previous_start,
            min(CASE WHEN staying THEN started_at END) OVER (
-               PARTITION BY ad_account_id ORDER BY started_at
-               ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING) AS next_start
+               PARTITION BY ad_account_id ORDER BY started_at DESC
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS next_start
     FROM starts
 ),
 bridged AS (

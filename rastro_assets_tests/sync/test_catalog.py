@@ -22,6 +22,10 @@ from rastro_assets_tests.conftest import NOW, TOKEN
 TODAY = date(2026, 11, 30)  # local today of both fake accounts at NOW
 BASE_URL = "https://graph.facebook.com/v25.0"
 
+# What these check happens on Meta's side of the sync or before it writes; the statements
+# they pass through run on both engines in the tests around them, so once is enough.
+META_SIDE = pytest.mark.engines("duckdb")
+
 
 @pytest.fixture
 def client_factory(linked_world):
@@ -191,6 +195,7 @@ def test_an_unlinked_account_is_refused(catalog):
         catalog.sync_thumbnails("act_999", run_id="r1")
 
 
+@META_SIDE
 def test_a_missing_secrets_key_is_reported(catalog, monkeypatch):
     monkeypatch.delenv("RASTRO_SECRETS_KEY")
     outcome = catalog.sync_catalog("act_101", full=True, run_id="r1")
@@ -317,6 +322,7 @@ def test_an_expired_url_leaves_the_row_and_is_retried(
     assert thumbnails(warehouse)[ad_id][1] == linked_world.thumbnail_bytes(ad_id)
 
 
+@META_SIDE
 @pytest.mark.parametrize("error", ["html_page", "not_found", "timeout"])
 def test_a_failed_download_stores_nothing_and_is_retried(
     catalog, warehouse, linked_world, error
@@ -343,6 +349,7 @@ def test_a_failed_download_stores_nothing_and_is_retried(
     }
 
 
+@META_SIDE
 def test_one_failed_download_does_not_stop_the_others(catalog, warehouse, linked_world):
     catalog.sync_catalog("act_101", full=True, run_id="r1")
     expected = with_picture(linked_world, "act_101")
@@ -355,6 +362,7 @@ def test_one_failed_download_does_not_stop_the_others(catalog, warehouse, linked
     assert sorted(thumbnails(warehouse)) == expected
 
 
+@META_SIDE
 def test_a_body_that_is_not_the_image_it_claims_is_refused(warehouse, linked_world, fake_clock,
                                                           secrets_key):
     ads = [Ad(str(n), ad_account_id="act_101", creative_id=f"{n}01",
@@ -367,6 +375,7 @@ def test_a_body_that_is_not_the_image_it_claims_is_refused(warehouse, linked_wor
     assert list(thumbnails(warehouse)) == ["2"]
 
 
+@META_SIDE
 def test_at_most_300_a_run_8_at_a_time(warehouse, linked_world, fake_clock, secrets_key,
                                        monkeypatch):
     monkeypatch.setattr(catalog_sync, "MAX_THUMBNAILS_PER_RUN", 20)
@@ -382,6 +391,7 @@ def test_at_most_300_a_run_8_at_a_time(warehouse, linked_world, fake_clock, secr
     assert catalog_sync.THUMBNAIL_CONCURRENCY == 8
 
 
+@META_SIDE
 def test_no_signed_url_or_token_in_the_logs(catalog, linked_world, fake_clock, caplog):
     caplog.set_level(logging.DEBUG)
     catalog.sync_catalog("act_101", full=True, run_id="r1")
@@ -477,6 +487,7 @@ def test_the_full_catalog_reads_usage_counts_toward_the_runs_back_off(
     assert usage == outcome.catalog.usage.pct > 75
 
 
+@META_SIDE
 def test_an_unexpected_catalog_crash_fails_the_full_read_without_leaking_a_url(
     syncer, monkeypatch
 ):
@@ -489,6 +500,7 @@ def test_an_unexpected_catalog_crash_fails_the_full_read_without_leaking_a_url(
     assert outcome.error.startswith("META_UNAVAILABLE: ") and "sig=" not in outcome.error
 
 
+@META_SIDE
 def test_failing_names_of_a_live_sync_never_fail_it(syncer, warehouse, linked_world):
     silent = linked_world.add_ad("act_101", name="No spend yet",
                                  delivers_from=TODAY + timedelta(days=30))

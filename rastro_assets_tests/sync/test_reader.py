@@ -12,6 +12,9 @@ from rastro_assets.sync.reader import read_spend
 from rastro_assets.timekeeping import days_between
 from rastro_assets_tests.conftest import TOKEN
 
+# The reader never touches the warehouse: one engine is enough.
+pytestmark = pytest.mark.engines("duckdb")
+
 TODAY = date(2026, 11, 30)
 SINCE = TODAY - timedelta(days=29)
 
