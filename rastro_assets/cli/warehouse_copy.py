@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from rastro_assets.cli.context import (
     EXIT_FAILED,
@@ -120,7 +120,7 @@ def _copy(args: argparse.Namespace, ctx: Context) -> int:
 def _target_url(args: argparse.Namespace, ctx: Context) -> str:
     if args.to is not None:
         url = args.to
-        if _password(url):
+        if redacted(url) != url:
             raise UsageError(
                 "--to carries a password, which every user of this host can read in `ps`:"
                 " put the URL in an environment variable and pass --to-env VAR, or leave the"
@@ -135,17 +135,22 @@ def _target_url(args: argparse.Namespace, ctx: Context) -> str:
                 f"{args.to_env} is not set: export the target's postgresql:// URL in it"
                 " (or name another variable with --to-env VAR)"
             )
-    ctx.keep_secret(_password(url) or "")
+    for password in _passwords(url):
+        ctx.keep_secret(password)
     if not is_postgres_url(url):
         raise UsageError(f"{named} is not a postgresql:// URL: {redacted(url)}")
     return url
 
 
-def _password(url: str) -> str | None:
+def _passwords(url: str) -> list[str]:
+    """The password after the user, and any `password=` query parameter libpq reads."""
     try:
-        return urlsplit(url).password
+        parts = urlsplit(url)
     except ValueError:
-        return None
+        return []
+    found = [parts.password] if parts.password else []
+    found += [value for name, value in parse_qsl(parts.query) if name.lower() == "password"]
+    return [password for password in found if password]
 
 
 def _source(ctx: Context) -> Warehouse:

@@ -9,7 +9,7 @@ A copy that fails or is killed leaves the target as it was, so running it again 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from decimal import Decimal
@@ -19,9 +19,9 @@ import pyarrow as pa
 from psycopg import sql
 
 from rastro_assets.warehouse import schema
-from rastro_assets.warehouse.postgres import PostgresConnection
+from rastro_assets.warehouse.postgres import PostgresConnection, copy_into
 
-BATCH_ROWS = 20_000
+BATCH_ROWS = 50_000
 """Rows read from DuckDB at a time: the copy's memory stays flat whatever the table's size."""
 
 KEPT_BY_EACH_SIDE = frozenset({"schema_version"})
@@ -166,18 +166,11 @@ def _copy_table(
     source: duckdb.DuckDBPyConnection, target: PostgresConnection, table: CopiedTable
 ) -> None:
     columns = ", ".join(f'"{column}"' for column in table.columns)
-    read = f'SELECT {columns} FROM "{table.name}"'
-    write = f'COPY "{table.name}" ({columns}) FROM STDIN'
     # DuckDB refuses a new statement while an earlier result is half-read.
     source.complete()
-    with target.raw.cursor() as cursor, cursor.copy(write) as copy:
-        for row in _rows(source.sql(read).to_arrow_reader(BATCH_ROWS)):
-            copy.write_row(row)
-
-
-def _rows(reader: pa.RecordBatchReader) -> Iterator[tuple]:
-    for batch in reader:
-        yield from zip(*(column.to_pylist() for column in batch.columns), strict=True)
+    for batch in source.sql(f'SELECT {columns} FROM "{table.name}"').to_arrow_reader(BATCH_ROWS):
+        if batch.num_rows:
+            copy_into(target.raw, table.name, pa.Table.from_batches([batch]))
 
 
 def _normal(sums: tuple[tuple[str, Decimal | int | None], ...]) -> tuple:

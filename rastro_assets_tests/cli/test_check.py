@@ -252,6 +252,8 @@ def test_stored_days_dagster_does_not_record_are_open_until_recorded(
     from rastro_assets_tests.pinned import pinned
 
     monkeypatch.setenv("RASTRO_DUCKDB_PATH", str(duckdb_path))
+    if (url := getattr(healthy, "url_with_password", None)) is not None:
+        monkeypatch.setenv("RASTRO_WAREHOUSE_URL", url)
     with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
         context = dg.build_sensor_context(instance=instance, resources={"rastro": pinned(NOW)})
         for event in meta_records_sensor(context).asset_events:

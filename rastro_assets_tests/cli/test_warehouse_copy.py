@@ -213,6 +213,8 @@ def test_bad_input_is_one_line_and_never_shows_the_password(
     assert_usage_error(
         rastro("warehouse", "copy", "--to", target_url), "--to carries a password", "--to-env"
     )
+    in_query = with_password(target_url, None) + "&password=wrong-pass-9Qz"
+    assert_usage_error(rastro("warehouse", "copy", "--to", in_query), "--to carries a password")
     assert_usage_error(
         rastro("warehouse", "copy", environ={"RASTRO_WAREHOUSE_URL": ""}),
         "RASTRO_WAREHOUSE_URL is not set",

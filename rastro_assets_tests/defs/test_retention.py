@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from rastro_assets.defs.keys import AD_SPEND_DAILY, SITE_SPEND_DAILY
 from rastro_assets.defs.partitions import spend_partition_key
@@ -17,6 +18,7 @@ from rastro_assets.defs.retention import (
     retention_sensor,
 )
 from rastro_assets.defs.spend.assets import meta_spend
+from rastro_assets_tests.conftest import NOW, record_sync_run
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.defs.instance_events import add_run, record_spend, spend_events
 
@@ -190,3 +192,33 @@ def test_a_tick_out_of_budget_leaves_the_work_to_the_next(instance):
     tick = prune_instance(instance, soon(), spent.cursor)
     assert (tick.events_deleted, tick.runs_deleted) == (2, 1)
     assert spend_events(instance) == [(DAY_1, "r2")]
+
+
+@pytest.mark.engines("duckdb", "postgres")
+def test_the_sensor_prunes_old_sync_runs_in_the_warehouse_of_either_engine(
+    instance, rastro, warehouse, monkeypatch
+):
+    # The resource finds the warehouse as the daemon does, by its variable.
+    url = getattr(warehouse, "url_with_password", None)
+    if url is not None:
+        monkeypatch.setenv("RASTRO_WAREHOUSE_URL", url)
+    old = NOW - timedelta(days=100)
+    with warehouse.connect() as con:
+        # The old live read is bridged by the backfill before it and the last good run after.
+        for run_id, kind, started_at, outcome in (
+            ("backfill", "backfill", old - timedelta(days=1), "ok"),
+            ("old-live", "live", old, "ok"),
+            ("old-failure", "live", old + timedelta(days=1), "other"),
+            ("last-ok", "live", old + timedelta(days=2), "ok"),
+            ("recent-failure", "live", NOW - timedelta(days=1), "throttled"),
+        ):
+            record_sync_run(con, run_id, "act_101", kind, TODAY, TODAY, started_at,
+                            outcome=outcome)
+    context = dg.build_sensor_context(instance=instance, resources={"rastro": rastro})
+    result = retention_sensor(context)
+    assert result.skip_reason.skip_message.endswith("and 2 old meta_sync_runs rows")
+    with warehouse.connect(read_only=True) as con:
+        kept = {row[0] for row in con.execute(
+            "SELECT run_id FROM meta_sync_runs WHERE ad_account_id = 'act_101'"
+        ).fetchall()}
+    assert kept == {"backfill", "last-ok", "recent-failure"}
