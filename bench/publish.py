@@ -384,7 +384,7 @@ def postgres_twin(warehouse, server):
             " AND database_name = current_database()").fetchall() if name not in BENCH_ONLY]
         cursor = pg.cursor()
         for table in tables:
-            cursor.adbc_ingest(table, duck.execute(f"SELECT * FROM {table}").to_arrow_reader(),
+            cursor.adbc_ingest(table, duck.sql(f"SELECT * FROM {table}").to_arrow_reader(),
                                mode="append")
         pg.commit()
         cursor.execute("ANALYZE")
@@ -400,15 +400,15 @@ def copy_wave(warehouse, twin, wave: int, at) -> None:
     with warehouse.connect(read_only=True) as duck, adbc.connect(twin.url_with_password) as pg:
         low = duck.execute(
             "SELECT min(timezone(tz, $at::TIMESTAMPTZ)::DATE) - 1 FROM bench_accounts", {"at": at}
-        ).fetchone()[0]
+        ).fetchall()[0][0]
         cursor = pg.cursor()
         for table in ("ad_spend_daily", "site_spend_daily"):
             cursor.execute(f"DELETE FROM {table} WHERE day >= $1", [low])
-            rows = duck.execute(f"SELECT * FROM {table} WHERE day >= ?", [low]).to_arrow_table()
+            rows = duck.sql(f"SELECT * FROM {table} WHERE day >= ?", params=[low]).to_arrow_table()
             cursor.adbc_ingest(table, rows, mode="append")
         run_id = f"wave-{wave}"
         cursor.execute("DELETE FROM meta_sync_runs WHERE run_id = $1", [run_id])
-        runs = duck.execute("SELECT * FROM meta_sync_runs WHERE run_id = ?", [run_id])
+        runs = duck.sql("SELECT * FROM meta_sync_runs WHERE run_id = ?", params=[run_id])
         cursor.adbc_ingest("meta_sync_runs", runs.to_arrow_table(), mode="append")
         pg.commit()
 
@@ -691,6 +691,10 @@ def run(args, pg_server, Publisher, fixed_clock, Warehouse) -> None:  # noqa: N8
                   f"{pg['first'].duration_seconds:10.1f}   <= 30")
             print(f"  a wave's publish       {publish_s:7.2f}   {pg_median:10.2f}   <= 2"
                   f"   (median of {len(walls)})")
+            duck_refresh = statistics.median(r.refresh_seconds for r in publishes)
+            pg_refresh = statistics.median(r.refresh_seconds for r in pg["results"])
+            print(f"    of which the refresh {duck_refresh:7.2f}   {pg_refresh:10.2f}"
+                  "          (the rest copies the file)")
             twin.close()
         leftovers = [p.name for p in target.parent.iterdir() if p.name.endswith(".tmp")]
         if leftovers:

@@ -19,6 +19,10 @@ Each refresh ends by comparing row counts and spend totals with the pipeline;
 a difference (a writer this module does not know of) rebuilds that table
 whole, so the snapshot heals itself rather than drifting. Nothing sealed is
 ever copied: `meta_connections` is read only for its status columns.
+
+This module reads a DuckDB warehouse attached beside the staging file; from a
+PostgreSQL one, `rastro_assets.analytics.staging_pg` applies the same rules to
+the same staging file.
 """
 
 from __future__ import annotations

@@ -129,14 +129,10 @@ def _record_applied_runs(con: duckdb.DuckDBPyConnection) -> None:
         f"INSERT INTO {s}.publisher.applied_runs SELECT DISTINCT {staging._RUN_HASH}"
         " FROM snapshot_recent_runs WHERE finished_at IS NOT NULL"
     )
+    # greatest() passes over a null: the first finish seen sets it, none keeps it.
     con.execute(
         f"""UPDATE {s}.publisher.source SET runs_watermark = greatest(runs_watermark,
                 (SELECT max(finished_at) FROM snapshot_recent_runs))"""
-    )
-    con.execute(
-        f"""UPDATE {s}.publisher.source SET runs_watermark =
-                (SELECT max(finished_at) FROM snapshot_recent_runs)
-            WHERE runs_watermark IS NULL"""
     )
 
 

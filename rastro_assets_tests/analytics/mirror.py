@@ -31,7 +31,7 @@ def mirror(source: Warehouse, target: PostgresWarehouse) -> None:
             if name not in SKIPPED
         ]
         rows = {
-            name: duck.execute(f"SELECT * FROM {name}").to_arrow_table() for name in tables
+            name: duck.sql(f"SELECT * FROM {name}").to_arrow_table() for name in tables
         }
     with target.connect() as pg:
         for name, table in rows.items():
