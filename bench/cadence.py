@@ -34,8 +34,13 @@ postmaster) beside the run process's: both are the cadence's cost. `--event-batc
 DAGSTER_EVENT_BATCH_SIZE in the runs' environment: Dagster then hands events that carry batch
 metadata to `store_event_batch`, which dagster-postgres writes in one insert.
 
+`--warehouse postgres` measures part 2 twice, on the same world at the same instants: with
+the warehouse in the DuckDB file, then in a PostgreSQL database on a server started here
+(`RASTRO_WAREHOUSE_URL`; same test server as above), whose CPU (its backends, reaped by the
+postmaster) counts as the cadence's too; the figures print side by side.
+
 Run: .venv/bin/python bench/cadence.py [--quick] [--idle-share 0.5] [--simulate-only]
-     [--backend postgres] [--event-batch-size N]
+     [--backend postgres] [--event-batch-size N] [--warehouse postgres]
 """
 
 from __future__ import annotations
@@ -305,19 +310,51 @@ class Storage:
             return int(cursor.fetchone()[0])
 
     def server_cpu(self) -> float:
-        if self.server is None:
-            return 0.0
-        pid_file = self.server.log.parent / "data" / "postmaster.pid"
-        pid = int(pid_file.read_text().splitlines()[0])
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+        return server_cpu(self.server)
+
+
+def server_cpu(server) -> float:
+    """CPU seconds of a PostgreSQL server so far: the postmaster's and its reaped backends'."""
+    if server is None:
+        return 0.0
+    pid_file = server.log.parent / "data" / "postmaster.pid"
+    pid = int(pid_file.read_text().splitlines()[0])
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.contextmanager
+def warehouse_on(engine: str, directory: Path):
+    """A migrated, empty warehouse on `engine`, the variables a run needs to reach it, and
+    the PostgreSQL server holding it (None for the DuckDB file)."""
+    from rastro_assets.warehouse.connection import Warehouse
+
+    if engine == "duckdb":
+        warehouse = Warehouse(directory / "rastro.duckdb")
+        warehouse.migrate()
+        yield warehouse, {"RASTRO_DUCKDB_PATH": str(warehouse.path)}, None
+        return
+    from rastro_assets.warehouse.postgres import PostgresWarehouse
+    from rastro_assets_tests.postgres_server import WarehouseServer, postgres_server
+
+    with postgres_server("warehouse") as server:
+        url = WarehouseServer(server).url()
+        warehouse = PostgresWarehouse(url)
+        warehouse.migrate()
+        # The snapshot still goes to a file beside where the DuckDB one would be.
+        env = {"RASTRO_WAREHOUSE_URL": url,
+               "RASTRO_DUCKDB_PATH": str(directory / "rastro.duckdb"),
+               "RASTRO_ANALYTICS_PATH": str(directory / "analytics.duckdb")}
+        try:
+            yield warehouse, env, server
+        finally:
+            warehouse.close()
 
 
 def measure_waves(sizes: list[int], kinds: list[str], backend: str = "sqlite",
-                  event_batch_size: int = 0) -> dict:
+                  event_batch_size: int = 0, warehouse_engine: str = "duckdb") -> dict:
     from rastro_assets.vault import Vault, generate_key
     from rastro_assets.warehouse import link_store, registry, site_store
-    from rastro_assets.warehouse.connection import Warehouse
     from rastro_fake_graph.server import serve
     from rastro_fake_graph.world import FakeWorld, MutableClock
 
@@ -338,8 +375,10 @@ def measure_waves(sizes: list[int], kinds: list[str], backend: str = "sqlite",
             )
         key = generate_key()
         vault = Vault.from_env({"RASTRO_SECRETS_KEY": key})
-        warehouse = Warehouse(tmp_path / "rastro.duckdb")
-        warehouse.migrate()
+        stack = contextlib.ExitStack()
+        warehouse, warehouse_env, warehouse_server = stack.enter_context(
+            warehouse_on(warehouse_engine, tmp_path)
+        )
         now = datetime.now(UTC)
         with warehouse.connect() as con:
             site_store.add_site(con, "s1", "Bench", now)
@@ -356,12 +395,14 @@ def measure_waves(sizes: list[int], kinds: list[str], backend: str = "sqlite",
                 )
         home = tmp_path / "home"
         home.mkdir()
-        with instance_storage(backend, home) as (storage_env, storage), serve(world) as server:
+        with stack, instance_storage(backend, home) as (storage_env, storage), \
+                serve(world) as server:
             env = {
-                **os.environ,
+                **{key: value for key, value in os.environ.items()
+                   if key not in ("RASTRO_WAREHOUSE_URL", "RASTRO_ANALYTICS_PATH")},
                 **storage_env,
+                **warehouse_env,
                 "DAGSTER_HOME": str(home),
-                "RASTRO_DUCKDB_PATH": str(warehouse.path),
                 "RASTRO_META_GRAPH_URL": server.base_url,
                 "RASTRO_SECRETS_KEY": key,
                 # Waves here follow each other within seconds: their publishes are measured
@@ -389,21 +430,26 @@ def measure_waves(sizes: list[int], kinds: list[str], backend: str = "sqlite",
                         if kind == "daily" and label != kind:
                             continue
                         clock.set(instant - cadence.LIVE_INTERVAL)
-                        run_wave(world, env, home, size, kind, storage)
+                        run_wave(world, env, home, size, kind, storage, warehouse_server)
                         clock.set(instant)
-                        results[(label, size)] = run_wave(world, env, home, size, kind, storage)
+                        results[(label, size)] = run_wave(
+                            world, env, home, size, kind, storage, warehouse_server
+                        )
                         results[(label, size)]["recording"] = sum(
                             in_recording_block(instant, TIMEZONES[index % len(TIMEZONES)])
                             for index in range(size)
                         )
-                        results[(label, size)]["publish_cpu"] = publish_cpu(warehouse)
+                        results[(label, size)]["publish_cpu"] = publish_cpu(
+                            warehouse, Path(env["RASTRO_DUCKDB_PATH"]), warehouse_server
+                        )
             results["bytes_per_materialization"] = bytes_per_materialization(
                 home, storage, env
             )
     return results
 
 
-def run_wave(world, env: dict, home: Path, size: int, kind: str, storage: Storage) -> dict:
+def run_wave(world, env: dict, home: Path, size: int, kind: str, storage: Storage,
+             warehouse_server=None) -> dict:
     days = {"live": 2, "daily": 7}[kind]
     syncs = []
     for index in range(size):
@@ -429,6 +475,7 @@ def run_wave(world, env: dict, home: Path, size: int, kind: str, storage: Storag
     }))
     before_bytes = storage.size()
     before_server = storage.server_cpu()
+    before_warehouse = server_cpu(warehouse_server)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     completed = subprocess.run(
@@ -457,25 +504,31 @@ def run_wave(world, env: dict, home: Path, size: int, kind: str, storage: Storag
     if completed.returncode != 0:
         raise SystemExit(completed.stderr[-3000:])
     run_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    server_cpu = storage.server_cpu() - before_server
+    storage_cpu = storage.server_cpu() - before_server
+    warehouse_cpu = server_cpu(warehouse_server) - before_warehouse
     return {
-        "cpu_seconds": run_cpu + server_cpu,
+        "cpu_seconds": run_cpu + storage_cpu + warehouse_cpu,
         "run_cpu_seconds": run_cpu,
-        "server_cpu_seconds": server_cpu,
+        "server_cpu_seconds": storage_cpu,
+        "warehouse_cpu_seconds": warehouse_cpu,
         "wall_seconds": wall,
         "storage_bytes": storage.size() - before_bytes,
     }
 
 
-def publish_cpu(warehouse) -> float:
-    """CPU seconds of one analytics snapshot publish carrying the wave just run."""
+def publish_cpu(warehouse, pipeline_path: Path, warehouse_server=None) -> float:
+    """CPU seconds of one analytics snapshot publish carrying the wave just run (this
+    process's, and the warehouse server's when there is one)."""
     from rastro_assets.analytics.publish import Publisher
 
-    publisher = Publisher(warehouse, Path(warehouse.path).with_name("analytics.duckdb"))
-    before = resource.getrusage(resource.RUSAGE_SELF)
+    publisher = Publisher(warehouse, pipeline_path.with_name("analytics.duckdb"))
+    before, before_server = resource.getrusage(resource.RUSAGE_SELF), server_cpu(warehouse_server)
     publisher.publish()
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    after, after_server = resource.getrusage(resource.RUSAGE_SELF), server_cpu(warehouse_server)
+    return (
+        (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        + after_server - before_server
+    )
 
 
 def bytes_per_materialization(home: Path, storage: Storage, env: dict) -> float:
@@ -527,6 +580,9 @@ def main() -> None:
                         help="the runs' instance storage (postgres: docs/dagster.scaled.yaml's)")
     parser.add_argument("--event-batch-size", type=int, default=0,
                         help="DAGSTER_EVENT_BATCH_SIZE in the runs' environment (0: unset)")
+    parser.add_argument("--warehouse", choices=("duckdb", "postgres"), default="duckdb",
+                        help="postgres: part 2 on the DuckDB file, then on a PostgreSQL"
+                             " warehouse, side by side")
     args = parser.parse_args()
     if not 0 < args.idle_share < 1:
         parser.error("--idle-share must be between 0 and 1")
@@ -534,10 +590,24 @@ def main() -> None:
         print_populations(1000, args.idle_share)
         return
     sizes = [5, 40] if args.quick else [10, 100]
-    load = " ".join(f"{value:.1f}" for value in os.getloadavg())
-    print(f"storage {args.backend}, DAGSTER_EVENT_BATCH_SIZE "
-          f"{args.event_batch_size or 'unset'}, load {load}", flush=True)
-    measured = measure_waves(sizes, ["live", "daily"], args.backend, args.event_batch_size)
+    engines = ["duckdb", "postgres"] if args.warehouse == "postgres" else ["duckdb"]
+    summaries = {}
+    for engine in engines:
+        load = " ".join(f"{value:.1f}" for value in os.getloadavg())
+        print(f"warehouse {engine}, storage {args.backend}, DAGSTER_EVENT_BATCH_SIZE "
+              f"{args.event_batch_size or 'unset'}, load {load}", flush=True)
+        measured = measure_waves(
+            sizes, ["live", "daily"], args.backend, args.event_batch_size, engine
+        )
+        summaries[engine] = report(measured, sizes, args)
+    if len(engines) > 1:
+        print_side_by_side(summaries)
+    print_populations(1000, args.idle_share)
+    print(f"load at the end {' '.join(f'{value:.1f}' for value in os.getloadavg())}")
+
+
+def report(measured: dict, sizes: list[int], args: argparse.Namespace) -> dict:
+    """Print one engine's measured waves and its modelled day; the figures side by side."""
     bytes_per_event = measured.pop("bytes_per_materialization")
     small, large = sizes
     fixed_cpu, live_cpu = fit(
@@ -566,15 +636,18 @@ def main() -> None:
         print(
             f"  {kind:14} wave of {size:4} accounts ({figures['recording']} recording): "
             f"{figures['cpu_seconds']:.2f} CPU s (run {figures['run_cpu_seconds']:.2f}, "
-            f"storage server {figures['server_cpu_seconds']:.2f}), "
+            f"storage server {figures['server_cpu_seconds']:.2f}, "
+            f"warehouse server {figures['warehouse_cpu_seconds']:.2f}), "
             f"{figures['wall_seconds']:.1f} s wall, "
             f"{figures['storage_bytes'] / 1024:.0f} KB"
         )
-    server_share = sum(f["server_cpu_seconds"] for f in measured.values()) / max(
-        sum(f["cpu_seconds"] for f in measured.values()), 1e-9
-    )
+    total_cpu = max(sum(f["cpu_seconds"] for f in measured.values()), 1e-9)
+    server_share = sum(f["server_cpu_seconds"] for f in measured.values()) / total_cpu
+    warehouse_share = sum(f["warehouse_cpu_seconds"] for f in measured.values()) / total_cpu
     if args.backend == "postgres":
         print(f"of the measured waves' CPU, {server_share:.0%} was the Postgres server's")
+    if warehouse_share:
+        print(f"of the measured waves' CPU, {warehouse_share:.0%} was the warehouse server's")
     # At steady state retention keeps the latest materialization of each account-day
     # partition per asset (plus the runs younger than the retention age, which turn over).
     steady_kb = 2 * bytes_per_event / 1024
@@ -591,7 +664,7 @@ def main() -> None:
         f"analytics snapshot publish after a wave of {large} accounts: {per_publish:.2f} CPU s"
         " (the larger of a live and a daily wave's)"
     )
-    summary_1000 = None
+    per_account_day = {}
     for n in [1000] if args.quick else [100, 1000, 5000]:
         simulated = simulate(n)
         syncs = simulated["syncs_per_day"]
@@ -602,6 +675,7 @@ def main() -> None:
             + (syncs.get("daily", 0) + syncs.get("weekly", 0)) * daily_cpu
             + min(simulated["waves_per_day"], 576) * per_publish
         ) / n
+        per_account_day[n] = cpu
         print(
             f"{n:5} accounts: {simulated['waves_per_day']} Dagster runs/day, syncs {syncs} "
             f"({simulated['recording_live_per_day']} live ones recording), "
@@ -611,17 +685,38 @@ def main() -> None:
             f"oldest today {simulated['worst_today_age_minutes']:.0f} min"
         )
         if n == 1000:
-            summary_1000 = (cpu, simulated)
-    cpu, simulated = summary_1000
+            summary_1000 = simulated
+    cpu = per_account_day[1000]
     print(
         f"cadence: {cpu:.2f} CPU s/account-day, {steady_kb:.1f} KB/account-day, "
-        f"{simulated['meta_calls_per_account_day']:.1f} Meta calls/account-day, "
-        f"today <= {simulated['worst_today_age_minutes']:.0f} min at 1,000 accounts "
-        f"(goal <= 1 CPU s, <= 50 KB, <= {simulated['reference_calls_per_account_day']:.1f} calls, "
-        f"<= 50 min)"
+        f"{summary_1000['meta_calls_per_account_day']:.1f} Meta calls/account-day, "
+        f"today <= {summary_1000['worst_today_age_minutes']:.0f} min at 1,000 accounts "
+        f"(goal <= 1 CPU s, <= 50 KB, <= "
+        f"{summary_1000['reference_calls_per_account_day']:.1f} calls, <= 50 min)",
+        flush=True,
     )
-    print_populations(1000, args.idle_share)
-    print(f"load at the end {' '.join(f'{value:.1f}' for value in os.getloadavg())}")
+    return {
+        "fixed CPU s a wave run": fixed_cpu,
+        "ms a live sync": live_cpu * 1000,
+        "ms a daily sync": daily_cpu * 1000,
+        "ms more a recording live sync": extra_per_recording * 1000,
+        "CPU s a publish": per_publish,
+        "warehouse server's share of the waves' CPU": warehouse_share,
+        **{f"CPU s/account-day at {n:,} accounts": value for n, value in per_account_day.items()},
+    }
+
+
+def print_side_by_side(summaries: dict[str, dict]) -> None:
+    engines = list(summaries)
+    width = max(len(name) for name in summaries[engines[0]])
+    print(f"{'':{width}}  " + "  ".join(f"{engine:>10}" for engine in engines))
+    for name in summaries[engines[0]]:
+        cells = []
+        for engine in engines:
+            value = summaries[engine][name]
+            cells.append(f"{value:>10.0%}" if "share" in name else f"{value:>10.2f}")
+        print(f"{name:{width}}  " + "  ".join(cells))
+    print("goal: <= 1 CPU s an account-day at 1,000 accounts on each engine", flush=True)
 
 
 if __name__ == "__main__":

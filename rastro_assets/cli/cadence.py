@@ -202,6 +202,12 @@ def _plan(args: argparse.Namespace, ctx: Context) -> int:
     return EXIT_OK
 
 
+EARLIEST_AT = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_AT = datetime(9999, 1, 1, tzinfo=UTC)
+"""The plan reads months back and days ahead of `--at` in every account's zone: each of
+those days must still be a date."""
+
+
 def parse_instant(raw: str) -> datetime:
     """An ISO 8601 instant with its offset (`Z` or `±HH:MM`); UsageError otherwise.
 
@@ -223,7 +229,16 @@ def parse_instant(raw: str) -> datetime:
             f"--at {raw!r} has no UTC offset: add one (Z, +00:00, -03:00...), since each"
             " account reads the instant in its own timezone"
         )
-    return instant.astimezone(UTC)
+    try:
+        in_utc = instant.astimezone(UTC)
+    except OverflowError:
+        in_utc = None
+    if in_utc is None or not EARLIEST_AT <= in_utc < LATEST_AT:
+        raise UsageError(
+            f"--at {raw!r} is out of range: give an instant from"
+            f" {EARLIEST_AT:%Y-%m-%d} to before {LATEST_AT:%Y-%m-%d}"
+        )
+    return in_utc
 
 
 # shared ---------------------------------------------------------------------

@@ -226,7 +226,7 @@ def read_insights_page(body: bytes, since: date, until: date) -> InsightsPage | 
     per-row reference, `parse_insight_table`) for anything that is not plain:
     a body that is not one JSON object starting with `{`, any key or type
     outside `_BODY_SCHEMA`, a duplicated key, invalid UTF-8, a lone surrogate,
-    a null or odd row. What comes back is then what `parse_insight_table` gives.
+    a NUL in an ad id, a null or odd row. What comes back is then what `parse_insight_table` gives.
     """
     # `json` guesses UTF-16/32 from NULs in the first four bytes and skips a BOM.
     if body[:1] != b"{" or b"\x00" in body[:4] or len(body) >= _MAX_BODY_BYTES:
@@ -255,6 +255,13 @@ def read_insights_page(body: bytes, since: date, until: date) -> InsightsPage | 
     return InsightsPage(table, paging.get("next"), cursors.get("after"))
 
 
+def _without_nul(names: pa.Array) -> pa.Array:
+    """Names with any NUL as U+FFFD, as `values.valid_text` gives them to the reference."""
+    if not pc.match_substring(names, "\x00").true_count:
+        return names
+    return pc.replace_substring(names, "\x00", "\ufffd")
+
+
 def _plain_rows(raw: pa.StructArray, since: date, until: date) -> pa.Table | None:
     """The rows' table when every row is plain, else None (the caller reads them in Python).
 
@@ -276,6 +283,8 @@ def _plain_rows(raw: pa.StructArray, since: date, until: date) -> pa.Table | Non
         or not _all_true(pc.match_substring_regex(spend, _PLAIN_SPEND))
     ):
         return None
+    if pc.match_substring(ad_id, "\x00").true_count:
+        return None  # the per-row reference refuses it
     try:
         impressions = _plain_count(field["impressions"])
         clicks = _plain_count(field["clicks"])
@@ -292,7 +301,7 @@ def _plain_rows(raw: pa.StructArray, since: date, until: date) -> pa.Table | Non
             impressions,
             clicks,
             conversations,
-            *(_empty_as_null(field[name]) for name in INSIGHT_SCHEMA.names[6:]),
+            *(_empty_as_null(_without_nul(field[name])) for name in INSIGHT_SCHEMA.names[6:]),
         ],
         schema=INSIGHT_SCHEMA,
     )

@@ -35,11 +35,15 @@ def text(value: Any) -> str | None:
 
 
 def valid_text(value: str) -> str:
-    """`value`, with any lone surrogate (a valid JSON escape, but no character) as U+FFFD.
+    """`value`, with any lone surrogate (a valid JSON escape, but no character) and any
+    NUL as U+FFFD.
 
-    `json` decodes `"\\ud83d"` to a str no UTF-8 encoder accepts; stored as is,
-    one such name would fail every write of its account.
+    `json` decodes `"\\ud83d"` to a str no UTF-8 encoder accepts, and `"\\u0000"` to a
+    character PostgreSQL's text cannot hold; stored as is, one such name would fail every
+    write of its account. Both engines store the same replacement.
     """
+    if "\x00" in value:
+        value = value.replace("\x00", "\ufffd")
     if value.isascii():
         return value
     try:

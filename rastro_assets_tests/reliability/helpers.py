@@ -1,17 +1,25 @@
-"""Shared by the reliability tests: syncers on the fake, snapshots, perturbations, scans."""
+"""Shared by the reliability tests: warehouses on either engine and the environment that
+names them to a process, syncers on the fake, snapshots, perturbations, scans."""
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+import contextlib
+import os
+import secrets
+from collections.abc import Iterable, Mapping
 from datetime import date
 from decimal import Decimal
 from pathlib import Path
+
+from psycopg2 import sql
 
 from rastro_assets.meta.client import MetaClient
 from rastro_assets.sync.syncer import Syncer
 from rastro_assets.timekeeping import days_between
 from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.postgres import PostgresWarehouse
+from rastro_assets_tests.postgres_server import WarehouseServer
 from rastro_fake_graph.world import Figures
 
 GRAPH = "https://graph.facebook.com/v25.0"
@@ -27,6 +35,63 @@ TABLES = (
     "meta_sync_runs",
     "lead_daily_rollups",
 )
+
+
+# -- the warehouse on either engine ---------------------------------------------------
+
+
+def warehouse_env_for(
+    engine: str, duckdb_path: Path, server: WarehouseServer | None
+) -> dict[str, str]:
+    """The variable naming a new warehouse: the DuckDB file's path, or the URL (with its
+    password) of a new schema on `server`."""
+    if engine == "postgres":
+        assert server is not None
+        return {"RASTRO_WAREHOUSE_URL": server.fresh_schema_url()}
+    return {"RASTRO_DUCKDB_PATH": str(duckdb_path)}
+
+
+def open_warehouse_of(
+    env: Mapping[str, str], **duckdb_options
+) -> Warehouse | PostgresWarehouse:
+    """The warehouse `env` names, as a run given that environment opens it."""
+    if env.get("RASTRO_WAREHOUSE_URL"):
+        return PostgresWarehouse(env["RASTRO_WAREHOUSE_URL"])
+    return Warehouse(env["RASTRO_DUCKDB_PATH"], **duckdb_options)
+
+
+def child_env(warehouse_env: Mapping[str, str], **extra: str) -> dict[str, str]:
+    """This process's environment for a child, naming only the test's warehouse."""
+    env = {
+        key: value for key, value in os.environ.items()
+        if key not in ("RASTRO_WAREHOUSE_URL", "RASTRO_DUCKDB_PATH")
+    }
+    return {**env, **warehouse_env, **extra}
+
+
+def copy_schema(server: WarehouseServer, warehouse: PostgresWarehouse) -> str:
+    """The URL of a new schema holding a copy of every table of `warehouse`'s schema.
+
+    A fresh schema migrated, linked and synced costs more than the copy of one that was.
+    """
+    with warehouse.connect() as con:
+        source = con.execute("SELECT current_schema()").fetchone()[0]
+        tables = [row[0] for row in con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = ?",
+            [source],
+        ).fetchall()]
+    target = "t_" + secrets.token_hex(6)
+    with contextlib.closing(server.server.connect()) as admin, admin.cursor() as cursor:
+        cursor.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(target)))
+        for table in tables:
+            new, old = sql.Identifier(target, table), sql.Identifier(source, table)
+            cursor.execute(sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING ALL)").format(new, old))
+            cursor.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(new, old))
+        admin.commit()
+    return server.url(options=f"-csearch_path%3D{target}")
+
+
+# -- Meta ------------------------------------------------------------------------------
 
 
 def client_factory(world, *, page_size: int = 4, transport=None, base_url: str = GRAPH):
@@ -107,21 +172,23 @@ def truth_by_day(world, account: str, since: date, until: date) -> dict[date, se
 
 
 def table_dump(con, table: str, *, without: Iterable[str] = ()) -> list[tuple]:
-    """Every row of `table` in a stable order (without the columns named)."""
-    if not without:
-        return con.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall()
-    excluded = ", ".join(f'"{column}"' for column in without)
-    return con.execute(f"SELECT * EXCLUDE ({excluded}) FROM {table} ORDER BY ALL").fetchall()
+    """Every row of `table` in a stable order (without the columns named), on either engine."""
+    con.execute(f"SELECT * FROM {table} LIMIT 0")
+    names = [column[0] for column in con.description if column[0] not in set(without)]
+    columns = ", ".join(f'"{name}"' for name in names)
+    order = ", ".join(str(position) for position in range(1, len(names) + 1))
+    return con.execute(f"SELECT {columns} FROM {table} ORDER BY {order}").fetchall()
 
 
 def check_integrity(warehouse: Warehouse) -> dict[str, int]:
-    """Every table of the file reads in full; the row count of each."""
+    """Every table of the warehouse reads in full; the row count of each."""
     counts = {}
     with warehouse.connect(read_only=True) as con:
         names = [
             row[0]
             for row in con.execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'"
+                "SELECT table_name FROM information_schema.tables"
+                " WHERE table_schema = current_schema()"
             ).fetchall()
         ]
         assert set(TABLES) <= set(names), names

@@ -5,15 +5,18 @@ an `httpx.MockTransport`) either lands exactly — every figure equal as a
 Decimal, every name as sent — or is refused with a clear, short error, and a
 refused answer writes nothing. Command-line input is likewise accepted as
 given (normalized) or refused with exit 2, one line on stderr, nothing written.
+Every case runs on both engines (the generated ones with fewer examples on PostgreSQL).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, timedelta
 from decimal import Decimal
@@ -37,11 +40,16 @@ from rastro_assets.timekeeping import days_between
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
 from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.connection import Warehouse, transaction
+from rastro_assets.warehouse.postgres import PostgresWarehouse
 from rastro_assets.warehouse.run_history import sync_run_rows
 from rastro_assets.warehouse.spend import write_spend
 from rastro_assets_tests.conftest import NOW, TOKEN
 from rastro_assets_tests.insight_rows import chunk_from_rows
-from rastro_assets_tests.reliability.helpers import table_dump
+from rastro_assets_tests.reliability.helpers import (
+    open_warehouse_of,
+    table_dump,
+    warehouse_env_for,
+)
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
 
 ACCOUNT = "act_101"
@@ -58,11 +66,17 @@ BASELINE = [
     for day in days_between(SINCE, UNTIL)
     for ad in ADS[:3]
 ]
+pytestmark = pytest.mark.engines("duckdb", "postgres")
 PROPERTY_SETTINGS = settings(
     max_examples=75,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+# The generated tests run again on PostgreSQL with fewer examples: an example runs the
+# same statements on either engine, and what an engine may take differently (a NUL, a
+# digit too many) is generated often enough to show in 25.
+POSTGRES_PROPERTY_SETTINGS = settings(PROPERTY_SETTINGS, max_examples=25)
+duckdb_only, postgres_only = pytest.mark.engines("duckdb"), pytest.mark.engines("postgres")
 
 
 # -- generated answers ---------------------------------------------------------------
@@ -199,6 +213,8 @@ FAULTS = {
     "day_garbage": (REFUSE, ("date_start",), _set(day="2026-13-45")),
     # A valid JSON escape, but no character: stored as U+FFFD.
     "lone_surrogate_name": (ACCEPT, (), lambda row: row.names.update(ad_name="Promo \ud83d fim")),
+    # A character too, but not one PostgreSQL's text can hold: stored as U+FFFD on both.
+    "nul_name": (ACCEPT, (), lambda row: row.names.update(ad_name="Promo \x00 fim")),
 }
 
 
@@ -297,24 +313,56 @@ class Pages:
 
 @dataclass
 class Bench:
-    warehouse: Warehouse
+    warehouse: Warehouse | PostgresWarehouse
     vault: Vault
 
 
+class Benches:
+    """One linked warehouse an engine for the module, made when first asked for (a DuckDB
+    file held open until the module ends); every answer starts from `reset`."""
+
+    def __init__(self, tmp_path_factory, request: pytest.FixtureRequest) -> None:
+        self.tmp_path_factory, self.request = tmp_path_factory, request
+        self.made: dict[str, Bench] = {}
+        self.held = contextlib.ExitStack()
+
+    def __call__(self, engine: str) -> Bench:
+        if engine not in self.made:
+            vault = Vault.from_env({ENV_VAR: generate_key()})
+            path = self.tmp_path_factory.mktemp("bench") / "rastro.duckdb"
+            server = None
+            if engine == "postgres":
+                server = self.request.getfixturevalue("warehouse_server")
+            warehouse = open_warehouse_of(warehouse_env_for(engine, path, server),
+                                          lock_wait_seconds=5)
+            warehouse.migrate()
+            with warehouse.connect() as con:
+                site_store.add_site(con, "s1", "Site one", NOW)
+                site_store.add_site(con, "s2", "Site two", NOW)
+                registry.save_connection(con, "c1", vault.seal("c1", TOKEN), NOW)
+                link_store.link_account(con, "s1", ACCOUNT, "c1", "America/Sao_Paulo", "BRL", NOW)
+                link_store.link_account(con, "s2", ACCOUNT, "c1", "America/Sao_Paulo", "BRL", NOW)
+            self.held.enter_context(warehouse.held())
+            self.made[engine] = Bench(warehouse, vault)
+        return self.made[engine]
+
+    def close(self) -> None:
+        self.held.close()
+        for bench in self.made.values():
+            if bench.warehouse.engine == "postgres":
+                bench.warehouse.close()
+
+
 @pytest.fixture(scope="module")
-def bench(tmp_path_factory) -> Bench:
-    """One linked warehouse for the module; every answer starts from `reset`."""
-    vault = Vault.from_env({ENV_VAR: generate_key()})
-    warehouse = Warehouse(tmp_path_factory.mktemp("bench") / "rastro.duckdb", lock_wait_seconds=5)
-    warehouse.migrate()
-    with warehouse.connect() as con:
-        site_store.add_site(con, "s1", "Site one", NOW)
-        site_store.add_site(con, "s2", "Site two", NOW)
-        registry.save_connection(con, "c1", vault.seal("c1", TOKEN), NOW)
-        link_store.link_account(con, "s1", ACCOUNT, "c1", "America/Sao_Paulo", "BRL", NOW)
-        link_store.link_account(con, "s2", ACCOUNT, "c1", "America/Sao_Paulo", "BRL", NOW)
-    with warehouse.held():
-        yield Bench(warehouse, vault)
+def benches(tmp_path_factory, request) -> Iterator[Benches]:
+    made = Benches(tmp_path_factory, request)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def bench(engine: str, benches: Benches) -> Bench:
+    return benches(engine)
 
 
 def reset(warehouse: Warehouse) -> dict[str, list[tuple]]:
@@ -362,13 +410,21 @@ def expected_names(pages: list[list[Row]]) -> dict[str, str]:
     for (ad_id, day), row in latest.items():
         name = None if "ad_name" in row.drop else row.names.get("ad_name")
         if isinstance(name, str) and name and (ad_id not in names or day > names[ad_id][0]):
-            names[ad_id] = (day, name.replace("\ud83d", "\ufffd"))
+            names[ad_id] = (day, name.replace("\ud83d", "\ufffd").replace("\x00", "\ufffd"))
     return {ad_id: name for ad_id, (_, name) in names.items()}
 
 
+@duckdb_only
 @PROPERTY_SETTINGS
 @given(pages=answers())
 def test_a_generated_answer_is_stored_exactly_or_refused_whole(bench, pages):
+    check_answer(bench, pages, overflows=overflows_when_summed(pages))
+
+
+@postgres_only
+@POSTGRES_PROPERTY_SETTINGS
+@given(pages=answers())
+def test_a_generated_answer_is_stored_exactly_or_refused_whole_on_postgres(bench, pages):
     check_answer(bench, pages, overflows=overflows_when_summed(pages))
 
 
@@ -553,20 +609,20 @@ def is_identifier(text: str) -> bool:
 
 
 @pytest.fixture
-def shell(tmp_path, monkeypatch, capsys):
+def shell(warehouse_env, monkeypatch, capsys):
     """`rastro ARGS` in-process on a warehouse with site s1 and connection c1.
 
-    The commands get one held Warehouse (cursors of one open file) instead of
-    opening the file several times an example; what they validate and write
-    is the same.
+    The commands get one held warehouse (on DuckDB, cursors of one open file)
+    instead of opening it several times an example; what they validate and
+    write is the same.
     """
-    path = tmp_path / "rastro.duckdb"
-    monkeypatch.setenv("RASTRO_DUCKDB_PATH", str(path))
+    for name, value in warehouse_env.items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv(ENV_VAR, generate_key())
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
     monkeypatch.delenv("RASTRO_META_FAKE", raising=False)
     monkeypatch.setenv("RASTRO_META_GRAPH_URL", "http://127.0.0.1:9/v25.0")  # never reached
-    warehouse = Warehouse(path)
+    warehouse = open_warehouse_of(warehouse_env)
 
     def run(*args: str, stdin: str = "") -> tuple[int, str, str]:
         monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
@@ -580,6 +636,8 @@ def shell(tmp_path, monkeypatch, capsys):
         assert run("connect", "c1", "--no-verify", stdin=TOKEN)[0] == 0
         run.warehouse = warehouse
         yield run
+    if warehouse.engine == "postgres":
+        warehouse.close()
 
 
 def cli_snapshot(warehouse: Warehouse) -> dict[str, list[tuple]]:
@@ -599,9 +657,23 @@ def assert_refused(result: tuple[int, str, str]) -> None:
     assert TOKEN not in out + err
 
 
+@duckdb_only
 @PROPERTY_SETTINGS
 @given(site=SITE_IDS, account=ACCOUNT_IDS, timezone=TIMEZONES, currency=CURRENCIES)
 def test_link_input_is_taken_as_given_or_refused(shell, site, account, timezone, currency):
+    check_link(shell, site, account, timezone, currency)
+
+
+@postgres_only
+@POSTGRES_PROPERTY_SETTINGS
+@given(site=SITE_IDS, account=ACCOUNT_IDS, timezone=TIMEZONES, currency=CURRENCIES)
+def test_link_input_is_taken_as_given_or_refused_on_postgres(
+    shell, site, account, timezone, currency
+):
+    check_link(shell, site, account, timezone, currency)
+
+
+def check_link(shell, site, account, timezone, currency) -> None:
     before = cli_snapshot(shell.warehouse)
     result = shell("link", site, account, "--connection", "c1", "--timezone", timezone,
                    "--currency", currency)
@@ -624,9 +696,21 @@ def test_link_input_is_taken_as_given_or_refused(shell, site, account, timezone,
         assert cli_snapshot(shell.warehouse) == before
 
 
+@duckdb_only
 @PROPERTY_SETTINGS
 @given(site=SITE_IDS)
 def test_site_ids_are_taken_as_given_or_refused(shell, site):
+    check_site_id(shell, site)
+
+
+@postgres_only
+@POSTGRES_PROPERTY_SETTINGS
+@given(site=SITE_IDS)
+def test_site_ids_are_taken_as_given_or_refused_on_postgres(shell, site):
+    check_site_id(shell, site)
+
+
+def check_site_id(shell, site) -> None:
     before = cli_snapshot(shell.warehouse)
     result = shell("site", "add", site, "--name", "Loja ☀️")
     if is_identifier(site) and not site.startswith("-"):
@@ -644,10 +728,25 @@ def test_site_ids_are_taken_as_given_or_refused(shell, site):
         assert cli_snapshot(shell.warehouse) == before
 
 
+INSTANTS = st.one_of(st.text(max_size=25), st.sampled_from(
+    ["2026-11-30T12:00:00+00:00", "2026-11-30", "yesterday", "2026-02-30T00:00:00Z", ""]))
+
+
+@duckdb_only
 @PROPERTY_SETTINGS
-@given(account=ACCOUNT_IDS, at=st.one_of(st.text(max_size=25), st.sampled_from(
-    ["2026-11-30T12:00:00+00:00", "2026-11-30", "yesterday", "2026-02-30T00:00:00Z", ""])))
+@given(account=ACCOUNT_IDS, at=INSTANTS)
 def test_sync_now_and_plan_refuse_bad_input_without_writing(shell, account, at):
+    check_sync_now_and_plan(shell, account, at)
+
+
+@postgres_only
+@POSTGRES_PROPERTY_SETTINGS
+@given(account=ACCOUNT_IDS, at=INSTANTS)
+def test_sync_now_and_plan_refuse_bad_input_without_writing_on_postgres(shell, account, at):
+    check_sync_now_and_plan(shell, account, at)
+
+
+def check_sync_now_and_plan(shell, account, at) -> None:
     before = cli_snapshot(shell.warehouse)
     result = shell("sync-now", account)
     # Nothing is linked: a well-formed id is refused as unknown, a malformed one as malformed.
@@ -658,4 +757,21 @@ def test_sync_now_and_plan_refuse_bad_input_without_writing(shell, account, at):
         assert json.loads(out) == [] and err == ""
     else:
         assert_refused((code, out, err))
+    assert cli_snapshot(shell.warehouse) == before
+
+
+@duckdb_only  # refused before the warehouse is opened
+@pytest.mark.parametrize("at", [
+    "0001-01-01000+0001", "0001-01-01T00:00:00Z", "0001-01-05T00:00:00Z",
+    "9999-12-31T23:00:00Z", "9999-12-31T23:00:00-05:00",
+])
+def test_plan_refuses_an_instant_its_days_cannot_reach(shell, at):
+    """Days around the instant, in zones on both sides of UTC, must exist as dates."""
+    for account, timezone in (("act_1", "Pacific/Kiritimati"), ("act_2", "Pacific/Pago_Pago")):
+        assert shell("link", "s1", account, "--connection", "c1", "--timezone", timezone,
+                     "--currency", "USD")[0] == 0
+    before = cli_snapshot(shell.warehouse)
+    result = shell("plan", "--at", at, "--json")
+    assert_refused(result)
+    assert "--at" in result[2]
     assert cli_snapshot(shell.warehouse) == before

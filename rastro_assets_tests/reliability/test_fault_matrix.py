@@ -9,7 +9,8 @@ cleared (and the token reconnected) the next sync equals Meta everywhere.
 
 Spend failures are injected mid-sync (`skip`), after some chunks were already
 written, so a failure that ends the sync proves that what came before stays
-and what came after is untouched. Runs in-process with sleeps injected.
+and what came after is untouched. Runs in-process with sleeps injected, on
+DuckDB in full and on PostgreSQL over a subset (`POSTGRES_SPEND`, `POSTGRES_CATALOG`).
 """
 
 from __future__ import annotations
@@ -31,15 +32,19 @@ from rastro_assets.timekeeping import days_between
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.postgres import PostgresWarehouse
 from rastro_assets.warehouse.run_history import sync_run_rows
 from rastro_assets_tests.conftest import NOW, TOKEN
 from rastro_assets_tests.reliability.helpers import (
     build_world,
     client_factory,
+    copy_schema,
     link_world,
+    open_warehouse_of,
     perturb,
     spend_by_day,
     truth_by_day,
+    warehouse_env_for,
 )
 from rastro_assets_tests.truth import assert_equals_truth
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
@@ -152,33 +157,80 @@ def thumbnail_recovers(error: str) -> bool:
 
 KEY = generate_key()  # seals the template warehouses' token
 
+# The PostgreSQL variant runs a subset: each point with every way a sync can end there
+# (failed mid-read, ok with days left incomplete, recovered by a retry or a split), the
+# token's and a persistent failure's, and the catalog's listing and pictures. The
+# statements a case runs depend on how the sync ends, not on which error code ended it.
+POSTGRES_SPEND = {
+    ("insights", "token", False), ("insights", "throttled_4", False),
+    ("insights", "too_much_data", False), ("insights", "transient", False),
+    ("insights", "other", False), ("insights", "transient", True),
+    ("insights", "too_much_data", True), ("insights_page", "permission", False),
+    ("insights_page", "timeout", False), ("async", "job_failed", False),
+    ("async", "too_much_data", False), ("async", "throttled_17", False),
+    ("async", "transient", True),
+}
+POSTGRES_CATALOG = {
+    ("ads", "token", False), ("ads", "other", False), ("ads", "transient", True),
+    ("thumbnail", "http5xx_html", False), ("thumbnail", "not_found", False),
+}
+
 
 def request(run_id: str, *, catalog: bool = False) -> SyncRequest:
     return SyncRequest(ACCOUNT, SINCE, UNTIL, kind="manual", run_id=run_id, catalog=catalog)
 
 
-@pytest.fixture(scope="module")
-def templates(tmp_path_factory) -> dict[bool, Path]:
-    """Warehouse files after a good sync of the week (without, with the catalog).
+class Templates:
+    """Warehouses after a good sync of the week (without, with the catalog), one of each per
+    engine, built when first asked for; each case writes to a copy of one.
 
-    Built once and copied by each case: migrating, linking and the first sync
-    would otherwise cost more than the case itself.
+    Migrating, linking and the first sync would otherwise cost more than the case itself.
     """
-    root = tmp_path_factory.mktemp("templates")
-    vault = Vault.from_env({ENV_VAR: KEY})
-    built = {}
-    for catalog in (False, True):
-        clock = MutableClock(NOW)
-        world = build_world(clock, TOKEN)
-        warehouse = Warehouse(root / f"catalog-{catalog}" / "rastro.duckdb")
-        warehouse.migrate()
-        link_world(warehouse, vault, world, TOKEN, NOW)
-        syncer = Syncer(warehouse, client_factory(world), vault_factory=lambda: vault,
-                        clock=clock)
-        first = syncer.sync(request("good", catalog=catalog))
-        assert first.ok and first.catalog_error is None, (first.error, first.catalog_error)
-        built[catalog] = Path(warehouse.path)
-    return built
+
+    def __init__(self, root: Path, request: pytest.FixtureRequest) -> None:
+        self.root, self.request = root, request
+        self.built: dict[tuple[str, bool], Warehouse | PostgresWarehouse] = {}
+
+    def template(self, engine: str, catalog: bool) -> Warehouse | PostgresWarehouse:
+        if (engine, catalog) not in self.built:
+            env = warehouse_env_for(
+                engine, self.root / f"{engine}-catalog-{catalog}" / "rastro.duckdb",
+                self.request.getfixturevalue("warehouse_server") if engine == "postgres" else None,
+            )
+            warehouse = open_warehouse_of(env)
+            warehouse.migrate()
+            vault = Vault.from_env({ENV_VAR: KEY})
+            clock = MutableClock(NOW)
+            world = build_world(clock, TOKEN)
+            link_world(warehouse, vault, world, TOKEN, NOW)
+            syncer = Syncer(warehouse, client_factory(world), vault_factory=lambda: vault,
+                            clock=clock)
+            first = syncer.sync(request("good", catalog=catalog))
+            assert first.ok and first.catalog_error is None, (first.error, first.catalog_error)
+            self.built[engine, catalog] = warehouse
+        return self.built[engine, catalog]
+
+    def copy(self, engine: str, catalog: bool, tmp_path: Path) -> Warehouse | PostgresWarehouse:
+        template = self.template(engine, catalog)
+        if engine == "postgres":
+            return PostgresWarehouse(
+                copy_schema(self.request.getfixturevalue("warehouse_server"), template)
+            )
+        path = Path(template.path)
+        shutil.copytree(path.parent, tmp_path / "data")
+        return Warehouse(tmp_path / "data" / path.name, lock_wait_seconds=5.0)
+
+    def close(self) -> None:
+        for warehouse in self.built.values():
+            if warehouse.engine == "postgres":
+                warehouse.close()
+
+
+@pytest.fixture(scope="module")
+def templates(tmp_path_factory, request) -> Iterator[Templates]:
+    built = Templates(tmp_path_factory.mktemp("templates"), request)
+    yield built
+    built.close()
 
 
 @dataclass
@@ -191,17 +243,19 @@ class Case:
 
 
 @contextmanager
-def case_from(template: Path, tmp_path: Path) -> Iterator[Case]:
-    """A copy of `template` held open (one file open for the case), a fresh world."""
-    target = tmp_path / "data"
-    shutil.copytree(template.parent, target)
+def case_from(templates: Templates, engine: str, catalog: bool, tmp_path: Path) -> Iterator[Case]:
+    """A copy of a template (a DuckDB file held open for the case), a fresh world."""
+    warehouse = templates.copy(engine, catalog, tmp_path)
     vault = Vault.from_env({ENV_VAR: KEY})
     clock = MutableClock(NOW)
     world = build_world(clock, TOKEN)
-    warehouse = Warehouse(target / template.name, lock_wait_seconds=5.0)
     syncer = Syncer(warehouse, client_factory(world), vault_factory=lambda: vault, clock=clock)
-    with warehouse.held():
-        yield Case(world, warehouse, syncer, clock, vault)
+    try:
+        with warehouse.held():
+            yield Case(world, warehouse, syncer, clock, vault)
+    finally:
+        if warehouse.engine == "postgres":
+            warehouse.close()
 
 
 def recover(case: Case) -> None:
@@ -286,6 +340,12 @@ def change_catalog(world) -> list[str]:
 # -- the matrix -------------------------------------------------------------------------
 
 
+def postgres_subset(cases, chosen: set[tuple]) -> list:
+    picked = [case for case in cases if tuple(case.values) in chosen]
+    assert len(picked) == len(chosen), "a PostgreSQL case is not in the matrix"
+    return picked
+
+
 def spend_cases():
     for point in SPEND_POINTS:
         for error in ERRORS + (JOB_ERRORS if point == "async" else ()):
@@ -295,9 +355,21 @@ def spend_cases():
                 yield pytest.param(point, error, True, id=f"{point}-{error}-persistent")
 
 
+@pytest.mark.engines("duckdb")
 @pytest.mark.parametrize(("point", "error", "persistent"), spend_cases())
-def test_spend_fault(point, error, persistent, templates, tmp_path):
-    with case_from(templates[False], tmp_path) as case:
+def test_spend_fault(point, error, persistent, engine, templates, tmp_path):
+    spend_fault(point, error, persistent, engine, templates, tmp_path)
+
+
+@pytest.mark.engines("postgres")
+@pytest.mark.parametrize(("point", "error", "persistent"), postgres_subset(
+    spend_cases(), POSTGRES_SPEND))
+def test_spend_fault_on_postgres(point, error, persistent, engine, templates, tmp_path):
+    spend_fault(point, error, persistent, engine, templates, tmp_path)
+
+
+def spend_fault(point, error, persistent, engine, templates, tmp_path) -> None:
+    with case_from(templates, engine, False, tmp_path) as case:
         world, warehouse = case.world, case.warehouse
         perturb(world, ACCOUNT, SINCE, UNTIL)
         with warehouse.connect() as con:
@@ -348,9 +420,21 @@ def catalog_cases():
                 yield pytest.param(point, error, True, id=f"{point}-{error}-persistent")
 
 
+@pytest.mark.engines("duckdb")
 @pytest.mark.parametrize(("point", "error", "persistent"), catalog_cases())
-def test_catalog_fault(point, error, persistent, templates, tmp_path):
-    with case_from(templates[True], tmp_path) as case:
+def test_catalog_fault(point, error, persistent, engine, templates, tmp_path):
+    catalog_fault(point, error, persistent, engine, templates, tmp_path)
+
+
+@pytest.mark.engines("postgres")
+@pytest.mark.parametrize(("point", "error", "persistent"), postgres_subset(
+    catalog_cases(), POSTGRES_CATALOG))
+def test_catalog_fault_on_postgres(point, error, persistent, engine, templates, tmp_path):
+    catalog_fault(point, error, persistent, engine, templates, tmp_path)
+
+
+def catalog_fault(point, error, persistent, engine, templates, tmp_path) -> None:
+    with case_from(templates, engine, True, tmp_path) as case:
         world, warehouse = case.world, case.warehouse
         assert_catalog_equals_meta(warehouse, world)
         fresh = change_catalog(world)
@@ -425,10 +509,11 @@ def test_every_failure_of_the_fake_is_in_the_matrix():
     assert set(THROTTLE_ERRORS) <= throttles
 
 
+@pytest.mark.engines("duckdb", "postgres")
 @pytest.mark.parametrize("point", SPEND_POINTS)
-def test_the_failures_land_mid_sync(point, templates, tmp_path):
+def test_the_failures_land_mid_sync(point, engine, templates, tmp_path):
     """A failure that ends the sync comes after some days were written, before others."""
-    with case_from(templates[False], tmp_path) as case:
+    with case_from(templates, engine, False, tmp_path) as case:
         perturb(case.world, ACCOUNT, SINCE, UNTIL)
         case.world.row_cap = 1 if point == "async" else CHUNKY_ROW_CAP
         case.world.fail(point, "permission", account=ACCOUNT, skip=MID_SYNC_SKIP[point])

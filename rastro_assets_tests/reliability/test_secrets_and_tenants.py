@@ -77,6 +77,7 @@ def scan_warehouse_files(warehouse: Warehouse, secret: str) -> list[str]:
 # -- secrets after failing runs ------------------------------------------------------
 
 
+@pytest.mark.engines("duckdb")  # scans the DuckDB file's bytes
 def test_no_token_anywhere_after_dagster_runs_with_failures(
     tmp_path, warehouse, linked_world, fake_graph, secrets_key, caplog, capfd, monkeypatch
 ):
@@ -157,6 +158,7 @@ def test_no_token_anywhere_after_dagster_runs_with_failures(
 # -- no key ----------------------------------------------------------------------------
 
 
+@pytest.mark.engines("duckdb")  # scans the DuckDB file's bytes
 def test_without_a_key_nothing_syncs_and_nothing_is_written_in_clear(
     tmp_path, warehouse, linked_world, fake_clock, secrets_key, monkeypatch, capsys
 ):
