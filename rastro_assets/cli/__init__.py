@@ -40,6 +40,7 @@ from rastro_assets.warehouse.connection import (
     WarehouseLocked,
     WarehouseUnreadable,
 )
+from rastro_assets.warehouse.postgres import WarehouseUnreachable
 from rastro_assets.warehouse.registry import RegistryError
 
 __all__ = ["Context", "build_parser", "main", "registrars", "run"]
@@ -126,6 +127,7 @@ def run(argv: Sequence[str] | None, ctx: Context) -> int:
         SecretsKeyError,
         WarehouseLocked,
         WarehouseUnreadable,
+        WarehouseUnreachable,
         RegistryError,
         ValueError,
     ) as exc:

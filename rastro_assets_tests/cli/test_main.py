@@ -120,3 +120,16 @@ def test_a_warehouse_path_that_is_no_duckdb_file_is_one_line_and_exit_2(make, ar
     [line] = result.stderr.splitlines()
     assert line.startswith("rastro: error: the warehouse ") and f" {path} " in line, line
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_warehouse_url_the_server_refuses_is_one_line_without_its_password(
+    rastro, warehouse_server, capsys
+):
+    """A wrong password in RASTRO_WAREHOUSE_URL is bad input: exit 2, one line, no secret."""
+    real = warehouse_server.server.password
+    url = warehouse_server.url().replace(real, "not-the-password-x7Q")
+    code, out, err = rastro("site", "list", environ={"RASTRO_WAREHOUSE_URL": url})
+    assert code == 2
+    assert err.count("\n") == 1 and "RASTRO_WAREHOUSE_URL" in err and "rastro:***@" in err
+    assert "password authentication failed" in err
+    assert "not-the-password-x7Q" not in out + err and real not in out + err
