@@ -323,7 +323,11 @@ def test_a_pooled_connection_the_server_dropped_is_replaced_not_lent(
     try:
         with warehouse.connect() as con:
             [dropped] = con.execute("SELECT pg_backend_pid()").fetchone()
-        with contextlib.closing(warehouse_server.server.connect()) as admin, admin.cursor() as cur:
+        with contextlib.closing(warehouse_server.server.connect()) as admin:
+            # Each poll its own transaction: within one, pg_stat_activity answers from a
+            # snapshot and never sees the backend go.
+            admin.autocommit = True
+            cur = admin.cursor()
             cur.execute("SELECT pg_terminate_backend(%s)", [dropped])
             # Bounded: the server ends the backend at once, the poll only waits for it to go.
             deadline = time.monotonic() + 30
