@@ -262,17 +262,8 @@ class Publisher:
         with self.warehouse.connect() as con:
             status = status_table(planned_accounts(con), now)
             try:
-                con.execute(
-                    f"ATTACH ? AS {staging.STAGE} (STORAGE_VERSION '{self.storage}')",
-                    [str(self.staging)],
-                )
-                try:
-                    # A cache of analyst data only, but nobody else's business to read.
-                    os.chmod(self.staging, 0o600)
+                with self._staging_attached(con):
                     report = staging.refresh(con, status, published_at)
-                    con.execute(f"CHECKPOINT {staging.STAGE}")
-                finally:
-                    con.execute(f"DETACH {staging.STAGE}")
             except (duckdb.Error, OSError) as exc:
                 failure = exc
             else:
@@ -292,17 +283,8 @@ class Publisher:
         try:
             with duckdb.connect() as con, pg_reader.open_reader(
                 self.warehouse.url_with_password
-            ) as source:
-                con.execute(
-                    f"ATTACH ? AS {staging.STAGE} (STORAGE_VERSION '{self.storage}')",
-                    [str(self.staging)],
-                )
-                try:
-                    os.chmod(self.staging, 0o600)
-                    report = staging_pg.refresh(con, source, status, published_at)
-                    con.execute(f"CHECKPOINT {staging.STAGE}")
-                finally:
-                    con.execute(f"DETACH {staging.STAGE}")
+            ) as source, self._staging_attached(con):
+                report = staging_pg.refresh(con, source, status, published_at)
         except pg_reader.SourceFailed as exc:
             # The staging file's transaction rolled back: it is whole, and kept.
             raise PublishError(f"{exc}; the previous snapshot is unchanged") from None
@@ -312,6 +294,22 @@ class Publisher:
             return report
         self._remove_staging()
         raise _StagingFailed from failure
+
+    @contextlib.contextmanager
+    def _staging_attached(self, con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+        """The staging file attached to `con` as `staging.STAGE` for the body; checkpointed
+        when the body ends well, detached however it ends."""
+        con.execute(
+            f"ATTACH ? AS {staging.STAGE} (STORAGE_VERSION '{self.storage}')",
+            [str(self.staging)],
+        )
+        try:
+            # A cache of analyst data only, but nobody else's business to read.
+            os.chmod(self.staging, 0o600)
+            yield
+            con.execute(f"CHECKPOINT {staging.STAGE}")
+        finally:
+            con.execute(f"DETACH {staging.STAGE}")
 
     def _copy_into_place(self) -> int:
         if _wal(self.staging).exists():
