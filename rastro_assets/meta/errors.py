@@ -44,6 +44,7 @@ class MetaError(Exception):
         http_status: int | None = None,
         fbtrace_id: str | None = None,
         regain_seconds: int | None = None,
+        limit: str | None = None,
     ) -> None:
         super().__init__(message)
         self.kind = kind
@@ -53,6 +54,9 @@ class MetaError(Exception):
         self.http_status = http_status
         self.fbtrace_id = fbtrace_id
         self.regain_seconds = regain_seconds
+        # A throttle's limit (`meta.limits.RateLimit`): whose limit refused, the account's
+        # own or the app's.
+        self.limit = limit
 
     def __str__(self) -> str:
         parts = [self.message]

@@ -55,18 +55,36 @@ class InsightRow:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """The highest share of any Meta rate limit seen, and when access returns.
+    """What Meta's usage headers said: the highest shares of its rate limits, and waits.
 
     `pct` is the maximum over every percentage in the four usage headers;
     `regain_seconds` the longest time to regain access announced (None: none).
+    `account_pct` is the highest share of the account's own limits (its business use
+    cases, its score, its own insights load) and `limit` names that limit
+    (`meta.limits.RateLimit`); `app_pct` is the app's, every token together
+    (`app_id_util_pct`, `X-App-Usage`). `reset_seconds` is `reset_time_duration`, when the
+    account's score window frees again.
     """
 
     pct: float = 0.0
     regain_seconds: int | None = None
+    account_pct: float = 0.0
+    app_pct: float = 0.0
+    limit: str | None = None
+    reset_seconds: int | None = None
 
     def merge(self, other: Usage) -> Usage:
         regain = max(self.regain_seconds or 0, other.regain_seconds or 0)
-        return Usage(pct=max(self.pct, other.pct), regain_seconds=regain or None)
+        reset = max(self.reset_seconds or 0, other.reset_seconds or 0)
+        nearest = other if other.account_pct > self.account_pct else self
+        return Usage(
+            pct=max(self.pct, other.pct),
+            regain_seconds=regain or None,
+            account_pct=nearest.account_pct,
+            app_pct=max(self.app_pct, other.app_pct),
+            limit=nearest.limit or self.limit or other.limit,
+            reset_seconds=reset or None,
+        )
 
 
 # `InsightRow`'s fields as Arrow columns, in its order. The client leaves no

@@ -139,6 +139,8 @@ class SyncOutcome:
     api_calls: int = 0
     usage: Usage = field(default_factory=Usage)
     regain_at: datetime | None = None
+    rate_limit: str | None = None
+    """The Meta limit (`meta.limits.RateLimit`) that held the account, when one did."""
     complete_days: list[date] = field(default_factory=list)
     incomplete_days: list[date] = field(default_factory=list)
     changed_days: list[date] = field(default_factory=list)
