@@ -130,8 +130,9 @@ class _Request:
     account: str | None = None
     insights_headers: bool = False
     throttle_minutes: int | None = None
-    # a staged throttle's error code, and the name of a rate limit that refused the call
-    throttle_code: int | None = None
+    # a staged throttle is the app's (code 4, not the account's load), and the name of a
+    # rate limit that refused the call
+    throttle_app: bool = False
     refused_by: str | None = None
     # the row-fields its answer holds: what it weighs in the insights load
     row_fields: int = 0
@@ -199,7 +200,7 @@ def _graph(request: _Request) -> FakeResponse:
     elif failure and spec and spec.job_outcome is None:
         if spec.throttled:
             request.throttle_minutes = failure.regain_minutes
-            request.throttle_code = spec.code
+            request.throttle_app = spec.code == 4 and spec.subcode != 1504039
         raise _Answer(_failure_response(request, spec))
     _authenticate(request)
     _refuse_over_limit(request)
@@ -468,7 +469,7 @@ def _account_headers(request: _Request, kind: str, account: str,
         # when its code is the app's.
         call_pct, time_pct, score_pct, account_load = (
             max(value, 100.0) for value in (call_pct, time_pct, score_pct, account_load))
-        if request.throttle_code == 4:
+        if request.throttle_app:
             app_load = max(app_load, 100.0)
         regain = request.throttle_minutes
         # Throttled, the window's reset is when access returns.

@@ -32,7 +32,8 @@ counts, and what binds"); each limit can be switched off (`LimitModel.off`):
 
 Errors count as calls: a refused call spends the buckets too. Every window runs on the
 world's monotonic seconds (`FakeWorld.monotonic`), so a world whose calendar clock is pinned
-still sees them roll, and a test moves them by moving that source.
+still sees them roll, and a test moves them by moving that source (one that moves the
+calendar clock by hand can tie both: `world.monotonic = lambda: world.clock().timestamp()`).
 """
 
 from __future__ import annotations

@@ -282,15 +282,25 @@ def _token_failures() -> dict[str, FailureSpec]:
 
 
 def _throttles() -> dict[str, FailureSpec]:
-    return {
+    """Each throttle code as Meta answers it, and the subcoded ones naming which limit:
+    `throttled_4_1504022` the app's insights load, `throttled_4_1504039` the account's,
+    `throttled_613_1487742` the account's score at Development tier (`throttled_613`, without
+    a subcode, is abuse prevention)."""
+    throttles = {
         f"throttled_{code}": FailureSpec(
             code=code,
-            subcode=2446079 if code in (17, 80000) else None,
+            subcode=2446079 if code == 17 or code >= 80000 else None,
             message=THROTTLE_MESSAGES.get(code, THROTTLE_ACCOUNT_MESSAGE),
             throttled=True,
         )
         for code in THROTTLE_CODES
     }
+    for code, subcode in ((4, 1504022), (4, 1504039), (613, 1487742)):
+        throttles[f"throttled_{code}_{subcode}"] = FailureSpec(
+            code=code, subcode=subcode, throttled=True,
+            message=THROTTLE_ACCOUNT_MESSAGE if code == 613 else THROTTLE_MESSAGES[code],
+        )
+    return throttles
 
 
 FAILURES = _failure_catalog()

@@ -325,9 +325,16 @@ def test_staged_throttle_reports_its_account_at_the_limit(limited: FakeWorld) ->
     assert staged.bucket["estimated_time_to_regain_access"] == 7
     assert staged.header("X-Ad-Account-Usage")["reset_time_duration"] == 7 * 60
     assert staged.header("X-FB-Ads-Insights-Throttle")["app_id_util_pct"] < 100
-    limited.fail("insights", "throttled_4")
-    app = call(limited, "GET", f"{ACT}/insights", **INSIGHTS)
-    assert app.header("X-FB-Ads-Insights-Throttle")["app_id_util_pct"] == 100
+    for error, code, app_pct in (("throttled_4", (4, None), 100),
+                                 ("throttled_4_1504022", (4, 1504022), 100),
+                                 ("throttled_4_1504039", (4, 1504039), 0),
+                                 ("throttled_613_1487742", (613, 1487742), 0)):
+        limited.fail("insights", error)
+        answer = call(limited, "GET", f"{ACT}/insights", **INSIGHTS)
+        assert answer.code == code
+        throttle = answer.header("X-FB-Ads-Insights-Throttle")
+        assert (throttle["app_id_util_pct"] >= 100) == (app_pct == 100)
+        assert throttle["acc_id_util_pct"] == 100
 
 
 def test_a_limit_switched_off_refuses_nothing(limited: FakeWorld) -> None:
