@@ -16,7 +16,10 @@ Answers follow the facts page's shapes. Choices where the page is silent:
 - `/me/adaccounts` lists the accounts the token reads, by id; a business's
   `owned_ad_accounts` and `client_ad_accounts` list those of its accounts the
   token reads, and a token that reads none of a business's accounts (owned or
-  client) is refused `(#200)`, as one with no role in the business.
+  client) is refused `(#200)`, as one with no role in the business;
+- the rate limits (`rastro_fake_graph.limits`) refuse a call after authentication, and
+  every Graph answer, errors included, spends them and carries the headers of those its kind
+  of call spends (insights, the account's management, or the app's platform calls).
 """
 
 from __future__ import annotations
