@@ -13,8 +13,10 @@ only on Meta's answers):
   grow back as the readings fall.
 - **The app's throttle** (code 4: `app_insights_load`, or the platform's `app_platform`):
   every request of the process waits `APP_PAUSE_FIRST_SECONDS`, then twice as long after
-  each refusal that follows a pause, up to `APP_PAUSE_MAX_SECONDS`, with jitter; an answer
-  sent after the pause began starts the doubling over.
+  each refusal of a request sent after the pause, up to `APP_PAUSE_MAX_SECONDS`, with
+  jitter. After a pause one request goes alone, and the others follow once it is answered
+  (then the doubling starts over): a process whose every request waited does not send them
+  all into the same refusal.
 - **An account's own limit** (an answer at `ACCOUNT_HOLD_PCT` or more of it, or the
   account's own throttle): that account alone is held for max(regain time,
   `reset_time_duration`, `ACCOUNT_HOLD_MIN_SECONDS`) with jitter. Its requests, from any
@@ -86,6 +88,20 @@ class Hold:
     app: bool = False
 
 
+class HoldAhead(Exception):  # noqa: N818 - a signal, not a failure
+    """A hold began after the request last looked: it goes back to wait it out."""
+
+
+class Attempt:
+    """One request's dealings with the pacer: the holds it waited out, and when it went."""
+
+    __slots__ = ("pause_seen", "through")
+
+    def __init__(self) -> None:
+        self.through = -math.inf  # the end of the latest hold it waited out (pacer's clock)
+        self.pause_seen = 0  # the app's pauses begun when it was sent
+
+
 class Pacer:
     """What every Graph request of a process waits for, and how many may be in flight.
 
@@ -117,8 +133,8 @@ class Pacer:
         self._app_read_at = -math.inf
         self._holds: dict[str, Hold] = {}
         self._pause: Hold | None = None
-        self._pause_started = -math.inf
-        self._pause_step = 0
+        self._pauses = 0  # the app's pauses begun so far
+        self._pause_step = 0  # pauses since the app last answered; while any, one at a time
 
     def __repr__(self) -> str:
         return f"Pacer(in_flight={self._in_flight}, app_pct={self._app_pct:g})"
@@ -139,6 +155,8 @@ class Pacer:
         return self._app_pct
 
     def _allowed(self, peak: int) -> int | None:
+        if self._pause_step:
+            return 1  # after the app's pause, one request finds out whether it is over
         load = self._load()
         if load < APP_LOAD_SLOW_PCT:
             return None
@@ -154,11 +172,20 @@ class Pacer:
         )
 
     @contextmanager
-    def slot(self, token: str) -> Iterator[None]:
-        """Hold one of the requests in flight (of the process and of `token`) while inside."""
+    def slot(self, token: str, account: str | None, attempt: Attempt) -> Iterator[None]:
+        """Hold one of the requests in flight (of the process and of `token`) while inside.
+
+        `HoldAhead` when, meanwhile, a hold began that `attempt` has not waited out.
+        """
         with self._room:
-            while not self._has_room(token):
+            while True:
+                hold = self._ahead(account)
+                if hold is not None and hold.until > attempt.through:
+                    raise HoldAhead
+                if self._has_room(token):
+                    break
                 self._room.wait(SLOT_RECHECK_SECONDS)
+            attempt.pause_seen = self._pauses
             self._in_flight += 1
             self._token_in_flight[token] += 1
             self._peak = max(self._peak, self._in_flight)
@@ -184,41 +211,42 @@ class Pacer:
         """The hold a request for `account` (None: no account) must wait out, if any: the
         later of the app's pause and the account's own hold."""
         with self._lock:
-            now = self.monotonic()
-            pending = [self._pause] if self._pause is not None and self._pause.until > now else []
-            if account is not None:
-                hold = self._holds.get(account)
-                if hold is not None and hold.until > now:
-                    pending.append(hold)
-                elif hold is not None:
-                    del self._holds[account]
-            return max(pending, key=lambda hold: hold.until, default=None)
+            return self._ahead(account)
 
-    def answered(self, account: str | None, usage: Usage, *, sent_at: float) -> Hold | None:
-        """Learn from an answer that was no throttle, sent at `sent_at` (the pacer's clock).
+    def _ahead(self, account: str | None) -> Hold | None:
+        now = self.monotonic()
+        pending = [self._pause] if self._pause is not None and self._pause.until > now else []
+        if account is not None:
+            hold = self._holds.get(account)
+            if hold is not None and hold.until > now:
+                pending.append(hold)
+            elif hold is not None:
+                del self._holds[account]
+        return max(pending, key=lambda hold: hold.until, default=None)
+
+    def answered(self, account: str | None, usage: Usage, attempt: Attempt) -> Hold | None:
+        """Learn from an answer to `attempt` that was no throttle.
 
         Returns the hold it puts on `account` when the account's own usage reached
         `ACCOUNT_HOLD_PCT` (a long one is not kept here: the caller ends the read).
         """
-        with self._lock:
-            if sent_at >= self._pause_started:
+        with self._room:
+            if self._pause_step and attempt.pause_seen == self._pauses:
+                # Sent after the latest pause, and answered: the app takes requests again.
                 self._pause_step = 0
+                self._room.notify_all()
         if account is None or usage.account_pct < ACCOUNT_HOLD_PCT:
             return None
         limit = usage.limit if usage.limit in HELD_IN_PROCESS else RateLimit.ADS_MANAGEMENT
         return self._hold_account(account, limit, usage.regain_seconds, usage.reset_seconds)
 
-    def throttled(self, account: str | None, error: MetaError, *, sent_after: float) -> Hold | None:
-        """What Meta's throttle `error` holds, or None when no wait here helps (abuse, or a
-        limit the product cannot pace to): the request fails as it is.
-
-        `sent_after`: the request was sent after this instant (the pacer's clock), having
-        waited out any pause ending by then; a pause it had waited out grows.
-        """
+    def throttled(self, account: str | None, error: MetaError, attempt: Attempt) -> Hold | None:
+        """What Meta's throttle `error` of `attempt` holds, or None when no wait here helps
+        (abuse, or a limit the product cannot pace to): the request fails as it is."""
         if error.code == APP_PAUSE_CODE and error.limit in (
             RateLimit.APP_INSIGHTS_LOAD, RateLimit.APP_PLATFORM
         ):
-            return self._pause_app(error.limit, sent_after)
+            return self._pause_app(error.limit, attempt)
         if account is not None and error.limit in HELD_IN_PROCESS:
             return self._hold_account(account, error.limit, error.regain_seconds, None)
         return None
@@ -241,20 +269,19 @@ class Pacer:
                     self._holds[account] = hold
             return hold
 
-    def _pause_app(self, limit: str, sent_after: float) -> Hold:
+    def _pause_app(self, limit: str, attempt: Attempt) -> Hold:
         with self._lock:
-            now = self.monotonic()
             pause = self._pause
-            if pause is not None and pause.until > sent_after and pause.until > now:
-                # Sent before the pause began (or while it lasts): that pause answers it too.
+            if pause is not None and attempt.pause_seen < self._pauses:
+                # Sent before the latest pause began: that pause answers it too.
                 return pause
             seconds = min(APP_PAUSE_MAX_SECONDS, APP_PAUSE_FIRST_SECONDS * 2**self._pause_step)
             self._pause_step += 1
-            until = now + self._jittered(seconds)
+            self._pauses += 1
+            until = self.monotonic() + self._jittered(seconds)
             if pause is not None:
                 until = max(until, pause.until)
             self._pause = Hold(limit, until, math.ceil(seconds), in_run=True, app=True)
-            self._pause_started = now
             return self._pause
 
 

@@ -55,7 +55,9 @@ from rastro_assets.meta.models import CallStats, Usage
 from rastro_assets.meta.pacing import (
     ACCOUNT_WAIT_IN_RUN_SECONDS,
     IN_RUN_WAIT_MAX_SECONDS,
+    Attempt,
     Hold,
+    HoldAhead,
     Pacer,
     default_pacer,
 )
@@ -299,10 +301,10 @@ class GraphSession:
             what,
             account,
             deadline,
-            lambda sent_at: self.retrying(
+            lambda attempt: self.retrying(
                 what,
                 lambda: self._once(method, url, params, data, what, read_page, limits,
-                                   account, sent_at),
+                                   account, attempt),
                 retry_timeouts=retry_timeouts,
                 deadline=deadline,
             ),
@@ -315,40 +317,40 @@ class GraphSession:
         what: str,
         account: str | None,
         deadline: Deadline | None,
-        send: Callable[[float], T],
+        send: Callable[[Attempt], T],
     ) -> T:
-        """`send(sent_at)`, after the holds ahead of it, and again after a throttle the
+        """`send(attempt)`, after the holds ahead of it, and again after a throttle the
         pacer waits out; each wait is bounded (`ACCOUNT_WAIT_IN_RUN_SECONDS` for the
         account's own limit, `IN_RUN_WAIT_MAX_SECONDS` for the app's, and `deadline`)."""
         pacer = self.pacer
         waited = {False: 0.0, True: 0.0}  # by `Hold.app`
-        through = -math.inf  # the end of the latest hold this request waited out
+        attempt = Attempt()
         while True:
             self._refuse_if_held(account, what)
             hold = pacer.ahead(account)
-            if hold is not None and hold.until > through:
-                self._wait(hold, what, account, waited, deadline, None)
-                through = hold.until
-            sent_at = pacer.now()
+            if hold is not None and hold.until > attempt.through:
+                self._wait(hold, what, waited, deadline, None)
+                attempt.through = hold.until
             try:
-                return send(sent_at)
+                return send(attempt)
+            except HoldAhead:
+                continue
             except MetaError as exc:
                 if exc.kind is not ErrorKind.THROTTLED:
                     raise
-                hold = pacer.throttled(account, exc, sent_after=max(sent_at, through))
+                hold = pacer.throttled(account, exc, attempt)
                 if hold is None:
                     raise
                 if not hold.in_run:
                     exc.regain_seconds = max(exc.regain_seconds or 0, hold.seconds)
                     raise
-                self._wait(hold, what, account, waited, deadline, exc)
-                through = hold.until
+                self._wait(hold, what, waited, deadline, exc)
+                attempt.through = max(attempt.through, hold.until)
 
     def _wait(
         self,
         hold: Hold,
         what: str,
-        account: str | None,
         waited: dict[bool, float],
         deadline: Deadline | None,
         throttle: MetaError | None,
@@ -438,7 +440,7 @@ class GraphSession:
         read_page: PageReader | None,
         limits: Limits,
         account: str | None = None,
-        sent_at: float = -math.inf,
+        attempt: Attempt | None = None,
     ) -> Any:
         now = self.monotonic()
         deadline = self._answer_deadline(now, limits.deadline)
@@ -447,8 +449,9 @@ class GraphSession:
             raise deadline.passed(what)
         limits = Limits(limits.max_body_bytes, deadline)
         pacer = self.pacer
+        attempt = attempt or Attempt()
         try:
-            with pacer.slot(self._token_key):
+            with pacer.slot(self._token_key, account, attempt):
                 response, raw = without_httpx_errors(
                     lambda: self._exchange(method, url, params, data, what, limits, timeout),
                     timed_out=f"Meta did not answer {what} within {timeout:g}s",
@@ -467,17 +470,17 @@ class GraphSession:
                 usage = parse_usage(response.headers, throttled=True)
                 exc.regain_seconds = usage.regain_seconds
             else:
-                self._heed(account, usage, sent_at)
+                self._heed(account, usage, attempt)
             self._record(usage)
             raise
         self._record(usage)
-        self._heed(account, usage, sent_at)
+        self._heed(account, usage, attempt)
         return body
 
-    def _heed(self, account: str | None, usage: Usage, sent_at: float) -> None:
+    def _heed(self, account: str | None, usage: Usage, attempt: Attempt) -> None:
         """Tell the pacer of an answer that was no throttle; a hold on the account too long
         to wait in the run refuses its later requests of this session."""
-        hold = self.pacer.answered(account, usage, sent_at=sent_at)
+        hold = self.pacer.answered(account, usage, attempt)
         if hold is not None and not hold.in_run:
             log.info("%s is at %.0f%% of %s: held %ds", account, usage.account_pct,
                      describe(hold.limit), hold.seconds)
