@@ -5,8 +5,10 @@ its own) around each Graph request, so the rules hold for the process as a whole
 the number of clients, accounts and threads, and the same in every run worker (they depend
 only on Meta's answers):
 
-- **The app's load** (`Usage.app_pct`: every token of the app together; the latest reading,
-  forgotten after `APP_READING_MAX_AGE_SECONDS`). Below `APP_LOAD_SLOW_PCT` nothing is
+- **The app's load**, every token of the app together: its insights load per second
+  (`app_id_util_pct`), which binds every request, and its platform calls an hour
+  (`X-App-Usage`), which binds only platform calls (no account): the latest reading of
+  each, forgotten after `APP_READING_MAX_AGE_SECONDS`. Below `APP_LOAD_SLOW_PCT` nothing is
   limited beyond the callers' own threads. Above it, the requests in flight in the process,
   and those of each token, may be no more than a share of the most the process (or token)
   has had in flight: all of it at `APP_LOAD_SLOW_PCT`, one at 100 %, linearly between. They
@@ -129,44 +131,49 @@ class Pacer:
         self._peak = 0
         self._token_in_flight: defaultdict[str, int] = defaultdict(int)
         self._token_peak: defaultdict[str, int] = defaultdict(int)
-        self._app_pct = 0.0
-        self._app_read_at = -math.inf
+        # The latest reading of the app's insights load, and of its platform calls: (pct, when).
+        self._insights_load = (0.0, -math.inf)
+        self._platform_load = (0.0, -math.inf)
         self._holds: dict[str, Hold] = {}
         self._pause: Hold | None = None
         self._pauses = 0  # the app's pauses begun so far
         self._pause_step = 0  # pauses since the app last answered; while any, one at a time
 
     def __repr__(self) -> str:
-        return f"Pacer(in_flight={self._in_flight}, app_pct={self._app_pct:g})"
+        return f"Pacer(in_flight={self._in_flight}, insights_load={self._insights_load[0]:g})"
 
     def now(self) -> float:
         return self.monotonic()
 
     # -- the app's load: requests in flight ------------------------------------------
 
-    def allowed_in_flight(self, token: str | None = None) -> int | None:
-        """The requests that may be in flight now (of `token`, when given); None: no limit."""
+    def allowed_in_flight(self, token: str | None = None, *, platform: bool = False) -> int | None:
+        """The requests that may be in flight now (of `token`, when given; platform calls,
+        when `platform`); None: no limit."""
         with self._lock:
-            return self._allowed(self._token_peak[token] if token is not None else self._peak)
+            peak = self._token_peak[token] if token is not None else self._peak
+            return self._allowed(peak, platform)
 
-    def _load(self) -> float:
-        if self.monotonic() - self._app_read_at > APP_READING_MAX_AGE_SECONDS:
-            return 0.0
-        return self._app_pct
+    def _load(self, platform: bool) -> float:
+        now = self.monotonic()
+        readings = [self._insights_load, self._platform_load] if platform else [
+            self._insights_load]
+        return max((pct for pct, at in readings if now - at <= APP_READING_MAX_AGE_SECONDS),
+                   default=0.0)
 
-    def _allowed(self, peak: int) -> int | None:
+    def _allowed(self, peak: int, platform: bool) -> int | None:
         if self._pause_step:
             return 1  # after the app's pause, one request finds out whether it is over
-        load = self._load()
+        load = self._load(platform)
         if load < APP_LOAD_SLOW_PCT:
             return None
         base = max(1, min(self._base_max, peak))
         left = max(0.0, APP_LOAD_FULL_PCT - load) / (APP_LOAD_FULL_PCT - APP_LOAD_SLOW_PCT)
         return max(1, math.floor(1 + (base - 1) * left))
 
-    def _has_room(self, token: str) -> bool:
-        process = self._allowed(self._peak)
-        own = self._allowed(self._token_peak[token])
+    def _has_room(self, token: str, platform: bool) -> bool:
+        process = self._allowed(self._peak, platform)
+        own = self._allowed(self._token_peak[token], platform)
         return (process is None or self._in_flight < process) and (
             own is None or self._token_in_flight[token] < own
         )
@@ -182,7 +189,7 @@ class Pacer:
                 hold = self._ahead(account)
                 if hold is not None and hold.until > attempt.through:
                     raise HoldAhead
-                if self._has_room(token):
+                if self._has_room(token, platform=account is None):
                     break
                 self._room.wait(SLOT_RECHECK_SECONDS)
             attempt.pause_seen = self._pauses
@@ -198,11 +205,17 @@ class Pacer:
                 self._token_in_flight[token] -= 1
                 self._room.notify_all()
 
-    def read_app_load(self, pct: float) -> None:
-        """The app's share of its insights (or platform) limits, as an answer just said."""
+    def read_app_load(self, insights: float | None, platform: float | None = None) -> None:
+        """The app's share of its insights load and of its platform calls, as an answer just
+        said them (None: it said nothing of that one)."""
+        if insights is None and platform is None:
+            return
         with self._room:
-            self._app_pct = pct
-            self._app_read_at = self.monotonic()
+            now = self.monotonic()
+            if insights is not None:
+                self._insights_load = (insights, now)
+            if platform is not None:
+                self._platform_load = (platform, now)
             self._room.notify_all()
 
     # -- holds and pauses --------------------------------------------------------

@@ -61,7 +61,7 @@ from rastro_assets.meta.pacing import (
     Pacer,
     default_pacer,
 )
-from rastro_assets.meta.usage import has_app_share, parse_usage
+from rastro_assets.meta.usage import app_readings, parse_usage
 
 log = logging.getLogger(__name__)
 
@@ -461,8 +461,7 @@ class GraphSession:
             self._record(Usage())
             raise
         usage = parse_usage(response.headers)
-        if has_app_share(response.headers):
-            pacer.read_app_load(usage.app_pct)
+        pacer.read_app_load(*app_readings(response.headers))
         try:
             body = self._decode(response, raw, what, read_page)
         except MetaError as exc:

@@ -137,10 +137,22 @@ def _shares(headers: Mapping[str, str]) -> _Shares:
     return shares
 
 
-def has_app_share(headers: Mapping[str, str]) -> bool:
-    """Whether the answer says the app's share at all (a reading of the app's load)."""
-    return any(_header(headers, name) is not None
-               for name in (INSIGHTS_THROTTLE_HEADER, APP_HEADER))
+def app_readings(headers: Mapping[str, str]) -> tuple[float | None, float | None]:
+    """The app's shares an answer says, each None when it says nothing of it: its insights
+    load (`app_id_util_pct`, which binds every Marketing API call) and its platform calls
+    (`X-App-Usage`, which binds only platform calls such as `/me`)."""
+    insights: float | None = None
+    for obj in _objects(_header(headers, INSIGHTS_THROTTLE_HEADER)):
+        pct = _number(obj.get(APP_PCT_KEY))
+        if pct is not None:
+            insights = max(insights or 0.0, pct)
+    platform: float | None = None
+    for obj in _objects(_header(headers, APP_HEADER)):
+        for key in SHARE_KEYS:
+            pct = _number(obj.get(key))
+            if pct is not None:
+                platform = max(platform or 0.0, pct)
+    return insights, platform
 
 
 def parse_usage(headers: Mapping[str, str], *, throttled: bool = False) -> Usage:

@@ -308,6 +308,8 @@ def test_the_in_flight_limit_shrinks_linearly_with_the_load_and_forgets_old_read
     assert (pacer.allowed_in_flight("token-a"), pacer.allowed_in_flight("token-b")) == (4, 1)
     clock.advance(31)  # Meta measures the load per second: an old reading says nothing
     assert pacer.allowed_in_flight() is None
+    pacer.read_app_load(None, 95)  # the platform's calls an hour bind only platform calls
+    assert (pacer.allowed_in_flight(), pacer.allowed_in_flight(platform=True)) == (None, 2)
 
 
 def test_the_apps_throttle_pauses_every_request_with_a_growing_back_off_then_resumes(

@@ -10,7 +10,7 @@ import pytest
 from rastro_assets.meta.errors import MetaError
 from rastro_assets.meta.limits import RateLimit
 from rastro_assets.meta.models import Usage
-from rastro_assets.meta.usage import parse_usage
+from rastro_assets.meta.usage import app_readings, parse_usage
 from rastro_assets_tests.meta.conftest import BRL, ClientFactory
 from rastro_fake_graph import FakeWorld
 
@@ -87,6 +87,16 @@ def test_the_accounts_nearest_limit_is_named_and_the_apps_share_kept_apart() -> 
     assert (parse_usage(load).account_pct, parse_usage(load).limit, parse_usage(load).app_pct) == (
         97, RateLimit.ACCOUNT_INSIGHTS_LOAD, 10)
 
+
+
+def test_the_apps_readings_are_its_insights_load_and_its_platform_calls_apart() -> None:
+    assert app_readings({}) == (None, None)
+    assert app_readings({"X-FB-Ads-Insights-Throttle": header(
+        {"app_id_util_pct": 81, "acc_id_util_pct": 4})}) == (81, None)
+    assert app_readings({"X-App-Usage": header({"call_count": 9, "total_time": 12}),
+                         "X-FB-Ads-Insights-Throttle": header({"acc_id_util_pct": 4})}) == (
+        None, 12)
+    assert app_readings({"X-App-Usage": "not json"}) == (None, None)
 
 
 @pytest.mark.parametrize("garbage", ["not json", "[1, 2", "", "null", '"text"', "[]",
