@@ -376,12 +376,13 @@ class GraphSession:
             self._long_holds[account] = (hold, self.pacer.now() + hold.seconds)
 
     def _refuse_if_held(self, account: str | None, what: str) -> None:
-        if account is None or account not in self._long_holds:
+        held = None if account is None else self._long_holds.get(account)
+        if account is None or held is None:
             return
-        hold, ends = self._long_holds[account]
+        hold, ends = held
         left = ends - self.pacer.now()
         if left <= 0:
-            del self._long_holds[account]
+            self._long_holds.pop(account, None)
             return
         raise self._held_error(what, hold, math.ceil(left))
 
@@ -442,24 +443,27 @@ class GraphSession:
         account: str | None = None,
         attempt: Attempt | None = None,
     ) -> Any:
-        now = self.monotonic()
-        deadline = self._answer_deadline(now, limits.deadline)
-        timeout = min(self.timeout_seconds, deadline.at - now)
-        if timeout <= 0:
-            raise deadline.passed(what)
-        limits = Limits(limits.max_body_bytes, deadline)
         pacer = self.pacer
         attempt = attempt or Attempt()
-        try:
-            with pacer.slot(self._token_key, account, attempt):
-                response, raw = without_httpx_errors(
-                    lambda: self._exchange(method, url, params, data, what, limits, timeout),
-                    timed_out=f"Meta did not answer {what} within {timeout:g}s",
-                    failed=f"the connection to Meta failed during {what}",
-                )
-        except MetaError:
-            self._record(Usage())
-            raise
+        # The answer's time starts once the request has its place among those in flight.
+        with pacer.slot(self._token_key, account, attempt):
+            now = self.monotonic()
+            deadline = self._answer_deadline(now, limits.deadline)
+            timeout = min(self.timeout_seconds, deadline.at - now)
+            if timeout > 0:
+                limits = Limits(limits.max_body_bytes, deadline)
+                try:
+                    response, raw = without_httpx_errors(
+                        lambda: self._exchange(method, url, params, data, what, limits,
+                                               timeout),
+                        timed_out=f"Meta did not answer {what} within {timeout:g}s",
+                        failed=f"the connection to Meta failed during {what}",
+                    )
+                except MetaError:
+                    self._record(Usage())
+                    raise
+        if timeout <= 0:
+            raise deadline.passed(what)
         usage = parse_usage(response.headers)
         pacer.read_app_load(*app_readings(response.headers))
         try:
