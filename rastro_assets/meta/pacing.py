@@ -90,12 +90,14 @@ class Hold:
     app: bool = False
 
 
-class HoldAhead(Exception):  # noqa: N818 - a signal, not a failure
-    """A hold began after the request last looked: it goes back to wait it out."""
+class HoldAhead(Exception):
+    """A hold began after the request last looked: it goes back to wait it out (a signal
+    between the pacer and the session, never raised past the session)."""
 
 
 class Attempt:
-    """One request's dealings with the pacer: the holds it waited out, and when it went."""
+    """One request's dealings with the pacer: the holds it waited out, and the app's pauses
+    begun by the time it went."""
 
     __slots__ = ("pause_seen", "through")
 
