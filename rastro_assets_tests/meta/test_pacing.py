@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from datetime import date
+from datetime import date, timedelta
 
 import httpx
 import pytest
@@ -394,3 +394,24 @@ def test_a_forked_child_paces_with_a_pacer_of_its_own() -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert default_pacer() is parent
+
+
+def test_a_syncs_outcome_names_the_limit_that_refused_it(syncer, linked_world, now) -> None:
+    from rastro_assets.sync.types import SyncRequest
+
+    until = date(2026, 11, 30)
+    since = until - timedelta(days=6)
+    linked_world.fail("insights", "throttled", account="act_101", regain_minutes=90)
+    wave = syncer.sync_wave(
+        [SyncRequest("act_101", since, until, kind="daily", run_id="w1"),
+         SyncRequest("act_202", since, until, kind="daily", run_id="w1")],
+        synced_at=now, concurrency=2,
+    )
+    outcomes = {outcome.request.ad_account_id: outcome for outcome in wave.outcomes}
+    assert (outcomes["act_101"].outcome, outcomes["act_101"].rate_limit) == (
+        "throttled", RateLimit.ADS_INSIGHTS)
+    assert (outcomes["act_202"].outcome, outcomes["act_202"].rate_limit) == ("ok", None)
+
+    linked_world.fail("ads", "throttled_17", account="act_202", regain_minutes=90)
+    catalog = syncer.catalog.sync_catalog("act_202", full=True, run_id="c1")
+    assert (catalog.outcome, catalog.rate_limit) == ("throttled", RateLimit.AD_ACCOUNT_SCORE)
