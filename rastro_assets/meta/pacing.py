@@ -21,7 +21,7 @@ only on Meta's answers):
   all into the same refusal.
 - **An account's own limit** (an answer at `ACCOUNT_HOLD_PCT` or more of it, or the
   account's own throttle): that account alone is held for max(regain time,
-  `reset_time_duration`, `ACCOUNT_HOLD_MIN_SECONDS`) with jitter. Its requests, from any
+  `reset_time_duration`, `MIN_HOLD`) with jitter. Its requests, from any
   session of the process, wait a hold no longer than `ACCOUNT_WAIT_IN_RUN_SECONDS` and go
   on; a longer one is the planner's to keep (the session raises the throttle, the sync
   ends `throttled`). Other accounts' requests never wait for it.
@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from rastro_assets.meta.errors import MetaError
-from rastro_assets.meta.limits import ACCOUNT_LIMITS, RateLimit
+from rastro_assets.meta.limits import ACCOUNT_HOLD_PCT, ACCOUNT_LIMITS, MIN_HOLD, RateLimit
 from rastro_assets.meta.models import Usage
 
 APP_LOAD_SLOW_PCT = 75.0
@@ -62,8 +62,6 @@ even when no request ends meanwhile."""
 
 APP_PAUSE_FIRST_SECONDS = 60.0
 APP_PAUSE_MAX_SECONDS = 15 * 60.0
-ACCOUNT_HOLD_PCT = 90.0
-ACCOUNT_HOLD_MIN_SECONDS = 60
 ACCOUNT_WAIT_IN_RUN_SECONDS = 5 * 60.0
 """The longest an account's requests wait for its own limit within a run (all the holds one
 request meets together); past it the sync ends throttled and the planner holds the account."""
@@ -273,7 +271,7 @@ class Pacer:
     def _hold_account(
         self, account: str, limit: str, regain: int | None, reset: int | None
     ) -> Hold:
-        seconds = max(regain or 0, reset or 0, ACCOUNT_HOLD_MIN_SECONDS)
+        seconds = max(regain or 0, reset or 0, MIN_HOLD.total_seconds())
         with self._lock:
             wait = self._jittered(seconds)
             hold = Hold(limit, self.monotonic() + wait, seconds,

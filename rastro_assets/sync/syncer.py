@@ -224,6 +224,8 @@ class Syncer(Wiring):
                 result.rate_limit = result.rate_limit or result.catalog.usage.limit
         if failure is not None:
             result.outcome, result.error = failure
+            if result.catalog is not None and result.catalog.rate_limit:
+                result.rate_limit = result.catalog.rate_limit
 
 
 def _read(
