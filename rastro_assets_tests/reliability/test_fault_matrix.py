@@ -64,6 +64,8 @@ SINCE, UNTIL = TODAY - timedelta(days=6), TODAY
 TOKEN_ERRORS = ("token", *(f"token_{subcode}" for subcode in TOKEN_SUBCODES))
 # Every throttling code classifies alike (meta/test_errors.py tries six); three here.
 THROTTLE_ERRORS = ("throttled_4", "throttled_17", "throttled_80000")
+# The app's own limit: every request waits out the app's pause and the read goes on.
+APP_THROTTLE_ERRORS = ("throttled_4",)
 PERMISSION_ERRORS = ("permission", "permission_10")
 TOO_MUCH_ERRORS = ("too_much_data", "too_much_data_1504018", "too_much_data_1504038")
 TRANSIENT_ERRORS = (
@@ -123,6 +125,8 @@ def group(error: str) -> str:
 
 def expected_spend(point: str, error: str, persistent: bool) -> Expected:
     kind = group(error)
+    if error in APP_THROTTLE_ERRORS and not persistent:
+        return Expected("ok")
     if kind in ("token", "throttled", "permission", "other"):
         return Expected(kind)
     if kind == "job":
@@ -140,6 +144,8 @@ def expected_spend(point: str, error: str, persistent: bool) -> Expected:
 
 def expected_catalog(error: str, persistent: bool) -> str:
     kind = group(error)
+    if error in APP_THROTTLE_ERRORS and not persistent:
+        return "ok"
     if kind in ("token", "throttled", "permission", "other"):
         return kind
     if kind == "too_much":

@@ -40,7 +40,8 @@ def test_every_row_comes_by_account_oldest_first_with_instants_in_microseconds(c
     ]
     assert rows[1] == (
         "act_1", "a-late", "live", TODAY - DAY, TODAY, epoch_us(NOW),
-        epoch_us(NOW + timedelta(seconds=5)), "throttled", "slow down", True, None, None, None,
+        epoch_us(NOW + timedelta(seconds=5)), "throttled", "slow down", True,
+        None, None, None, None, None,
     )
     assert [row[1] for row in sync_run_rows(con, ["act_2", "act_9"])] == ["b-late"]
     assert sync_run_rows(con, []) == []
