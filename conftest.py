@@ -22,7 +22,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The minutes-long end-to-end tests first, each followed by one short test, then the
-    other slow tests, then the rest.
+    other slow tests (the other end-to-end ones first), then the rest.
 
     Under `-n 3 --maxschedchunk 1`, xdist hands each worker two consecutive tests to start
     with, then one at a time: so each end-to-end test starts at once on a worker of its own
@@ -34,6 +34,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         random.Random(seed).shuffle(items)
     long = [item for item in items if item.get_closest_marker("e2e")]
     slow = [item for item in items if item.get_closest_marker("slow") and item not in long]
+    # The other end-to-end tests run a minute or two each: started before the shorter slow
+    # ones, none of them is left running alone at the end.
+    slow.sort(key=lambda item: "/e2e/" not in f"/{item.nodeid}")
     rest = [item for item in items if not item.get_closest_marker("slow")]
     ordered = []
     for item in long:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from rastro_assets.meta.pacing import reset_default_pacer
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
 from rastro_assets.warehouse import link_store, registry, site_store
-from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.connection import PIPELINE_DIR_MODE, PIPELINE_FILE_MODE, Warehouse
 from rastro_assets.warehouse.postgres import PostgresWarehouse
 from rastro_assets.warehouse.runs import (
     SyncRunEnd,
@@ -85,25 +86,42 @@ def engine(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def warehouse(engine: str, duckdb_path: Path, request: pytest.FixtureRequest):
-    """A migrated, empty warehouse: a DuckDB file that gives up on a foreign lock after 5 s,
-    or a schema of its own on the suite's PostgreSQL server."""
+    """A migrated, empty warehouse: a DuckDB file (a copy of one migrated once) that gives up
+    on a foreign lock after 5 s, or a schema of its own on the suite's PostgreSQL server."""
     if engine == "postgres":
         server = request.getfixturevalue("warehouse_server")
-        warehouse = PostgresWarehouse(server.fresh_schema_url())
+        warehouse = PostgresWarehouse(server.migrated_schema_url())
         warehouse.migrate()
         yield warehouse
         warehouse.close()
         return
+    template = request.getfixturevalue("migrated_duckdb_file")
+    duckdb_path.parent.mkdir(mode=PIPELINE_DIR_MODE, parents=True)
+    shutil.copyfile(template, duckdb_path)
+    duckdb_path.chmod(PIPELINE_FILE_MODE)
     warehouse = Warehouse(duckdb_path, lock_wait_seconds=5.0)
     warehouse.migrate()
     yield warehouse
 
 
 @pytest.fixture(scope="session")
+def migrated_duckdb_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A warehouse file migrated once for this worker, closed: each test's `warehouse` starts
+    as a copy of it, which costs a fraction of migrating a new file."""
+    path = tmp_path_factory.mktemp("migrated") / "rastro.duckdb"
+    Warehouse(path).migrate()
+    # A cleanly closed file holds everything: a write-ahead log beside it would go uncopied.
+    assert not path.with_name(path.name + ".wal").exists()
+    return path
+
+
+@pytest.fixture(scope="session")
 def warehouse_server() -> Iterator[WarehouseServer]:
     """One PostgreSQL server for this worker's tests; each test takes a schema of its own."""
     with postgres_server("warehouse") as server:
-        yield WarehouseServer(server)
+        shared = WarehouseServer(server)
+        yield shared
+        shared.close()
 
 
 @pytest.fixture

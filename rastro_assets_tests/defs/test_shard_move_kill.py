@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,11 +41,14 @@ def _instance(home: Path) -> dg.DagsterInstance:
     return dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
 
 
-@pytest.fixture
-def world(tmp_path):
-    home = tmp_path / "home"
+@pytest.fixture(scope="module")
+def recorded_world(tmp_path_factory) -> Path:
+    """The Dagster home and warehouse every test starts from, built once: each test moves a
+    copy of its own."""
+    built = tmp_path_factory.mktemp("recorded_world")
+    home = built / "home"
     home.mkdir()
-    warehouse = Warehouse(tmp_path / "rastro.duckdb")
+    warehouse = Warehouse(built / "rastro.duckdb")
     now = datetime(2026, 12, 1, tzinfo=UTC)
     with warehouse.connect() as con:
         site_store.add_site(con, "s1", None, now)
@@ -55,6 +59,15 @@ def world(tmp_path):
         instance.add_dynamic_partitions(shards.accounts_name(0), ACCOUNTS)
         add_run(instance, "r1")
         record_spend(instance, "r1", [f"{a}|{day}" for a in ACCOUNTS for day in DAYS])
+    return built
+
+
+@pytest.fixture
+def world(recorded_world, tmp_path):
+    home = tmp_path / "home"
+    shutil.copytree(recorded_world / "home", home)
+    shutil.copyfile(recorded_world / "rastro.duckdb", tmp_path / "rastro.duckdb")
+    warehouse = Warehouse(tmp_path / "rastro.duckdb")
     env = {
         **os.environ,
         "DAGSTER_HOME": str(home),

@@ -21,6 +21,7 @@ SAMPLE_SECONDS = 0.5
 # worker's step processes count as the run worker.
 ROLES = (
     ("run worker", "execute_run"),
+    ("by hand", "asset materialize"),
     ("code server", " grpc"),
     ("webserver", "dagster-webserver"),
     ("daemon", "dagster-daemon"),

@@ -132,7 +132,6 @@ def files_holding(directory: Path, secret: bytes) -> list[Path]:
     ]
 
 
-@pytest.mark.e2e
 def test_a_dead_token_is_told_to_the_webhook_once_within_two_ticks(alerting_world, tmp_path):
     linked, hook = alerting_world
     # The test's reads give up soon rather than hold up a sync waiting on the file.

@@ -7,15 +7,19 @@ its own (`separate_hosts.SeparateHostRunLauncher`): an empty working directory, 
 A newly linked account's 90-day backfill completes as a Dagster partition backfill, then a
 live wave runs. Then the install grows to three shards (the daemon restarted with
 `RASTRO_ACCOUNT_SHARDS=3`), two more accounts are linked, and each one's backfill lands in its
-own shard's pair while a webserver runs beside the daemon. The warehouse equals the fake
-Graph; the runs left nothing on their disks; each process's warehouse connections are counted
-in `pg_stat_activity`.
+own shard's pair and nowhere else while a webserver runs beside the daemon; a wave syncs every
+shard's accounts; an account-day synced by hand with the documented command lands in its shard
+and is checked there; an unlinked account leaves its shard's partitions only. The warehouse
+equals the fake Graph; the runs left nothing on their disks; each process's warehouse
+connections are counted in `pg_stat_activity`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -29,7 +33,7 @@ from rastro_assets import shards
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.timekeeping import days_between, local_date
-from rastro_assets.warehouse import link_store, shard_store
+from rastro_assets.warehouse import link_store, registry, shard_store
 from rastro_assets.warehouse.postgres import POOL_IDLE_CONNECTIONS
 from rastro_assets_tests.conftest import TOKEN
 from rastro_assets_tests.e2e.daemon_harness import (
@@ -177,6 +181,44 @@ def all_live(warehouse) -> bool:
     )
 
 
+def backfills_done(home) -> bool:
+    """Every backfill of the instance completed, none failed."""
+    states = {status for status, _, _ in backfills_and_their_runs(home)}
+    assert "FAILED" not in states
+    return states == {"COMPLETED_SUCCESS"}
+
+
+def wave_outcomes(warehouse, since: datetime) -> dict[str, str] | None:
+    """Each account's first finished wave sync started after `since`, once all have one."""
+    with warehouse.connect() as con:
+        rows = con.execute(
+            "SELECT ad_account_id, outcome FROM meta_sync_runs"
+            " WHERE kind IN ('live', 'daily', 'weekly') AND started_at > ?"
+            " AND outcome IS NOT NULL ORDER BY started_at DESC",
+            [since],
+        ).fetchall()
+    found = dict(rows)
+    return found if set(found) == set(HOME_SHARD) else None
+
+
+def partitions(home) -> dict[int, list[str]]:
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        return {
+            shard: sorted(instance.get_dynamic_partitions(shards.accounts_name(shard)))
+            for shard in range(SHARDS)
+        }
+
+
+def latest_sum_check(home, shard: int, key: str):
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        asset = dg.AssetKey(shards.site_spend_name(shard))
+        check = dg.AssetCheckKey(asset, "equals_sum_of_ad_spend")
+        records = instance.event_log_storage.get_asset_check_execution_history(check, limit=50)
+    return next(
+        (record for record in records if record.partition == key and record.event), None
+    )
+
+
 def spend_partitions_in_the_ui(url: str) -> int:
     """How many of shard 0's spend partitions the asset's page shows materialized."""
     data = graphql(
@@ -275,6 +317,8 @@ def test_dagster_and_the_warehouse_on_postgres_with_runs_on_machines_of_their_ow
         with webserver(daemon.env, daemon.log.with_name("webserver.log")) as url:
             wait_for("the new accounts' backfills", lambda: all_live(warehouse), 300)
             assert spend_partitions_in_the_ui(url) >= len(backfilled_days)
+        # A run records its account-days in Dagster after it wrote the warehouse.
+        wait_for("the backfills to complete in Dagster", lambda: backfills_done(home), 120)
         with dg.DagsterInstance.from_config(str(home)) as instance:
             by_shard = {
                 shard: set(
@@ -284,16 +328,31 @@ def test_dagster_and_the_warehouse_on_postgres_with_runs_on_machines_of_their_ow
                 )
                 for shard in range(SHARDS)
             }
-        for account in LINKED_LATER:
-            shard = HOME_SHARD[account]
+        for account, shard in HOME_SHARD.items():
             today = local_date(datetime.now(UTC), world.accounts[account].timezone)
             since, until = today - timedelta(days=89), today - timedelta(days=2)
             with warehouse.connect() as con:
                 assert_equals_truth(con, world, account, since, until)
+                spent = con.execute(
+                    "SELECT count(*) FROM ad_spend_daily"
+                    " WHERE ad_account_id = ? AND day BETWEEN ? AND ?",
+                    [account, since, until],
+                ).fetchone()[0]
+            assert spent, account
+            # Every account-day of the 90, a day without spend too, shows materialized.
             assert {f"{account}|{day}" for day in days_between(since, until)} <= by_shard[shard]
         assert {
             shard: {key.split("|", 1)[0] for key in keys} for shard, keys in by_shard.items()
         } == {shard: {account} for account, shard in HOME_SHARD.items()}
+
+        # A wave syncs every shard's accounts.
+        asked_at = datetime.now(UTC)
+        with warehouse.connect() as con:
+            for account in HOME_SHARD:
+                registry.request_sync(con, account, asked_at)
+        assert wait_for(
+            "a wave sync of every account", lambda: wave_outcomes(warehouse, asked_at), 180
+        ) == {account: "ok" for account in HOME_SHARD}
 
         print(f"three shards: {time.monotonic() - started:.0f} s")
         # No run needed a disk of its own: each left its directories as it found them.
@@ -307,6 +366,42 @@ def test_dagster_and_the_warehouse_on_postgres_with_runs_on_machines_of_their_ow
         assert [path.parent.name for path in Path(home).parent.rglob("*.duckdb")] == [
             "analysts"
         ]
+
+        # One account-day by hand, with the command the guide gives for any layout.
+        account, shard = "act_702", HOME_SHARD["act_702"]
+        day = local_date(datetime.now(UTC), "America/Sao_Paulo") - timedelta(days=3)
+        key = f"{account}|{day}"
+        completed = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "dagster"), "asset", "materialize",
+                "-m", "rastro_assets.definitions",
+                "--select", f"{shards.ad_spend_name(shard)},{shards.site_spend_name(shard)}",
+                "--partition", key,
+            ],
+            cwd=REPO, env=daemon.env, capture_output=True, text=True, timeout=300,
+        )
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        assert TOKEN not in completed.stdout + completed.stderr
+        with warehouse.connect() as con:
+            [[manual]] = con.execute(
+                "SELECT count(*) FROM meta_sync_runs WHERE ad_account_id = ? AND kind = 'manual'"
+                " AND outcome = 'ok'",
+                [account],
+            ).fetchall()
+        assert manual >= 1
+        check = latest_sum_check(home, shard, key)
+        assert check is not None and check.event.asset_check_evaluation.passed
+        assert all(latest_sum_check(home, other, key) is None for other in (0, 2))
+
+        # Unlinked, an account leaves its own shard's partitions; the others keep theirs.
+        with warehouse.connect() as con:
+            link_store.unlink_account(con, "s1", "act_703")
+        wait_for(
+            "act_703 to leave its shard's partitions",
+            lambda: partitions(home)[2] == [],
+            120,
+        )
+        assert partitions(home) == {0: [ACCOUNT], 1: ["act_702"], 2: []}
     except AssertionError:
         print(daemon.log.read_text()[-6000:])
         raise
