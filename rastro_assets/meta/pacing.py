@@ -65,9 +65,11 @@ APP_PAUSE_MAX_SECONDS = 15 * 60.0
 ACCOUNT_WAIT_IN_RUN_SECONDS = 5 * 60.0
 """The longest an account's requests wait for its own limit within a run (all the holds one
 request meets together); past it the sync ends throttled and the planner holds the account."""
-IN_RUN_WAIT_MAX_SECONDS = 45 * 60.0
-"""The longest one request waits for the app's throttle: every step of the back-off (1 + 2 +
-4 + 8 + 15 minutes, jitter included) once; past it the sync ends throttled."""
+IN_RUN_WAIT_MAX_SECONDS = 4 * 60.0
+"""The longest one request waits for the app's throttle: its first two pauses (1 and 2
+minutes, jitter included). A run that waits holds its warehouse all the while (the DuckDB
+file is one writer's), so past this the sync ends throttled and the planner goes on with the
+back-off, run after run, up to its cap."""
 JITTER = 0.2
 """Holds and pauses last up to this share longer, so that the accounts and processes held
 together do not all ask again in the same second."""

@@ -180,17 +180,19 @@ def _throttle_hold(state: AccountState, failures: list[Failure]) -> Hold:
     last = failures[-1]
     run, ended = last.run, last.ended_at
     regain = run.regain_at or ended
+    in_a_row = 0
+    for failure in reversed(failures):
+        if failure.outcome != Outcome.THROTTLED:
+            break
+        in_a_row += 1
+    floor = min(MIN_HOLD * 2 ** min(in_a_row - 1, 16), THROTTLE_FLOOR_MAX)
     if run.rate_limit == RateLimit.ABUSE:
         until = max(regain, ended + ABUSE_HOLD)
     elif run.rate_limit in APP_LIMITS:
-        until = ended + min(max(regain - ended, MIN_HOLD), APP_LIMIT_MAX_HOLD)
+        # The run waited the app's first pauses itself; the back-off goes on doubling here,
+        # run after run, up to its cap.
+        until = ended + min(max(regain - ended, floor), APP_LIMIT_MAX_HOLD)
     else:
-        in_a_row = 0
-        for failure in reversed(failures):
-            if failure.outcome != Outcome.THROTTLED:
-                break
-            in_a_row += 1
-        floor = min(MIN_HOLD * 2 ** min(in_a_row - 1, 16), THROTTLE_FLOOR_MAX)
         until = max(regain, ended + floor)
     until = _jittered(state, run, ended, until)
     return _rate_limit_hold(state, until, run.rate_limit, run.account_usage_pct)

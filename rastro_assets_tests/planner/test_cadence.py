@@ -435,10 +435,11 @@ def test_a_throttle_on_its_own_limit_holds_it_until_its_regain_time_not_an_hour(
     assert status(account(history), owed.due_at).rate_limit is None
 
 
-def test_throttles_in_a_row_without_a_wait_double_the_least_hold():
+@pytest.mark.parametrize("limit", ["ad_account_score", "app_insights_load"])
+def test_throttles_in_a_row_without_a_wait_double_the_least_hold(limit):
     history = live_history()
     for count, least in enumerate([MIN, 2 * MIN, 4 * MIN, 8 * MIN, 15 * MIN, 15 * MIN]):
-        history.append(failed(FAIL_AT + count * HOUR, "throttled", rate_limit="ad_account_score"))
+        history.append(failed(FAIL_AT + count * HOUR, "throttled", rate_limit=limit))
         ended = history[-1].finished_at
         assert held_within(plan(account(history), ended).due_at, ended, least), count
 
