@@ -180,14 +180,42 @@ def tally_refusal(world, body: bytes) -> None:
         world.refusals[key] = world.refusals.get(key, 0) + 1
 
 
-def summary(world) -> dict:
-    """What the server did: requests by endpoint, refusals by code/subcode, and the limit
-    model's own counters when it keeps some."""
+class AppLoadSampler(threading.Thread):
+    """The app's insights load a second, as the fake's limits see it, sampled every `every`
+    seconds: its peak and how long it stood at or above 75 % and 100 % of the capacity."""
+
+    def __init__(self, world, every: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.world, self.every = world, every
+        self.peak_units = 0.0
+        self.seconds_at = {75: 0.0, 100: 0.0}
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        ledger = getattr(self.world, "ledger", None)
+        model = getattr(self.world, "limits", None)
+        if ledger is None or model is None:
+            return
+        while not self.stopped.wait(self.every):
+            with self.world.lock:
+                units = ledger.app_load.total(self.world.monotonic())
+            self.peak_units = max(self.peak_units, units)
+            for share in self.seconds_at:
+                if units >= model.app_insights_load * share / 100:
+                    self.seconds_at[share] += self.every
+
+    def figures(self) -> dict:
+        return {"peak_units": round(self.peak_units, 1),
+                **{f"seconds_at_{share}": seconds for share, seconds in self.seconds_at.items()}}
+
+
+def summary(world, app_load: AppLoadSampler | None = None) -> dict:
+    """What the server did: requests by endpoint, refusals by code/subcode and limit, and the
+    app's insights load when the fake keeps one."""
     with world.lock:
         out = {"requests": dict(world.calls), "refusals": dict(world.refusals)}
-        counters = getattr(getattr(world, "limits", None), "counters", None)
-        if callable(counters):
-            out["limits"] = counters()
+    if app_load is not None and getattr(world, "ledger", None) is not None:
+        out["app_load"] = app_load.figures()
     return out
 
 
@@ -246,12 +274,15 @@ def _serve_main(args: argparse.Namespace) -> None:
     world.request_delay_seconds = args.delay_ms / 1000
     world.async_report_seconds = args.async_seconds
     prerender(world)
+    app_load = AppLoadSampler(world)
+    app_load.start()
     with serve(world) as server:
         for line in describe_limits(world).splitlines():
             print(f"LIMITS {line}", flush=True)
         print(f"PORT {server.port}", flush=True)
         sys.stdin.read()  # until the parent closes our stdin (or exits)
-        print(f"SUMMARY {json.dumps(summary(world))}", flush=True)
+        app_load.stopped.set()
+        print(f"SUMMARY {json.dumps(summary(world, app_load))}", flush=True)
 
 
 @dataclass

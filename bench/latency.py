@@ -182,9 +182,10 @@ def main() -> None:
                 if best is None or whole < best[1]:
                     best = (width, whole, elapsed)
         width, whole, elapsed = best
+        how = ("measured" if args.wave == WAVE_GOAL_ACCOUNTS else
+               f"extrapolated from {args.wave} accounts in {elapsed:.1f} s")
         lines.append(f"wave: {whole / 60:.1f} min for {WAVE_GOAL_ACCOUNTS} accounts at "
-                     f"{args.delay_ms:.0f} ms ({width} at once; extrapolated from "
-                     f"{args.wave} accounts in {elapsed:.1f} s) "
+                     f"{args.delay_ms:.0f} ms ({width} at once; {how}) "
                      f"(goal <= {WAVE_GOAL_SECONDS / 60:.0f} min)")
 
     print(f"load average {os.getloadavg()[0]:.1f} on 2 cores")
