@@ -1,7 +1,8 @@
 """A deterministic, faithful fake of the Meta Graph API (in-process and loopback).
 
-`FakeWorld` holds the truth; `FakeGraphTransport` answers in-process for
-`httpx`; `serve()` answers over real sockets on loopback.
+`FakeWorld` holds the truth; `LimitModel` chooses which of Meta's rate limits it enforces;
+`FakeGraphTransport` answers in-process for `httpx`; `serve()` answers over real sockets on
+loopback.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import functools
 
 from rastro_fake_graph.app import FakeGraphTransport, FakeResponse, handle
+from rastro_fake_graph.limits import LimitModel
 from rastro_fake_graph.server import FakeGraphServer, run_server, serve
 from rastro_fake_graph.world import (
     CDN_BASE,
@@ -35,6 +37,7 @@ __all__ = [
     "FakeResponse",
     "FakeWorld",
     "Figures",
+    "LimitModel",
     "MutableClock",
     "demo_world",
     "handle",

@@ -16,7 +16,10 @@ Answers follow the facts page's shapes. Choices where the page is silent:
 - `/me/adaccounts` lists the accounts the token reads, by id; a business's
   `owned_ad_accounts` and `client_ad_accounts` list those of its accounts the
   token reads, and a token that reads none of a business's accounts (owned or
-  client) is refused `(#200)`, as one with no role in the business.
+  client) is refused `(#200)`, as one with no role in the business;
+- the rate limits (`rastro_fake_graph.limits`) refuse a call after authentication, and
+  every Graph answer, errors included, spends them and carries the headers of those its kind
+  of call spends (insights, the account's management, or the app's platform calls).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +39,13 @@ import httpx
 
 from rastro_assets.timekeeping import local_date, zone
 from rastro_fake_graph.images import jpeg
+from rastro_fake_graph.limits import (
+    INSIGHTS,
+    MANAGEMENT,
+    PLATFORM,
+    load_units,
+    regain_minutes,
+)
 from rastro_fake_graph.world import (
     ASYNC_POLLS_TO_FINISH,
     CDN_BASE,
@@ -86,6 +97,7 @@ UNSUPPORTED_GET = (
 )
 SHORT_PAGE_ONE_IN = 4
 _VERSION_RE = re.compile(r"^/v\d+\.\d+(?=/|$)")
+PLATFORM_ENDPOINTS = frozenset({"me", "adaccounts", "owned_ad_accounts", "client_ad_accounts"})
 
 
 @dataclass(slots=True)
@@ -121,6 +133,12 @@ class _Request:
     account: str | None = None
     insights_headers: bool = False
     throttle_minutes: int | None = None
+    # a staged throttle is the app's (code 4, not the account's load), and the name of a
+    # rate limit that refused the call
+    throttle_app: bool = False
+    refused_by: str | None = None
+    # the row-fields its answer holds: what it weighs in the insights load
+    row_fields: int = 0
     fault: str | None = None
 
     @property
@@ -185,8 +203,10 @@ def _graph(request: _Request) -> FakeResponse:
     elif failure and spec and spec.job_outcome is None:
         if spec.throttled:
             request.throttle_minutes = failure.regain_minutes
+            request.throttle_app = spec.code == 4 and spec.subcode != 1504039
         raise _Answer(_failure_response(request, spec))
     _authenticate(request)
+    _refuse_over_limit(request)
 
     if method not in ("GET", "POST"):
         raise _Answer(_error(request, 400, 100, f"(#100) Unsupported method {method}"))
@@ -349,41 +369,131 @@ def _failure_response(request: _Request, spec: FailureSpec) -> FakeResponse:
     )
 
 
-def _with_usage(request: _Request, response: FakeResponse) -> FakeResponse:
-    """Meta's rate-limit headers, on every Graph answer, errors included."""
+def _kind(request: _Request) -> str | None:
+    """Which of Meta's limits a Graph call spends: insights, management or platform."""
+    if request.insights_headers:
+        return INSIGHTS
+    if request.account is not None or request.endpoint in ("ads_by_id", "ad"):
+        return MANAGEMENT
+    if request.endpoint in PLATFORM_ENDPOINTS or request.endpoint == "unknown":
+        return PLATFORM
+    return None
+
+
+def _known_account(request: _Request) -> str | None:
+    return request.account if request.account in request.world.accounts else None
+
+
+def _bucket_calls(request: _Request) -> dict[str, int]:
+    """The calls the request counts in each account's business-use-case bucket: one, or one
+    for each id of `?ids=`, to that id's own account."""
     world = request.world
-    account_pct, app_pct, reset_seconds = world.usage_pct(request.account)
-    regain_minutes = 0
-    if request.throttle_minutes is not None:
-        account_pct = app_pct = max(account_pct, 100.0)
-        regain_minutes = request.throttle_minutes
-        # Throttled, the window's reset is when access returns.
-        reset_seconds = regain_minutes * 60
+    if request.endpoint != "ads_by_id":
+        account = _known_account(request)
+        return {account: 1} if account else {}
+    calls: dict[str, int] = {}
+    for ad_id in (i.strip() for i in request.params.get("ids", "").split(",")):
+        try:
+            act = world.ad(ad_id).ad_account_id
+        except KeyError:
+            continue
+        calls[act] = calls.get(act, 0) + 1
+    return calls
 
-    def dumps(value: Any) -> str:
-        return json.dumps(value, separators=(",", ":"))
 
-    headers = [("X-App-Usage", dumps({
-        "call_count": int(app_pct), "total_time": int(app_pct * 0.6),
-        "total_cputime": int(app_pct * 0.4)}))]
-    if request.account and request.account in world.accounts:
-        headers.append(("X-Ad-Account-Usage", dumps({
-            "acc_id_util_pct": account_pct, "reset_time_duration": reset_seconds,
-            "ads_api_access_tier": "standard_access"})))
-        headers.append(("X-Business-Use-Case-Usage", dumps({
-            world.business_id(request.account): [{
-                "type": "ads_insights" if request.insights_headers else "ads_management",
-                "call_count": int(account_pct), "total_cputime": int(account_pct * 0.5),
-                "total_time": int(account_pct * 0.7),
-                "estimated_time_to_regain_access": regain_minutes,
-                "ads_api_access_tier": "standard_access"}]})))
-        if request.insights_headers:
-            headers.append(("X-FB-Ads-Insights-Throttle", dumps({
-                "app_id_util_pct": app_pct, "acc_id_util_pct": account_pct,
-                "ads_api_access_tier": "standard_access"})))
-    response.headers.extend(headers)
+def _refuse_over_limit(request: _Request) -> None:
+    world = request.world
+    kind = _kind(request)
+    if kind is None:
+        return
+    refusal = world.ledger.refusal(
+        world.limits, kind, world.monotonic(), account=_known_account(request),
+        write=request.method == "POST",
+        buckets=[(act, world.active_ads(act)) for act in _bucket_calls(request)],
+    )
+    if refusal is not None:
+        request.refused_by = refusal.limit
+        raise _Answer(_error(request, 400, refusal.code, refusal.message,
+                             subcode=refusal.subcode, user_title=refusal.user_title,
+                             user_msg=refusal.user_msg))
+
+
+def _with_usage(request: _Request, response: FakeResponse) -> FakeResponse:
+    """Spend the call against Meta's limits, then add the headers reporting them: every
+    Graph answer, errors included, carries those of the limits its kind of call spends."""
+    world = request.world
+    kind = _kind(request)
+    if kind is None:
+        response.fault = response.fault or request.fault
+        return response
+    now = world.monotonic()
+    account = _known_account(request)
+    staged = request.throttle_minutes is not None
+    world.ledger.spend(
+        kind, now, account=account, buckets=_bucket_calls(request).items(),
+        weight=load_units(request.row_fields),
+        user_error=response.status >= 400 and request.refused_by is None and not staged,
+    )
+    if kind == PLATFORM:
+        response.headers.append(_platform_header(request, now))
+    elif account is not None:
+        response.headers.extend(_account_headers(request, kind, account, now))
     response.fault = response.fault or request.fault
     return response
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _platform_header(request: _Request, now: float) -> tuple[str, str]:
+    world = request.world
+    pct = world.ledger.platform_pct(world.limits, now)
+    if request.throttle_minutes is not None:
+        pct = max(pct, 100.0)
+    return ("X-App-Usage", _dumps({
+        "call_count": int(pct), "total_time": int(pct * 0.6), "total_cputime": int(pct * 0.4)}))
+
+
+def _account_headers(request: _Request, kind: str, account: str,
+                     now: float) -> list[tuple[str, str]]:
+    world = request.world
+    model, ledger = world.limits, world.ledger
+    tier = model.access_tier
+    bucket = ledger.bucket(model, account, kind, world.active_ads(account), now)
+    call_pct, time_pct = bucket.call_count, bucket.total_time
+    regain = regain_minutes(bucket.regain_seconds) if bucket.over else 0
+    score_pct = ledger.score_pct(model, account, now)
+    reset_seconds = math.ceil(ledger.score_reset_seconds(account, now))
+    app_load = ledger.app_load_pct(model, now)
+    account_load = ledger.account_load_pct(model, account, now)
+    if request.throttle_minutes is not None:
+        # A staged throttle reports its account at its limit, and the app's load only
+        # when its code is the app's.
+        call_pct, time_pct, score_pct, account_load = (
+            max(value, 100.0) for value in (call_pct, time_pct, score_pct, account_load))
+        if request.throttle_app:
+            app_load = max(app_load, 100.0)
+        regain = request.throttle_minutes
+        # Throttled, the window's reset is when access returns.
+        reset_seconds = regain * 60
+    headers = [
+        ("X-Ad-Account-Usage", _dumps({
+            "acc_id_util_pct": round(score_pct, 2), "reset_time_duration": reset_seconds,
+            "ads_api_access_tier": tier})),
+        ("X-Business-Use-Case-Usage", _dumps({
+            world.business_id(account): [{
+                "type": "ads_insights" if kind == INSIGHTS else "ads_management",
+                "call_count": int(call_pct), "total_cputime": int(time_pct * 0.6),
+                "total_time": int(time_pct),
+                "estimated_time_to_regain_access": regain,
+                "ads_api_access_tier": tier}]})),
+    ]
+    if kind == INSIGHTS:
+        headers.append(("X-FB-Ads-Insights-Throttle", _dumps({
+            "app_id_util_pct": round(app_load, 2), "acc_id_util_pct": round(account_load, 2),
+            "ads_api_access_tier": tier})))
+    return headers
 
 
 # -- paging -----------------------------------------------------------------------
@@ -432,6 +542,7 @@ def _page(request: _Request, items: list[Any]) -> dict[str, Any]:
     if limit > 1 and short_hash % SHORT_PAGE_ONE_IN == 0:
         size = max(1, limit - 1 - (short_hash >> 8) % max(1, limit // 2))
     data = items[offset:offset + size]
+    request.row_fields += sum(len(item) for item in data if isinstance(item, Mapping))
     endless = request.fault == "endless"
     if not data and not endless:
         return {"data": []}

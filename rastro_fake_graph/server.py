@@ -4,10 +4,15 @@ The same `handle()` as the in-process transport answers; this module only
 carries bytes. Faults become what a client would see from a real network: a
 "timeout" stalls without answering, "dropped" sends half a body and closes. The world's
 `request_delay_seconds` holds every answer back that long, as Meta's latency would.
+
+`add_limit_options` and `limit_model` give a server's command line the choice of Meta's rate
+limits (`rastro_fake_graph.limits`); `python -m rastro_fake_graph` serves the demo world
+under the limits its options choose.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ipaddress
 import logging
@@ -18,6 +23,14 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from rastro_fake_graph.app import SERVER_CDN_PREFIX, dribble, handle, huge_body
+from rastro_fake_graph.limits import (
+    DEFAULT_ACCOUNT_INSIGHTS_LOAD,
+    DEFAULT_APP_INSIGHTS_LOAD,
+    DEFAULT_DAILY_ACTIVE_USERS,
+    LIMIT_NAMES,
+    TIERS,
+    LimitModel,
+)
 from rastro_fake_graph.world import GRAPH_VERSION, FakeWorld
 
 log = logging.getLogger(__name__)
@@ -167,13 +180,62 @@ def serve(world: FakeWorld, host: str = "127.0.0.1", port: int = 0) -> FakeGraph
 
 
 def run_server(port: int = DEFAULT_PORT, world: FakeWorld | None = None,
-               host: str = "127.0.0.1") -> None:
-    """Serve `world` (the demo world by default) until interrupted."""
+               host: str = "127.0.0.1", limits: LimitModel | None = None) -> None:
+    """Serve `world` (the demo world by default) until interrupted; `limits` replaces the
+    world's rate-limit model."""
     world = world or FakeWorld.demo()
+    if limits is not None:
+        world.limits = limits
     with serve(world, host, port) as server:
         print(f"fake Meta Graph at {server.base_url} (Ctrl-C to stop)", flush=True)
+        if limits is not None:
+            print(f"rate limits: {limits.describe()}", flush=True)
         try:
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:
             pass
+
+
+def add_limit_options(parser: argparse.ArgumentParser) -> None:
+    """The options choosing the fake's rate limits; `limit_model(args)` reads them."""
+    group = parser.add_argument_group("Meta's rate limits")
+    group.add_argument("--tier", choices=TIERS, default="standard",
+                       help="access tier: standard (Full) or development (Limited)")
+    group.add_argument("--app-insights-load", type=float, default=DEFAULT_APP_INSIGHTS_LOAD,
+                       metavar="UNITS", help="the app's insights load units a second, every "
+                       f"token together (default {DEFAULT_APP_INSIGHTS_LOAD:,.0f})")
+    group.add_argument("--account-insights-load", type=float,
+                       default=DEFAULT_ACCOUNT_INSIGHTS_LOAD, metavar="UNITS",
+                       help="one account's insights load units a second "
+                       f"(default {DEFAULT_ACCOUNT_INSIGHTS_LOAD:,.0f})")
+    group.add_argument("--daily-active-users", type=int, default=DEFAULT_DAILY_ACTIVE_USERS,
+                       metavar="N", help="the app's users: 200 platform calls an hour each "
+                       f"(default {DEFAULT_DAILY_ACTIVE_USERS:,})")
+    group.add_argument("--limit-off", action="append", choices=LIMIT_NAMES, default=[],
+                       metavar="LIMIT", help="a limit not to enforce (repeatable): "
+                       + ", ".join(LIMIT_NAMES))
+
+
+def limit_model(args: argparse.Namespace) -> LimitModel:
+    """The model `add_limit_options`' options chose; ValueError for an impossible one."""
+    return LimitModel(
+        tier=args.tier, app_insights_load=args.app_insights_load,
+        account_insights_load=args.account_insights_load,
+        daily_active_users=args.daily_active_users, off=frozenset(args.limit_off),
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m rastro_fake_graph",
+        description="serve the fake Meta Graph (the demo accounts) on loopback until Ctrl-C")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--host", default="127.0.0.1")
+    add_limit_options(parser)
+    args = parser.parse_args(argv)
+    try:
+        limits = limit_model(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    run_server(args.port, host=args.host, limits=limits)

@@ -14,7 +14,9 @@ The world's rules, as the facts page describes Meta:
 - ads that are paused, deleted, archived or disapproved stop delivering on a
   fixed day, but their past spend stays (insights leave DELETED and ARCHIVED
   ads out unless the `ad.effective_status` filter names them);
-- no figures after the account-local now, none older than 37 months.
+- no figures after the account-local now, none older than 37 months;
+- Meta's rate limits, as `limits` (a `LimitModel`) chooses them, counted in `ledger`
+  (`rastro_fake_graph.limits` describes each).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
@@ -32,6 +34,7 @@ from typing import Any
 from rastro_assets.meta.models import InsightRow
 from rastro_assets.timekeeping import Clock, local_date, local_midnight, system_clock, zone
 from rastro_fake_graph.images import png
+from rastro_fake_graph.limits import INSIGHTS, MANAGEMENT, LimitLedger, LimitModel
 
 DEMO_TOKEN = "EAAFakeRastroDemoToken0000000000"
 DEMO_SEED = 2026
@@ -49,9 +52,6 @@ DEFAULT_ROW_CAP = 5000
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 25
 MAX_IDS_PER_CALL = 50
-USAGE_WINDOW = timedelta(hours=1)
-ACCOUNT_CALLS_PER_WINDOW = 1200
-APP_CALLS_PER_WINDOW = 6000
 THUMBNAIL_TTL = timedelta(days=3)
 THUMBNAIL_SIZE_PX = 64
 MAX_THUMBNAIL_SIZE_PX = 1080
@@ -282,15 +282,25 @@ def _token_failures() -> dict[str, FailureSpec]:
 
 
 def _throttles() -> dict[str, FailureSpec]:
-    return {
+    """Each throttle code as Meta answers it, and the subcoded ones naming which limit:
+    `throttled_4_1504022` the app's insights load, `throttled_4_1504039` the account's,
+    `throttled_613_1487742` the account's score at Development tier (`throttled_613`, without
+    a subcode, is abuse prevention)."""
+    throttles = {
         f"throttled_{code}": FailureSpec(
             code=code,
-            subcode=2446079 if code in (17, 80000) else None,
+            subcode=2446079 if code == 17 or code >= 80000 else None,
             message=THROTTLE_MESSAGES.get(code, THROTTLE_ACCOUNT_MESSAGE),
             throttled=True,
         )
         for code in THROTTLE_CODES
     }
+    for code, subcode in ((4, 1504022), (4, 1504039), (613, 1487742)):
+        throttles[f"throttled_{code}_{subcode}"] = FailureSpec(
+            code=code, subcode=subcode, throttled=True,
+            message=THROTTLE_ACCOUNT_MESSAGE if code == 613 else THROTTLE_MESSAGES[code],
+        )
+    return throttles
 
 
 FAILURES = _failure_catalog()
@@ -397,11 +407,15 @@ class FakeWorld:
         seed: changes every figure, deterministically.
         row_cap: rows a synchronous insights request may produce before Meta
             answers "Please reduce the amount of data".
+        limits: which of Meta's rate limits hold, and how large (settable later:
+            `world.limits = LimitModel(...)`; what was spent stays in `ledger`).
     """
 
     def __init__(self, clock: Clock = system_clock, seed: int = 0,
-                 row_cap: int = DEFAULT_ROW_CAP) -> None:
+                 row_cap: int = DEFAULT_ROW_CAP, limits: LimitModel | None = None) -> None:
         self.clock = clock
+        self.limits = limits or LimitModel()
+        self.ledger = LimitLedger()
         self.seed = seed
         self.row_cap = row_cap
         self.max_page_size = MAX_PAGE_SIZE
@@ -422,8 +436,6 @@ class FakeWorld:
         self._dead_tokens: dict[str, int | None] = {}
         self._overrides: dict[tuple[str, str, date], Figures | None] = {}
         self._failures: list[Failure] = []
-        self._account_calls: dict[str, deque[datetime]] = {}
-        self._app_calls: deque[datetime] = deque()
         self._jobs: dict[str, ReportJob] = {}
         self._trace_counter = 0
         self.requests: list[RecordedRequest] | None = None
@@ -857,30 +869,26 @@ class FakeWorld:
 
     def record_call(self, endpoint: str, account: str | None, *,
                     token: str | None = None, graph: bool = True) -> None:
-        """Count one request; only a Graph API call (`graph`) spends the app's and the
-        account's rate-limit windows: a thumbnail's CDN fetch is no Graph call."""
-        now = self.clock()
+        """Count one request (a thumbnail's CDN fetch, `graph=False`, is no Graph call: what
+        Meta's rate limits count is spent by the answer, through `ledger`)."""
         self.calls[endpoint] += 1
         if self.requests is not None:
             self.requests.append(RecordedRequest(endpoint, account, token))
-        if not graph:
-            return
-        self._app_calls.append(now)
-        if account:
-            self._account_calls.setdefault(account, deque()).append(now)
 
-    def usage_pct(self, account: str | None) -> tuple[float, float, int]:
-        """(account %, app %, seconds until the account window frees a call)."""
-        now = self.clock()
-        horizon = now - USAGE_WINDOW
-        for calls in (self._app_calls, *self._account_calls.values()):
-            while calls and calls[0] < horizon:
-                calls.popleft()
-        app_pct = 100.0 * len(self._app_calls) / APP_CALLS_PER_WINDOW
-        calls = self._account_calls.get(account or "", deque())
-        account_pct = 100.0 * len(calls) / ACCOUNT_CALLS_PER_WINDOW
-        reset = int((calls[0] + USAGE_WINDOW - now).total_seconds()) if calls else 0
-        return round(account_pct, 2), round(app_pct, 2), max(0, reset)
+    def active_ads(self, ad_account_id: str) -> int:
+        """The account's ads delivering now: what its business-use-case buckets grow by."""
+        account = self._account(ad_account_id)
+        return sum(1 for ad in account.ads.values() if ad.effective_status == "ACTIVE")
+
+    def use_up(self, ad_account_id: str, limit: str, calls: int) -> None:
+        """Spend `calls` of the account's `ads_insights` or `ads_management` bucket now, as
+        calls made elsewhere (by another app, or before the test began)."""
+        kinds = {"ads_insights": INSIGHTS, "ads_management": MANAGEMENT}
+        if limit not in kinds:
+            raise ValueError(f"limit must be one of {sorted(kinds)}")
+        with self.lock:
+            act = self._account(ad_account_id).ad_account_id
+            self.ledger.use(act, kinds[limit], calls, self.monotonic())
 
     def business_id(self, account: str) -> str:
         return self.accounts[account].business_id

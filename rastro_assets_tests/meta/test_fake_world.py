@@ -182,12 +182,14 @@ def test_rate_limit_headers_rise_with_use(world: FakeWorld) -> None:
         last = graph(world, "GET", BRL, fields="name")
     assert account_pct(last) > account_pct(first)
     insights = graph(world, "GET", f"{BRL}/insights", **INSIGHTS_PARAMS)
-    for name in ("X-App-Usage", "X-Ad-Account-Usage", "X-Business-Use-Case-Usage",
+    for name in ("X-Ad-Account-Usage", "X-Business-Use-Case-Usage",
                  "X-FB-Ads-Insights-Throttle"):
         json.loads(insights.headers[name])
     error = graph(world, "GET", BRL, token="EAAnobody")
     assert error.status_code == 400 and "X-Ad-Account-Usage" in error.headers
-    assert "X-FB-Ads-Insights-Throttle" not in graph(world, "GET", "me").headers
+    me = graph(world, "GET", "me")
+    assert "X-FB-Ads-Insights-Throttle" not in me.headers
+    json.loads(me.headers["X-App-Usage"])
 
 
 def test_retention_limit(world: FakeWorld) -> None:

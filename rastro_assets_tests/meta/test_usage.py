@@ -80,11 +80,12 @@ def test_client_tracks_rising_usage(world: FakeWorld, client_for: ClientFactory)
 
 
 def test_usage_is_read_from_error_responses(world: FakeWorld, client_for: ClientFactory) -> None:
-    for _ in range(30):
-        world.record_call("warm-up", BRL)
+    # Half of the account's ads_management hour (100,000 + 40 x its 7 active ads), this
+    # refused call included.
+    world.use_up(BRL, "ads_management", 50_139)
     world.fail("account", "permission")
     client = client_for()
     with pytest.raises(MetaError):
         client.account(BRL)
     assert client.stats.api_calls == 1
-    assert client.stats.usage.pct == pytest.approx(100 * 31 / 1200, abs=0.01)
+    assert client.stats.usage.pct == 50.0

@@ -295,8 +295,9 @@ def test_a_long_truncation_note_is_cut_like_every_error(syncer, warehouse, linke
 def test_a_throttle_without_a_wait_keeps_the_wait_announced_earlier_in_the_read(
     syncer, warehouse, linked_world, fake_clock
 ):
-    for _ in range(1200):  # the account's window is full: its reset is a wait to regain access
-        linked_world.record_call("warm-up", "act_101")
+    # The read's first call fills the account's ads_insights hour: Meta announces the regain.
+    allowed = linked_world.limits.insights_calls(linked_world.active_ads("act_101"))
+    linked_world.use_up("act_101", "ads_insights", int(allowed) - 1)
     linked_world.fail("insights_page", "throttled", regain_minutes=0)
     outcome = syncer.sync(SyncRequest("act_101", *week(), run_id="r1"))
     assert outcome.outcome == "throttled"

@@ -477,8 +477,10 @@ def test_a_failing_full_catalog_read_fails_its_run_and_keeps_the_spend(
 def test_the_full_catalog_reads_usage_counts_toward_the_runs_back_off(
     syncer, warehouse, linked_world
 ):
-    for _ in range(899):  # the spend read ends at 75.0 % of the hourly calls, the catalog over
-        linked_world.record_call("warm-up", "act_202")
+    # The spend read spends the account's ads_insights hour; the catalog's first read brings
+    # its ads_management hour to 76 %.
+    limit = linked_world.limits.management_calls(linked_world.active_ads("act_202"))
+    linked_world.use_up("act_202", "ads_management", limit * 76 // 100 - 1)
     request = SyncRequest("act_202", TODAY, TODAY, kind="daily", catalog=True, run_id="d1")
     outcome = syncer.sync(request)
     assert outcome.ok
