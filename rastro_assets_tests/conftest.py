@@ -9,6 +9,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from rastro_assets.meta.pacing import reset_default_pacer
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
 from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.connection import Warehouse
@@ -22,6 +23,15 @@ from rastro_assets.warehouse.runs import (
 from rastro_assets_tests.postgres_server import WarehouseServer, postgres_server
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_pacer() -> Iterator[None]:
+    """Each test starts with the process's pacer knowing nothing: a hold or a reading of the
+    app's load left by another test's fake Graph is no fact of this one's."""
+    reset_default_pacer()
+    yield
+    reset_default_pacer()
 
 
 @pytest.fixture

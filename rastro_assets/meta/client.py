@@ -32,6 +32,7 @@ from rastro_assets.meta.models import (
     InsightsChunk,
     Thumbnail,
 )
+from rastro_assets.meta.pacing import Pacer
 from rastro_assets.meta.parse import parse_account, parse_ad, parse_listed_account
 from rastro_assets.meta.session import GraphSession, check_token_text
 from rastro_assets.meta.thumbnails import fetch_thumbnail
@@ -69,6 +70,7 @@ class MetaClient:
         async_timeout_seconds: how long to wait for an async report job.
         range_concurrency: insights ranges of one read in flight at once.
         range_rows: rows an insights range sized from a known rate aims at.
+        pacer: what paces its requests with the process's others (None: the process's own).
     """
 
     def __init__(
@@ -85,13 +87,14 @@ class MetaClient:
         async_timeout_seconds: float = 600,
         range_concurrency: int = RANGE_CONCURRENCY,
         range_rows: int = TARGET_ROWS_PER_RANGE,
+        pacer: Pacer | None = None,
     ) -> None:
         check_token_text(token)
         if page_size < 1 or max_retries < 0 or timeout_seconds <= 0:
             raise ValueError("page_size and timeout_seconds must be positive, max_retries >= 0")
         self._session = GraphSession(
             token, base_url=base_url, transport=transport, timeout_seconds=timeout_seconds,
-            max_retries=max_retries, sleep=sleep,
+            max_retries=max_retries, sleep=sleep, pacer=pacer,
         )
         self._page_size = page_size
         self._insights = InsightsReader(
@@ -145,27 +148,29 @@ class MetaClient:
         act = normalize_account_id(ad_account_id)
         return self._ads(act)
 
-    def ads_by_id(self, ad_ids: Sequence[str]) -> list[Ad]:
+    def ads_by_id(self, ad_ids: Sequence[str], *, ad_account_id: str | None = None) -> list[Ad]:
         """The ads among `ad_ids` that Meta knows, in the order asked.
 
         Calls carry at most 50 ids. Meta fails a whole call with code 803 when
         one id is unknown, so such a call is retried in halves until the
         unknown ids stand alone; they are left out of the answer.
+        `ad_account_id`: the account the ads belong to, whose limit the calls count against.
         """
+        act = normalize_account_id(ad_account_id) if ad_account_id is not None else None
         wanted = list(dict.fromkeys(str(ad_id).strip() for ad_id in ad_ids))
         valid = [ad_id for ad_id in wanted if _AD_ID_RE.match(ad_id)]
         if len(valid) < len(wanted):
             log.info("skipping %d ad ids that are not numeric", len(wanted) - len(valid))
         found: dict[str, Ad] = {}
         for start in range(0, len(valid), MAX_IDS_PER_CALL):
-            self._ads_batch(valid[start : start + MAX_IDS_PER_CALL], found)
+            self._ads_batch(valid[start : start + MAX_IDS_PER_CALL], found, act)
         return [found[ad_id] for ad_id in valid if ad_id in found]
 
     def account(self, ad_account_id: str) -> AdAccount:
         """Name, currency, timezone and status of an ad account."""
         act = normalize_account_id(ad_account_id)
         body = self._session.call("GET", act, params={"fields": ACCOUNT_FIELDS},
-                                  what=f"GET {act}")
+                                  what=f"GET {act}", account=act)
         return parse_account(body, act)
 
     def reachable_accounts(self, bounds: ReadBounds | None = None) -> list[AdAccount]:
@@ -204,18 +209,19 @@ class MetaClient:
             "limit": str(self._page_size),
         }
         seen: set[str] = set()
-        for page in self._session.pages(f"{act}/ads", params, what=f"GET {act}/ads"):
+        for page in self._session.pages(f"{act}/ads", params, what=f"GET {act}/ads",
+                                        account=act):
             for raw in page:
                 ad = parse_ad(raw, act)
                 if ad.ad_id not in seen:
                     seen.add(ad.ad_id)
                     yield ad
 
-    def _ads_batch(self, ad_ids: list[str], found: dict[str, Ad]) -> None:
+    def _ads_batch(self, ad_ids: list[str], found: dict[str, Ad], act: str | None) -> None:
         try:
             body = self._session.call(
                 "GET", "", params={"ids": ",".join(ad_ids), "fields": AD_FIELDS},
-                what=f"GET ?ids= ({len(ad_ids)} ads)",
+                what=f"GET ?ids= ({len(ad_ids)} ads)", account=act,
             )
         except MetaError as exc:
             if exc.code != UNKNOWN_ALIAS_CODE:
@@ -224,8 +230,8 @@ class MetaClient:
                 log.info("Meta does not know ad %s", ad_ids[0])
                 return
             middle = len(ad_ids) // 2
-            self._ads_batch(ad_ids[:middle], found)
-            self._ads_batch(ad_ids[middle:], found)
+            self._ads_batch(ad_ids[:middle], found, act)
+            self._ads_batch(ad_ids[middle:], found, act)
             return
         asked = set(ad_ids)
         for key, raw in body.items():

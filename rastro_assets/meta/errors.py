@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import Any
 
+from rastro_assets.meta.limits import RateLimit
 from rastro_assets.meta.values import int_or_none, text
 
 TOKEN_CODES = frozenset({190})
@@ -19,6 +20,15 @@ PERMISSION_CODES = frozenset({10, *range(200, 300)})
 TOO_MUCH_DATA_SUBCODES = frozenset({(100, 1504018), (2, 1504038)})
 TOO_MUCH_DATA_MESSAGE = "reduce the amount of data"
 TRANSIENT_CODES = frozenset({1, 2})
+# Which limit a throttle names, from the facts page's table of limits.
+ADS_INSIGHTS_THROTTLE_CODE = 80000
+BUSINESS_USE_CASE_CODES = range(80000, 80015)
+APP_INSIGHTS_LOAD_SUBCODE = 1504022
+ACCOUNT_INSIGHTS_LOAD_SUBCODE = 1504039
+APPLICATION_LIMIT_CODE = 4
+ACCOUNT_SCORE_CODE = 17
+ACCOUNT_RATE_CODE = 613
+PAGE_LIMIT_CODE = 32
 UNKNOWN_ALIAS_CODE = 803
 
 
@@ -83,6 +93,32 @@ class TimedOut(MetaError):
     """No answer within the timeout: for insights, a sign of too much data."""
 
 
+def throttle_limit(code: int | None, subcode: int | None) -> str | None:
+    """The `RateLimit` a throttle of `code`/`subcode` names; None when `code` is no throttle.
+
+    80000 is the account's `ads_insights` business use case; the other 800xx codes are its
+    other business use cases, which the product only meets as management calls.
+    """
+    if code in BUSINESS_USE_CASE_CODES:
+        if code == ADS_INSIGHTS_THROTTLE_CODE:
+            return RateLimit.ADS_INSIGHTS
+        return RateLimit.ADS_MANAGEMENT
+    if code == ACCOUNT_SCORE_CODE:
+        return RateLimit.AD_ACCOUNT_SCORE
+    if code == ACCOUNT_RATE_CODE:
+        # Without a subcode Meta has cut the account's quota; with one it is the score.
+        return RateLimit.ABUSE if subcode is None else RateLimit.AD_ACCOUNT_SCORE
+    if code == APPLICATION_LIMIT_CODE:
+        if subcode == ACCOUNT_INSIGHTS_LOAD_SUBCODE:
+            return RateLimit.ACCOUNT_INSIGHTS_LOAD
+        if subcode == APP_INSIGHTS_LOAD_SUBCODE:
+            return RateLimit.APP_INSIGHTS_LOAD
+        return RateLimit.APP_PLATFORM
+    if code == PAGE_LIMIT_CODE:
+        return RateLimit.APP_PLATFORM
+    return None
+
+
 def classify_error(
     error: Mapping[str, Any],
     *,
@@ -132,4 +168,5 @@ def classify_error(
         http_status=http_status,
         fbtrace_id=fbtrace,
         regain_seconds=regain_seconds if kind is ErrorKind.THROTTLED else None,
+        limit=throttle_limit(code, subcode) if kind is ErrorKind.THROTTLED else None,
     )

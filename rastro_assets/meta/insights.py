@@ -89,8 +89,8 @@ many enough to read side by side."""
 RANGE_CONCURRENCY = 4
 """Ranges of one read in flight at once; pages within a range stay one after another."""
 USAGE_CEILING_PCT = 75.0
-"""Above this share of any Meta limit, an account's ranges are read one at a time (the
-planner backs off above the same share: planner.cadence.USAGE_BACKOFF_PCT)."""
+"""Above this share of the account's own limits, its ranges are read one at a time (the app's
+load is paced for every account by `pacing.Pacer`)."""
 
 
 class RangeSizer:
@@ -210,8 +210,8 @@ class InsightsReader:
 
     @property
     def busy(self) -> bool:
-        """The peak usage seen is above the ceiling: read one range at a time."""
-        return self._session.stats.usage.pct > USAGE_CEILING_PCT
+        """The account's own peak usage seen is above the ceiling: read one range at a time."""
+        return self._session.stats.usage.account_pct > USAGE_CEILING_PCT
 
     def _insights_params(self, since: date, until: date) -> dict[str, str]:
         return {
@@ -236,7 +236,7 @@ class InsightsReader:
         for page in self._session.pages(f"{act}/insights", params, what=what,
                                         retry_timeouts=False,
                                         read_page=self._page_reader(since, until),
-                                        bounds=INSIGHTS_PAGE_BOUNDS):
+                                        bounds=INSIGHTS_PAGE_BOUNDS, account=act):
             if stop.is_set():
                 raise _Stopped
             pages.append(_as_table(page, since, until))
@@ -249,16 +249,16 @@ class InsightsReader:
     def _read_async(self, act: str, day: date, stop: threading.Event) -> InsightsChunk:
         what = f"async report for {act} on {day}"
         run_id = self._start_report(act, day, what)
-        if run_id is None or not self._report_finished(run_id, what, stop):
+        if run_id is None or not self._report_finished(act, run_id, what, stop):
             return _incomplete(day)
-        return self._read_report(run_id, day, what)
+        return self._read_report(act, run_id, day, what)
 
     def _start_report(self, act: str, day: date, what: str) -> str | None:
         """The started report's id; None when Meta will not start one (too much data)."""
         try:
             body = self._session.call("POST", f"{act}/insights",
                                       data=self._insights_params(day, day),
-                                      what=f"POST {act}/insights {day}")
+                                      what=f"POST {act}/insights {day}", account=act)
         except MetaError as exc:
             if exc.kind is not ErrorKind.TOO_MUCH_DATA:
                 raise
@@ -271,13 +271,14 @@ class InsightsReader:
             raise MalformedResponse(f"Meta started {what} without a usable 'report_run_id'")
         return run_id
 
-    def _report_finished(self, run_id: str, what: str, stop: threading.Event) -> bool:
+    def _report_finished(self, act: str, run_id: str, what: str,
+                         stop: threading.Event) -> bool:
         """Poll the report until it is done (True), or Meta gave up or it took too long."""
         waited_seconds = 0.0
         started = time.monotonic()
         while True:
             job = self._session.call("GET", run_id, params={"fields": REPORT_FIELDS},
-                                     what=f"GET report {run_id}")
+                                     what=f"GET report {run_id}", account=act)
             status = job.get("async_status")
             if status == ASYNC_DONE:
                 return True
@@ -298,14 +299,14 @@ class InsightsReader:
             if stop.is_set():
                 raise _Stopped
 
-    def _read_report(self, run_id: str, day: date, what: str) -> InsightsChunk:
+    def _read_report(self, act: str, run_id: str, day: date, what: str) -> InsightsChunk:
         pages: list[pa.Table] = []
         try:
             for page in self._session.pages(f"{run_id}/insights",
                                             {"limit": str(self._page_size)},
                                             what=f"GET report {run_id}/insights",
                                             read_page=self._page_reader(day, day),
-                                            bounds=INSIGHTS_PAGE_BOUNDS):
+                                            bounds=INSIGHTS_PAGE_BOUNDS, account=act):
                 pages.append(_as_table(page, day, day))
         except MetaError as exc:
             if exc.kind is not ErrorKind.TOO_MUCH_DATA:

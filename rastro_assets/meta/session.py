@@ -8,13 +8,22 @@ scrubbed too, in case Meta ever echoes it. httpx exceptions are converted to
 Every answer is bounded (`ReadBounds`): its body is streamed and dropped past a byte cap,
 and a paged read may be given a most of pages and a total time, retries and slow bodies
 included. Going past any is an `OutOfBounds` error, never retried.
+
+Every Graph request is paced by the process's `pacing.Pacer`: it takes a place among the
+requests in flight, waits out the app's pause and its account's short hold, and a throttle
+the pacer can wait out is waited out and the request sent again. A hold too long to wait in
+the run is raised as the throttle (the sync ends throttled); one an answer announced (the
+account's own usage near its cap) also refuses the account's later requests of this session
+until it ends.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
+import math
 import random
 import ssl
 import threading
@@ -41,8 +50,18 @@ from rastro_assets.meta.errors import (
     TimedOut,
     classify_error,
 )
+from rastro_assets.meta.limits import describe
 from rastro_assets.meta.models import CallStats, Usage
-from rastro_assets.meta.usage import parse_usage
+from rastro_assets.meta.pacing import (
+    ACCOUNT_WAIT_IN_RUN_SECONDS,
+    IN_RUN_WAIT_MAX_SECONDS,
+    Attempt,
+    Hold,
+    HoldAhead,
+    Pacer,
+    default_pacer,
+)
+from rastro_assets.meta.usage import app_readings, parse_usage
 
 log = logging.getLogger(__name__)
 
@@ -126,10 +145,18 @@ class GraphSession:
     def __init__(
         self, token: str, *, base_url: str, transport: httpx.BaseTransport | None,
         timeout_seconds: float, max_retries: int, sleep: Callable[[float], None],
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] = time.monotonic, pacer: Pacer | None = None,
     ) -> None:
-        """Built by `MetaClient`, which checks the token's text and defaults the rest."""
+        """Built by `MetaClient`, which checks the token's text and defaults the rest.
+
+        `pacer`: None paces with the process's own (`pacing.default_pacer()`).
+        """
         self._token = _Secret(token)
+        # The pacer counts a token's requests in flight by this, never by the token itself.
+        self._token_key = hashlib.blake2b(token.encode(), digest_size=8).hexdigest()
+        self._pacer = pacer
+        # Accounts whose hold is too long to wait in the run: (its hold, when it ends).
+        self._long_holds: dict[str, tuple[Hold, float]] = {}
         self.base_url = base_url.rstrip("/")
         self.timeout_seconds = timeout_seconds
         self._max_retries = max_retries
@@ -150,6 +177,11 @@ class GraphSession:
     def __repr__(self) -> str:
         return f"GraphSession(base_url={self.base_url!r})"
 
+    @property
+    def pacer(self) -> Pacer:
+        # Looked up on each use, so a session made before a fork paces with the child's own.
+        return self._pacer if self._pacer is not None else default_pacer()
+
     def close(self) -> None:
         self.http.close()
 
@@ -168,8 +200,11 @@ class GraphSession:
         retry_timeouts: bool = True,
         read_page: PageReader | None = None,
         bounds: ReadBounds = ANY_ANSWER,
+        account: str | None = None,
     ) -> Iterator[Any]:
         """Each page's `data`, following `after` cursors while `next` is given.
+
+        `account`: the ad account the read is for (None: a platform call), which holds it.
 
         With `read_page`, a page it reads comes as its `data` (the insights reader's
         is a table); any other as the `data` list `json` decoded. `OutOfBounds` when a page
@@ -193,7 +228,7 @@ class GraphSession:
             bounds.check_page(read, what)
             body = self.call("GET", url, what=what, retry_timeouts=retry_timeouts,
                              read_page=read_page, max_body_bytes=bounds.max_body_bytes,
-                             deadline=deadline)
+                             deadline=deadline, account=account)
             read += 1
             if not isinstance(body, dict):
                 yield body.data
@@ -252,17 +287,112 @@ class GraphSession:
         read_page: PageReader | None = None,
         max_body_bytes: int = GRAPH_BODY_MAX_BYTES,
         deadline: Deadline | None = None,
+        account: str | None = None,
     ) -> Any:
         """The decoded body: a dict, or what `read_page` made of it; `OutOfBounds` past
-        `max_body_bytes`, or past `deadline` (a paged read's)."""
+        `max_body_bytes`, or past `deadline` (a paged read's).
+
+        `account`: the ad account the request is for (None: a platform call). Its own
+        limit holds only its requests; the app's holds every request.
+        """
         url = self._url(path_or_url)
-        return self.retrying(
+        limits = Limits(max_body_bytes, deadline)
+        return self._paced(
             what,
-            lambda: self._once(
-                method, url, params, data, what, read_page, Limits(max_body_bytes, deadline)
+            account,
+            deadline,
+            lambda attempt: self.retrying(
+                what,
+                lambda: self._once(method, url, params, data, what, read_page, limits,
+                                   account, attempt),
+                retry_timeouts=retry_timeouts,
+                deadline=deadline,
             ),
-            retry_timeouts=retry_timeouts,
-            deadline=deadline,
+        )
+
+    # -- pacing -----------------------------------------------------------------
+
+    def _paced(
+        self,
+        what: str,
+        account: str | None,
+        deadline: Deadline | None,
+        send: Callable[[Attempt], T],
+    ) -> T:
+        """`send(attempt)`, after the holds ahead of it, and again after a throttle the
+        pacer waits out; each wait is bounded (`ACCOUNT_WAIT_IN_RUN_SECONDS` for the
+        account's own limit, `IN_RUN_WAIT_MAX_SECONDS` for the app's, and `deadline`)."""
+        pacer = self.pacer
+        waited = {False: 0.0, True: 0.0}  # by `Hold.app`
+        attempt = Attempt()
+        while True:
+            self._refuse_if_held(account, what)
+            hold = pacer.ahead(account)
+            if hold is not None and hold.until > attempt.through:
+                self._wait(hold, what, waited, deadline, None)
+                attempt.through = hold.until
+            try:
+                return send(attempt)
+            except HoldAhead:
+                continue
+            except MetaError as exc:
+                if exc.kind is not ErrorKind.THROTTLED:
+                    raise
+                hold = pacer.throttled(account, exc, attempt)
+                if hold is None:
+                    raise
+                if not hold.in_run:
+                    exc.regain_seconds = max(exc.regain_seconds or 0, hold.seconds)
+                    raise
+                self._wait(hold, what, waited, deadline, exc)
+                attempt.through = max(attempt.through, hold.until)
+
+    def _wait(
+        self,
+        hold: Hold,
+        what: str,
+        waited: dict[bool, float],
+        deadline: Deadline | None,
+        throttle: MetaError | None,
+    ) -> None:
+        """Sleep until `hold` ends, or raise `throttle` (or one saying the hold) when that
+        is past what this request may still wait."""
+        seconds = hold.until - self.pacer.now()
+        if seconds <= 0:
+            return
+        most = IN_RUN_WAIT_MAX_SECONDS if hold.app else ACCOUNT_WAIT_IN_RUN_SECONDS
+        past_deadline = deadline is not None and self.monotonic() + seconds >= deadline.at
+        if waited[hold.app] + seconds > most or past_deadline:
+            if throttle is not None:
+                throttle.regain_seconds = max(throttle.regain_seconds or 0, math.ceil(seconds))
+                raise throttle
+            raise self._held_error(what, hold, math.ceil(seconds))
+        waited[hold.app] += seconds
+        log.info("%s waits %.0fs: held by %s", what, seconds, describe(hold.limit))
+        self.sleep(seconds)
+
+    def _hold_long(self, account: str | None, hold: Hold) -> None:
+        if account is not None:
+            self._long_holds[account] = (hold, self.pacer.now() + hold.seconds)
+
+    def _refuse_if_held(self, account: str | None, what: str) -> None:
+        held = None if account is None else self._long_holds.get(account)
+        if account is None or held is None:
+            return
+        hold, ends = held
+        left = ends - self.pacer.now()
+        if left <= 0:
+            self._long_holds.pop(account, None)
+            return
+        raise self._held_error(what, hold, math.ceil(left))
+
+    @staticmethod
+    def _held_error(what: str, hold: Hold, seconds: int) -> MetaError:
+        return MetaError(
+            ErrorKind.THROTTLED,
+            f"{what} not sent: held {seconds}s by {describe(hold.limit)}",
+            regain_seconds=seconds,
+            limit=hold.limit,
         )
 
     def retrying(
@@ -310,33 +440,54 @@ class GraphSession:
         what: str,
         read_page: PageReader | None,
         limits: Limits,
+        account: str | None = None,
+        attempt: Attempt | None = None,
     ) -> Any:
-        now = self.monotonic()
-        deadline = self._answer_deadline(now, limits.deadline)
-        timeout = min(self.timeout_seconds, deadline.at - now)
+        pacer = self.pacer
+        attempt = attempt or Attempt()
+        # The answer's time starts once the request has its place among those in flight.
+        with pacer.slot(self._token_key, account, attempt):
+            now = self.monotonic()
+            deadline = self._answer_deadline(now, limits.deadline)
+            timeout = min(self.timeout_seconds, deadline.at - now)
+            if timeout > 0:
+                limits = Limits(limits.max_body_bytes, deadline)
+                try:
+                    response, raw = without_httpx_errors(
+                        lambda: self._exchange(method, url, params, data, what, limits,
+                                               timeout),
+                        timed_out=f"Meta did not answer {what} within {timeout:g}s",
+                        failed=f"the connection to Meta failed during {what}",
+                    )
+                except MetaError:
+                    self._record(Usage())
+                    raise
         if timeout <= 0:
             raise deadline.passed(what)
-        limits = Limits(limits.max_body_bytes, deadline)
-        try:
-            response, raw = without_httpx_errors(
-                lambda: self._exchange(method, url, params, data, what, limits, timeout),
-                timed_out=f"Meta did not answer {what} within {timeout:g}s",
-                failed=f"the connection to Meta failed during {what}",
-            )
-        except MetaError:
-            self._record(Usage())
-            raise
         usage = parse_usage(response.headers)
+        pacer.read_app_load(*app_readings(response.headers))
         try:
             body = self._decode(response, raw, what, read_page)
         except MetaError as exc:
             if exc.kind is ErrorKind.THROTTLED:
                 usage = parse_usage(response.headers, throttled=True)
                 exc.regain_seconds = usage.regain_seconds
+            else:
+                self._heed(account, usage, attempt)
             self._record(usage)
             raise
         self._record(usage)
+        self._heed(account, usage, attempt)
         return body
+
+    def _heed(self, account: str | None, usage: Usage, attempt: Attempt) -> None:
+        """Tell the pacer of an answer that was no throttle; a hold on the account too long
+        to wait in the run refuses its later requests of this session."""
+        hold = self.pacer.answered(account, usage, attempt)
+        if hold is not None and not hold.in_run:
+            log.info("%s is at %.0f%% of %s: held %ds", account, usage.account_pct,
+                     describe(hold.limit), hold.seconds)
+            self._hold_long(account, hold)
 
     def _answer_deadline(self, now: float, read: Deadline | None) -> Deadline:
         """The sooner of the read's deadline and the answer's own: the request timeout bounds

@@ -138,6 +138,7 @@ class CatalogSyncer(Wiring):
         except MetaError as exc:
             self._fail(result, outcome_of(exc.kind), str(exc))
             result.regain_seconds = exc.regain_seconds or client.stats.usage.regain_seconds
+            result.rate_limit = exc.limit
             if result.outcome == Outcome.TOKEN:
                 self._mark_token_dead(connection, result.error or "", now)
         except AccountNotLinked:
@@ -166,7 +167,7 @@ class CatalogSyncer(Wiring):
                 self._write_ads(ad_account_id, batch, now, result, refile=True)
         else:
             result.asked_by_id = len(missing)
-            ads = self._ads_by_id(client, missing)
+            ads = self._ads_by_id(client, missing, ad_account_id)
             # The answer names its account only when Meta says so; an ad of
             # another account is that account's to name.
             ours = [ad for ad in ads if ad.ad_account_id in (None, ad_account_id)]
@@ -191,14 +192,14 @@ class CatalogSyncer(Wiring):
         result.status_changed += written.status_changed
         result.skipped += written.skipped
 
-    def _ads_by_id(self, client: MetaClient, ad_ids: list[str]) -> list[Ad]:
+    def _ads_by_id(self, client: MetaClient, ad_ids: list[str], ad_account_id: str) -> list[Ad]:
         """`client.ads_by_id`, splitting a batch Meta refuses for permission.
 
         One ad of an account this token cannot read fails Meta's whole call; it
         must not keep the others unnamed forever.
         """
         try:
-            return client.ads_by_id(ad_ids)
+            return client.ads_by_id(ad_ids, ad_account_id=ad_account_id)
         except MetaError as exc:
             if exc.kind is not ErrorKind.PERMISSION:
                 raise
@@ -206,7 +207,8 @@ class CatalogSyncer(Wiring):
                 log.info("ad %s is not readable with this account's token", ad_ids[0])
                 return []
         middle = len(ad_ids) // 2
-        return self._ads_by_id(client, ad_ids[:middle]) + self._ads_by_id(client, ad_ids[middle:])
+        return (self._ads_by_id(client, ad_ids[:middle], ad_account_id)
+                + self._ads_by_id(client, ad_ids[middle:], ad_account_id))
 
     # -- thumbnails ---------------------------------------------------------------
 

@@ -182,6 +182,7 @@ class SpendSync(Wiring):
             # one Meta announced earlier in this read: the quota it named is still spent.
             regain = exc.regain_seconds or client.stats.usage.regain_seconds
             fail(result, outcome, str(exc), regain_at=self._after(regain))
+            result.rate_limit = exc.limit
         finally:
             result.api_calls = client.stats.api_calls
             result.usage = client.stats.usage

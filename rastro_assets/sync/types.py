@@ -95,6 +95,7 @@ class CatalogOutcome:
     api_calls: int = 0
     usage: Usage = field(default_factory=Usage)
     regain_seconds: int | None = None  # the wait a throttled read was told (or last saw)
+    rate_limit: str | None = None  # the Meta limit (`meta.limits.RateLimit`) that refused it
 
     @property
     def ok(self) -> bool:

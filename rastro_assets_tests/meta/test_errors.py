@@ -8,7 +8,8 @@ from datetime import date
 import httpx
 import pytest
 
-from rastro_assets.meta.errors import ErrorKind, MetaError, classify_error
+from rastro_assets.meta.errors import ErrorKind, MetaError, classify_error, throttle_limit
+from rastro_assets.meta.limits import RateLimit
 from rastro_assets_tests.meta.conftest import (
     BASE_URL,
     BRL,
@@ -47,13 +48,19 @@ def test_killed_unknown_and_revived_tokens(world: FakeWorld, client_for: ClientF
         ErrorKind.TOKEN, 190, None)
 
 
-@pytest.mark.parametrize("code", [4, 17, 32, 613, 80000, 80004])
-def test_throttled_carries_regain_time(world: FakeWorld, client, code: int) -> None:
+@pytest.mark.parametrize(
+    ("code", "limit"),
+    [(17, RateLimit.AD_ACCOUNT_SCORE), (32, RateLimit.APP_PLATFORM), (613, RateLimit.ABUSE),
+     (80000, RateLimit.ADS_INSIGHTS), (80004, RateLimit.ADS_MANAGEMENT)],
+)
+def test_throttled_carries_regain_time_and_its_limit(
+    world: FakeWorld, client, code: int, limit: RateLimit
+) -> None:
     world.fail("insights", f"throttled_{code}", regain_minutes=7)
     with pytest.raises(MetaError) as caught:
         list(client.insights(BRL, date(2026, 3, 1), date(2026, 3, 1)))
     exc = caught.value
-    assert (exc.kind, exc.code) == (ErrorKind.THROTTLED, code)
+    assert (exc.kind, exc.code, exc.limit) == (ErrorKind.THROTTLED, code, limit)
     assert exc.regain_seconds == 7 * 60
     assert client.stats.usage.regain_seconds == 7 * 60
     assert client.stats.usage.pct >= 100
@@ -128,6 +135,50 @@ def test_classification_table() -> None:
     throttled = classify_error({"code": 17}, http_status=400, regain_seconds=60)
     assert throttled.regain_seconds == 60
     assert classify_error({"code": 100}, http_status=400, regain_seconds=60).regain_seconds is None
+
+
+def test_the_app_throttle_is_waited_out_and_the_request_sent_again(
+    world: FakeWorld, client_for: ClientFactory
+) -> None:
+    world.fail("insights", "throttled_4", regain_minutes=7)
+    sleeps: list[float] = []
+    chunks = list(client_for(sleep=sleeps.append).insights(BRL, date(2026, 3, 1),
+                                                            date(2026, 3, 1)))
+    assert [chunk.complete for chunk in chunks] == [True]
+    assert world.calls["insights"] == 2
+    [pause] = sleeps
+    assert 60 < pause <= 72
+
+
+@pytest.mark.parametrize(
+    ("code", "subcode", "limit"),
+    [
+        (80000, 2446079, RateLimit.ADS_INSIGHTS),
+        (80000, None, RateLimit.ADS_INSIGHTS),
+        (80004, 2446079, RateLimit.ADS_MANAGEMENT),
+        (80003, None, RateLimit.ADS_MANAGEMENT),
+        (80014, None, RateLimit.ADS_MANAGEMENT),
+        (17, 2446079, RateLimit.AD_ACCOUNT_SCORE),
+        (613, 1487742, RateLimit.AD_ACCOUNT_SCORE),
+        (613, None, RateLimit.ABUSE),
+        (4, 1504039, RateLimit.ACCOUNT_INSIGHTS_LOAD),
+        (4, 1504022, RateLimit.APP_INSIGHTS_LOAD),
+        (4, None, RateLimit.APP_PLATFORM),
+        (32, None, RateLimit.APP_PLATFORM),
+    ],
+)
+def test_a_throttle_names_its_limit(code: int, subcode: int | None, limit: RateLimit) -> None:
+    error = {"code": code, "message": "limit reached"}
+    if subcode is not None:
+        error["error_subcode"] = subcode
+    throttle = classify_error(error, http_status=400, regain_seconds=None)
+    assert (throttle.kind, throttle.limit) == (ErrorKind.THROTTLED, limit)
+    assert throttle_limit(code, subcode) == limit
+
+
+def test_only_a_throttle_names_a_limit() -> None:
+    for code in (190, 200, 100, 1, 803):
+        assert classify_error({"code": code}, http_status=400, regain_seconds=None).limit is None
 
 
 def test_fake_error_bodies_have_metas_shape(world: FakeWorld) -> None:

@@ -78,10 +78,10 @@ def test_errors_over_sockets(world: FakeWorld) -> None:
             client.account(BRL)
         assert "HTML page instead of JSON" in str(caught.value)
 
-        world.fail("account", "throttled", regain_minutes=3)
+        world.fail("account", "throttled", regain_minutes=30)
         with pytest.raises(MetaError) as caught:
             client.account(BRL)
-        assert (caught.value.kind, caught.value.regain_seconds) == (ErrorKind.THROTTLED, 180)
+        assert (caught.value.kind, caught.value.regain_seconds) == (ErrorKind.THROTTLED, 1800)
         assert TOKEN not in str(caught.value)
         assert client.account(BRL).timezone == "America/Sao_Paulo"
 

@@ -8,8 +8,9 @@ from datetime import date
 import pytest
 
 from rastro_assets.meta.errors import MetaError
+from rastro_assets.meta.limits import RateLimit
 from rastro_assets.meta.models import Usage
-from rastro_assets.meta.usage import parse_usage
+from rastro_assets.meta.usage import app_readings, parse_usage
 from rastro_assets_tests.meta.conftest import BRL, ClientFactory
 from rastro_fake_graph import FakeWorld
 
@@ -22,29 +23,33 @@ def test_business_use_case_header() -> None:
     usage = parse_usage({"X-Business-Use-Case-Usage": header({"1234": [
         {"type": "ads_insights", "call_count": 95, "total_cputime": 20, "total_time": 20,
          "estimated_time_to_regain_access": 3}]})})
-    assert usage == Usage(pct=95, regain_seconds=180)
+    assert usage == Usage(pct=95, regain_seconds=180, account_pct=95,
+                          limit=RateLimit.ADS_INSIGHTS)
 
 
 def test_ad_account_header_reset_counts_only_when_full_or_throttled() -> None:
     light = {"X-Ad-Account-Usage": header(
         {"acc_id_util_pct": 9.67, "reset_time_duration": 100,
          "ads_api_access_tier": "standard_access"})}
-    assert parse_usage(light) == Usage(pct=9.67, regain_seconds=None)
-    assert parse_usage(light, throttled=True) == Usage(pct=9.67, regain_seconds=100)
+    score = {"account_pct": 9.67, "limit": RateLimit.AD_ACCOUNT_SCORE, "reset_seconds": 100}
+    assert parse_usage(light) == Usage(pct=9.67, regain_seconds=None, **score)
+    assert parse_usage(light, throttled=True) == Usage(pct=9.67, regain_seconds=100, **score)
     full = {"X-Ad-Account-Usage": header({"acc_id_util_pct": 100, "reset_time_duration": 240})}
-    assert parse_usage(full) == Usage(pct=100, regain_seconds=240)
+    assert parse_usage(full) == Usage(pct=100, regain_seconds=240, account_pct=100,
+                                      limit=RateLimit.AD_ACCOUNT_SCORE, reset_seconds=240)
 
 
-def test_app_header() -> None:
+def test_app_header_is_the_apps_share_not_the_accounts() -> None:
     usage = parse_usage({"X-App-Usage": header(
         {"call_count": 28, "total_time": 25, "total_cputime": 31})})
-    assert usage == Usage(pct=31, regain_seconds=None)
+    assert usage == Usage(pct=31, regain_seconds=None, app_pct=31)
 
 
 def test_insights_throttle_header() -> None:
     usage = parse_usage({"X-FB-Ads-Insights-Throttle": header(
         {"app_id_util_pct": 12.5, "acc_id_util_pct": 41, "ads_api_access_tier": "standard"})})
-    assert usage == Usage(pct=41, regain_seconds=None)
+    assert usage == Usage(pct=41, regain_seconds=None, account_pct=41, app_pct=12.5,
+                          limit=RateLimit.ACCOUNT_INSIGHTS_LOAD)
 
 
 def test_highest_over_all_headers_case_insensitive() -> None:
@@ -56,7 +61,42 @@ def test_highest_over_all_headers_case_insensitive() -> None:
                                              "2": [{"total_time": 77,
                                                     "estimated_time_to_regain_access": 2}]}),
     })
-    assert usage == Usage(pct=77, regain_seconds=120)
+    assert usage == Usage(pct=77, regain_seconds=120, account_pct=77, app_pct=5,
+                          limit=RateLimit.ADS_MANAGEMENT, reset_seconds=None)
+
+
+def test_the_accounts_nearest_limit_is_named_and_the_apps_share_kept_apart() -> None:
+    headers = {
+        "X-Business-Use-Case-Usage": header({"77": [
+            {"type": "ads_management", "call_count": 12, "total_cputime": 3, "total_time": 5},
+            {"type": "ads_insights", "call_count": 30, "total_cputime": 64, "total_time": 41,
+             "estimated_time_to_regain_access": 0}]}),
+        "X-Ad-Account-Usage": header({"acc_id_util_pct": 22, "reset_time_duration": 80}),
+        "X-FB-Ads-Insights-Throttle": header({"app_id_util_pct": 93, "acc_id_util_pct": 8}),
+    }
+    usage = parse_usage(headers)
+    assert (usage.account_pct, usage.limit) == (64, RateLimit.ADS_INSIGHTS)
+    assert (usage.app_pct, usage.pct) == (93, 93)
+    assert (usage.reset_seconds, usage.regain_seconds) == (80, None)
+
+    score = dict(headers, **{"X-Ad-Account-Usage": header({"acc_id_util_pct": 91.5})})
+    assert (parse_usage(score).account_pct, parse_usage(score).limit) == (
+        91.5, RateLimit.AD_ACCOUNT_SCORE)
+    load = dict(headers, **{"X-FB-Ads-Insights-Throttle": header(
+        {"app_id_util_pct": 10, "acc_id_util_pct": 97})})
+    assert (parse_usage(load).account_pct, parse_usage(load).limit, parse_usage(load).app_pct) == (
+        97, RateLimit.ACCOUNT_INSIGHTS_LOAD, 10)
+
+
+
+def test_the_apps_readings_are_its_insights_load_and_its_platform_calls_apart() -> None:
+    assert app_readings({}) == (None, None)
+    assert app_readings({"X-FB-Ads-Insights-Throttle": header(
+        {"app_id_util_pct": 81, "acc_id_util_pct": 4})}) == (81, None)
+    assert app_readings({"X-App-Usage": header({"call_count": 9, "total_time": 12}),
+                         "X-FB-Ads-Insights-Throttle": header({"acc_id_util_pct": 4})}) == (
+        None, 12)
+    assert app_readings({"X-App-Usage": "not json"}) == (None, None)
 
 
 @pytest.mark.parametrize("garbage", ["not json", "[1, 2", "", "null", '"text"', "[]",

@@ -122,7 +122,7 @@ class StubClient:
     def ads(self, ad_account_id):
         yield from self._ads
 
-    def ads_by_id(self, ad_ids):
+    def ads_by_id(self, ad_ids, *, ad_account_id=None):
         self.asked.append(list(ad_ids))
         failing = [i for i in ad_ids if self._by_id.get(i) == "forbidden"]
         if failing:
