@@ -15,11 +15,12 @@ from datetime import datetime
 from enum import StrEnum
 
 from rastro_assets.alerts.quoted import quoted
+from rastro_assets.meta.limits import RateLimit, describe
 from rastro_assets.outcomes import FILL_KINDS, AccountHealth, Outcome
 from rastro_assets.planner import cadence
-from rastro_assets.planner.backoff import read_history
+from rastro_assets.planner.backoff import Hold, read_history
 from rastro_assets.planner.history import PlannedAccount
-from rastro_assets.planner.instants import span, utc, utc_or_none, utc_run
+from rastro_assets.planner.instants import local_time, span, utc, utc_or_none, utc_run
 from rastro_assets.settings import AlertThresholds
 
 RUNBOOK = "docs/errors.md"
@@ -239,6 +240,8 @@ class _Found:
     kind: IncidentKind
     since: datetime
     why: str
+    limit: str | None = None
+    """The Meta limit behind a rate-limit hold, when named."""
 
 
 def _account_cause(
@@ -258,8 +261,14 @@ def _account_cause(
     if last is not None and last.outcome == Outcome.THROTTLED:
         throttled = [failure for failure in history.failures if failure.outcome == last.outcome]
         first = throttled[0].run.started_at
-        if now - first >= thresholds.rate_limited:
-            return _Found(account, IncidentKind.RATE_LIMITED, first, _said(last.error))
+        # Abuse prevention cut the account's quota: hours of waiting a person should know
+        # of now, not after the threshold.
+        if last.run.rate_limit == RateLimit.ABUSE or now - first >= thresholds.rate_limited:
+            held = _held(last.run.rate_limit, status.rate_limit, state.timezone)
+            return _Found(
+                account, IncidentKind.RATE_LIMITED, first, f"{held}; {_said(last.error)}",
+                last.run.rate_limit,
+            )
     # Nothing is owed from before the link, nor from before a new token was connected.
     sealed = utc_or_none(state.token_sealed_at)
     baseline = max(utc(state.linked_at), sealed) if sealed else utc(state.linked_at)
@@ -288,6 +297,19 @@ def _account_cause(
         why = read + (f"; {quoted(status.last_error)}" if status.last_error else "")
         return _Found(account, IncidentKind.STALE, since, why)
     return None
+
+
+def _held(limit: str | None, held: Hold | None, timezone: str) -> str:
+    """Which limit holds the account and until when, as its line in the incident says it."""
+    if held is None:
+        return f"held by {describe(limit)}; retried now"
+    return f"held until {local_time(held.until, timezone)} by {describe(held.limit)}"
+
+
+def _limits(found: Sequence[_Found]) -> str:
+    """The limits behind a rate-limit incident's accounts, named once each."""
+    names = sorted({each.limit or "unnamed" for each in found})
+    return ", ".join(names)
 
 
 def _said(error: str | None) -> str:
@@ -379,7 +401,8 @@ _BUILDERS: dict[IncidentKind, _Builder] = {
         IncidentKind.RATE_LIMITED,
         lambda connection, found, now: (
             f"{_accounts(len(found))} of connection {connection} refused by Meta's rate "
-            f"limits for {span(now - min(each.since for each in found))}, every try"
+            f"limits ({_limits(found)}) for {span(now - min(each.since for each in found))}, "
+            "every try"
         ),
         f"each waits out Meta's limit and retries on its own; if it lasts, see {RUNBOOK}, "
         '"RATE_LIMITED"',

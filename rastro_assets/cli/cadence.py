@@ -191,7 +191,9 @@ def _plan(args: argparse.Namespace, ctx: Context) -> int:
             _days(owed),
             "yes" if owed.catalog else "no",
             _due(owed, at),
-            _truncate(owed.reason, MAX_REASON_CHARS),
+            # A hold's words are what a person looks for; KIND and DAYS say the read.
+            _truncate(owed.rate_limit.reason if owed.rate_limit else owed.reason,
+                      MAX_REASON_CHARS),
         ]
         for owed in plans
     ]
@@ -303,7 +305,10 @@ def _next(status: cadence.AccountStatus, now: datetime) -> str:
         return "paused"
     if status.next_sync_at is None:
         return NO_VALUE
-    return _relative(status.next_sync_at, now)
+    when = _relative(status.next_sync_at, now)
+    if status.rate_limit is not None:
+        return f"{when}, held by {status.rate_limit.limit or 'a rate limit'}"
+    return when
 
 
 def _progress(backfill: tuple[int, int] | None) -> str:

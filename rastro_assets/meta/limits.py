@@ -7,7 +7,10 @@ binds"). A name is stored in `meta_sync_runs.rate_limit` and shown by `rastro st
 
 from __future__ import annotations
 
+from datetime import timedelta
 from enum import StrEnum
+
+from rastro_assets.meta.models import Usage
 
 
 class RateLimit(StrEnum):
@@ -56,3 +59,20 @@ def describe(limit: str | None) -> str:
         return DESCRIPTIONS[RateLimit(limit)]
     except ValueError:
         return limit
+
+
+ACCOUNT_HOLD_PCT = 90.0
+"""The account's own share of its limits from which it is held, not merely slowed."""
+
+MIN_HOLD = timedelta(seconds=60)
+"""The shortest hold on an account's own limit: Meta's windows free no sooner."""
+
+
+def account_hold(usage: Usage) -> timedelta | None:
+    """How long `usage` holds its account: max(regain, reset, `MIN_HOLD`) once the account's
+    own share reaches `ACCOUNT_HOLD_PCT` or Meta announced a wait to regain access; None
+    otherwise. The app's share never holds one account: every token shares it."""
+    if usage.account_pct < ACCOUNT_HOLD_PCT and not usage.regain_seconds:
+        return None
+    seconds = max(usage.regain_seconds or 0, usage.reset_seconds or 0)
+    return max(timedelta(seconds=seconds), MIN_HOLD)

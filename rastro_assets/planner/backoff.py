@@ -1,18 +1,25 @@
 """What an account's past runs hold the next sync back for: the run in flight, failures, usage.
 
-A failed run backs off the next one: 15 minutes doubling to 6 hours, an hour at least after
-throttling (or until Meta says the quota is back), 6 hours after a permission error. A good
-run that left Meta's usage above `USAGE_BACKOFF_PCT` waits the same way as throttling.
+A failed run backs off the next one: 15 minutes doubling to 6 hours, 6 hours after a
+permission error. A throttle holds the account only as long as the limit that refused it:
+its own limit until Meta's regain time (a minute at least), the app's load (every token
+together) for the app's announced pause, Meta's abuse prevention for hours. A good run holds
+the account only when its own share of its limits reached `ACCOUNT_HOLD_PCT`: the app's
+share slows every request of the process (the Meta client's pacing), never one account.
+Each throttle hold is stretched by a jitter the run's id fixes, so that accounts held
+together do not all come back in the same minute, and the planner stays repeatable.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from rastro_assets.meta.limits import ACCOUNT_HOLD_PCT, MIN_HOLD, RateLimit, describe
 from rastro_assets.outcomes import ERROR_CODES, RUN_TIMEOUT_ERROR, Outcome
-from rastro_assets.planner.instants import span
+from rastro_assets.planner.instants import local_time, span
 from rastro_assets.planner.state import OK, AccountState, SyncRun
 from rastro_assets.settings import SYNC_LEASE_SECONDS
 
@@ -20,8 +27,18 @@ LEASE = timedelta(seconds=SYNC_LEASE_SECONDS)
 RETRY_BASE = timedelta(minutes=15)
 RETRY_MAX = timedelta(hours=6)
 PERMISSION_RETRY = timedelta(hours=6)
-THROTTLE_MIN_WAIT = timedelta(hours=1)
-USAGE_BACKOFF_PCT = 75
+ABUSE_HOLD = timedelta(hours=6)
+"""The hold after Meta's abuse prevention (613 without a subcode) cut the account's quota,
+whatever wait Meta announced."""
+APP_LIMIT_MAX_HOLD = timedelta(minutes=15)
+"""The longest an app-wide limit that ended a sync holds its account: the app's load
+recovers within minutes, and the client's pacing slows every request meanwhile."""
+THROTTLE_FLOOR_MAX = timedelta(minutes=15)
+"""The floor under a throttle hold doubles from `MIN_HOLD` with each throttle in a row, up
+to this, so an account Meta keeps refusing without a wait is not asked every minute."""
+HOLD_JITTER = 0.2
+"""The share of a throttle hold added at most as jitter."""
+APP_LIMITS = frozenset({RateLimit.APP_INSIGHTS_LOAD, RateLimit.APP_PLATFORM})
 
 
 @dataclass(frozen=True)
@@ -98,40 +115,103 @@ def retry_delay(failures: int) -> timedelta:
     return min(RETRY_BASE * 2**doublings, RETRY_MAX)
 
 
-def hold(state: AccountState, history: RunHistory) -> tuple[datetime | None, str]:
-    """Until when back-off holds the next sync, and why; (None, '') when it does not."""
+@dataclass(frozen=True)
+class Hold:
+    """Until when back-off holds the next sync, and why.
+
+    `limit` names the Meta limit behind a rate-limit hold (`meta.limits.RateLimit`; None when
+    Meta's answer named none); `rate_limited` is False for the other failures' back-off.
+    """
+
+    until: datetime
+    reason: str
+    rate_limited: bool = False
+    limit: str | None = None
+    usage_pct: float | None = None
+
+
+def hold(state: AccountState, history: RunHistory) -> Hold | None:
+    """What holds the account's next sync back, from its past runs; None when nothing does."""
     if history.failures:
         return _failure_hold(state, history.failures)
     last = history.last_concluded
     if isinstance(last, SyncRun) and last.outcome == OK:
-        usage = last.usage_pct
-        if usage is not None and usage > USAGE_BACKOFF_PCT:
-            ended = last.finished_at or last.started_at
-            regain = last.regain_at or ended
-            until = max(regain, ended + THROTTLE_MIN_WAIT)
-            return until, f"Meta usage at {usage:g}%: waiting {span(until - ended)}"
-    return None, ""
+        return _usage_hold(state, last)
+    return None
 
 
-def _failure_hold(state: AccountState, failures: list[Failure]) -> tuple[datetime | None, str]:
+def _usage_hold(state: AccountState, run: SyncRun) -> Hold | None:
+    """A good run holds its account only on the account's own usage: at `ACCOUNT_HOLD_PCT`
+    or more, or with a wait Meta announced (only an account's own limits announce one).
+    `usage_pct` is not read: it mixes in the app's share, every token's together."""
+    own = run.account_usage_pct
+    if (own is None or own < ACCOUNT_HOLD_PCT) and run.regain_at is None:
+        return None
+    ended = run.finished_at or run.started_at
+    until = _jittered(state, run, ended, max(run.regain_at or ended, ended + MIN_HOLD))
+    return _rate_limit_hold(state, until, run.rate_limit, own)
+
+
+def _failure_hold(state: AccountState, failures: list[Failure]) -> Hold | None:
     count = len(failures)
     last = failures[-1]
     run = last.run
-    if last.outcome == "throttled":
-        regain = run.regain_at or last.ended_at
-        until = max(regain, last.ended_at + THROTTLE_MIN_WAIT)
-    elif last.outcome == "permission":
+    if last.outcome == Outcome.THROTTLED:
+        return _throttle_hold(state, failures)
+    if last.outcome == "permission":
         until = last.ended_at + PERMISSION_RETRY
     elif (
         last.outcome == "token"
         and state.token_sealed_at is not None
         and state.token_sealed_at > run.started_at
     ):
-        return None, ""
+        return None
     else:
         # A token failure with no new token behind it while the
         # connection still reads active is retried like any other.
         until = last.ended_at + retry_delay(count)
     plural = "s" if count > 1 else ""
     wait = span(until - last.ended_at)
-    return until, f"backing off {wait} after {count} failure{plural}: {last.error}"
+    return Hold(until, f"backing off {wait} after {count} failure{plural}: {last.error}")
+
+
+def _throttle_hold(state: AccountState, failures: list[Failure]) -> Hold:
+    """The hold after a throttled sync, as long as the limit that refused it."""
+    last = failures[-1]
+    run, ended = last.run, last.ended_at
+    regain = run.regain_at or ended
+    if run.rate_limit == RateLimit.ABUSE:
+        until = max(regain, ended + ABUSE_HOLD)
+    elif run.rate_limit in APP_LIMITS:
+        until = ended + min(max(regain - ended, MIN_HOLD), APP_LIMIT_MAX_HOLD)
+    else:
+        in_a_row = 0
+        for failure in reversed(failures):
+            if failure.outcome != Outcome.THROTTLED:
+                break
+            in_a_row += 1
+        floor = min(MIN_HOLD * 2 ** min(in_a_row - 1, 16), THROTTLE_FLOOR_MAX)
+        until = max(regain, ended + floor)
+    until = _jittered(state, run, ended, until)
+    return _rate_limit_hold(state, until, run.rate_limit, run.account_usage_pct)
+
+
+def _rate_limit_hold(
+    state: AccountState, until: datetime, limit: str | None, usage: float | None
+) -> Hold:
+    said = f"; usage {usage:g}%" if usage else ""
+    reason = (
+        f"{ERROR_CODES[Outcome.THROTTLED]}: held until {local_time(until, state.timezone)} "
+        f"by {describe(limit)}{said}"
+    )
+    return Hold(until, reason, rate_limited=True, limit=limit, usage_pct=usage or None)
+
+
+def _jittered(state: AccountState, run: SyncRun, ended: datetime, until: datetime) -> datetime:
+    """`until` pushed later by up to `HOLD_JITTER` of the wait from `ended`, by a share the
+    run and the account fix: one run's accounts each get their own, and a plan asked twice
+    answers the same."""
+    seed = f"{run.run_id}|{state.ad_account_id}|{run.since}".encode()
+    share = int.from_bytes(hashlib.blake2b(seed, digest_size=8).digest()) / 2**64
+    jitter = (until - ended).total_seconds() * HOLD_JITTER * share
+    return until + timedelta(seconds=round(jitter))

@@ -31,8 +31,8 @@ from rastro_assets.outcomes import (
 )
 from rastro_assets.planner.backoff import (
     LEASE,
-    USAGE_BACKOFF_PCT,
     Failure,
+    Hold,
     RunHistory,
     hold,
     read_history,
@@ -47,7 +47,7 @@ from rastro_assets.planner.coverage import (
     split_blocks,
     unread_blocks,
 )
-from rastro_assets.planner.instants import local_time, utc, utc_or_none, utc_run
+from rastro_assets.planner.instants import utc, utc_or_none, utc_run
 from rastro_assets.planner.marks import is_live_mark
 from rastro_assets.planner.rules import (
     GAP_AFTER,
@@ -75,7 +75,6 @@ __all__ = [
     "RUN_TIMEOUT_ERROR",
     "STATES",
     "TRUNCATED_DAY_TRIES",
-    "USAGE_BACKOFF_PCT",
     "AccountStatus",
     "Plan",
     "covered_days",
@@ -114,6 +113,8 @@ class Plan:
     due_at: datetime | None
     reason: str
     timezone: str = "UTC"
+    rate_limit: Hold | None = None
+    """The rate-limit hold that sets `due_at`, when one does."""
 
     def is_due(self, now: datetime) -> bool:
         return self.due_at is not None and self.due_at <= utc(now)
@@ -127,6 +128,7 @@ class Plan:
             "catalog": self.catalog,
             "due_at": _instant(self.due_at, self.timezone),
             "reason": self.reason,
+            "rate_limit": rate_limit_json(self.rate_limit, self.timezone),
         }
 
 
@@ -147,6 +149,8 @@ class AccountStatus:
     backfill: tuple[int, int] | None
     last_error: str | None
     timezone: str = "UTC"
+    rate_limit: Hold | None = None
+    """The rate-limit hold on the next sync, while one holds it."""
 
     def to_json(self, sites: Sequence[str]) -> dict:
         return {
@@ -161,7 +165,19 @@ class AccountStatus:
                 else {"done": self.backfill[0], "total": self.backfill[1]}
             ),
             "last_error": self.last_error,
+            "rate_limit": rate_limit_json(self.rate_limit, self.timezone),
         }
+
+
+def rate_limit_json(held: Hold | None, timezone: str) -> dict | None:
+    """Which Meta limit holds the account and until when, for the JSON; None when none does."""
+    if held is None:
+        return None
+    return {
+        "limit": held.limit,
+        "held_until": _instant(held.until, timezone),
+        "reason": held.reason,
+    }
 
 
 def _day(value: date | None) -> str | None:
@@ -227,7 +243,8 @@ def _status(state: AccountState, now: datetime, assessment: _Assessment) -> Acco
             state_name = AccountHealth.WAITING
         else:
             state_name = AccountHealth.LIVE
-        last_error = _shown_error(concluded, owed_plan, state, now)
+        last_error = _shown_error(concluded, owed_plan, now)
+    held = owed_plan.rate_limit
     return AccountStatus(
         ad_account_id=state.ad_account_id,
         state=state_name.value,
@@ -236,6 +253,7 @@ def _status(state: AccountState, now: datetime, assessment: _Assessment) -> Acco
         backfill=assessment.progress,
         last_error=last_error,
         timezone=state.timezone,
+        rate_limit=held if held is not None and held.until > now else None,
     )
 
 
@@ -268,21 +286,17 @@ def _token_error(state: AccountState, failures: Sequence[Failure]) -> str:
 
 
 def _shown_error(
-    concluded: SyncRun | Failure | None, owed_plan: Plan, state: AccountState, now: datetime
+    concluded: SyncRun | Failure | None, owed_plan: Plan, now: datetime
 ) -> str | None:
-    """The last run's error line; an ok run's note (META_TRUNCATED), or its usage wait.
+    """The last run's error line; an ok run's note (META_TRUNCATED), or its own-usage hold.
 
-    A wait for Meta's usage is shown as RATE_LIMITED, the contract's code for throttling,
-    though the run itself succeeded.
+    A good run that left the account's own limit nearly spent holds it as a throttle would:
+    shown as RATE_LIMITED, the contract's code for throttling, though the run succeeded.
     """
     last_error = None if concluded is None else concluded.error
-    usage = concluded.usage_pct if isinstance(concluded, SyncRun) else None
-    busy = usage is not None and usage > USAGE_BACKOFF_PCT
-    if busy and last_error is None and owed_plan.due_at is not None and owed_plan.due_at > now:
-        last_error = (
-            f"{ERROR_CODES[Outcome.THROTTLED]}: backing off until "
-            f"{local_time(owed_plan.due_at, state.timezone)}: Meta usage at {usage:g}%"
-        )
+    held = owed_plan.rate_limit
+    if isinstance(concluded, SyncRun) and last_error is None and held and held.until > now:
+        last_error = held.reason
     return last_error
 
 
@@ -316,10 +330,10 @@ def _assess(
     if state.connection_status != ConnectionStatus.ACTIVE:
         answer = _paused(state)
     else:
-        due_at, reason = _when(state, now, history, read)
+        due_at, reason, held = _when(state, now, history, read)
         answer = Plan(
             state.ad_account_id, read.kind, read.since, read.until, read.catalog, due_at, reason,
-            state.timezone,
+            state.timezone, held if held is not None and held.rate_limited else None,
         )
     return _Assessment(
         answer,
@@ -343,27 +357,28 @@ def _paused(state: AccountState) -> Plan:
 
 def _when(
     state: AccountState, now: datetime, history: RunHistory, read: Owed
-) -> tuple[datetime, str]:
-    """When the owed read is due, and why: the cadence's time unless something holds it."""
+) -> tuple[datetime, str, Hold | None]:
+    """When the owed read is due, and why: the cadence's time unless something holds it (the
+    hold, when it is what sets the time)."""
     what = read.reason
     if history.in_flight is not None:
-        return history.in_flight.started_at + LEASE, f"{what}; a sync is running"
+        return history.in_flight.started_at + LEASE, f"{what}; a sync is running", None
     latest_start = history.runs[-1].started_at if history.runs else None
 
     def after_latest(instant: datetime | None) -> bool:
         return instant is not None and (latest_start is None or instant > latest_start)
 
     if after_latest(state.sync_requested_at):
-        return now, f"{what}; sync requested"
+        return now, f"{what}; sync requested", None
     if history.runs and after_latest(state.token_sealed_at):
-        return now, f"{what}; a new token was connected"
+        return now, f"{what}; a new token was connected", None
     last = history.last_concluded
     if isinstance(last, Failure) and last.error == RUN_TIMEOUT_ERROR:
-        return min(read.due_at, last.ended_at), f"{what}; re-taken: {RUN_TIMEOUT_ERROR}"
-    held_until, why = hold(state, history)
-    if held_until is not None and held_until > read.due_at:
-        return held_until, f"{what}; {why}"
-    return read.due_at, what
+        return min(read.due_at, last.ended_at), f"{what}; re-taken: {RUN_TIMEOUT_ERROR}", None
+    held = hold(state, history)
+    if held is not None and held.until > read.due_at:
+        return held.until, f"{what}; {held.reason}", held
+    return read.due_at, what, None
 
 
 FRESHNESS_LIMIT = timedelta(minutes=50)

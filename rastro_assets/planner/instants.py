@@ -43,6 +43,8 @@ def utc_run(run: SyncRun) -> SyncRun:
         usage_pct=run.usage_pct,
         regain_at=utc_or_none(run.regain_at),
         incomplete_days=run.incomplete_days,
+        rate_limit=run.rate_limit,
+        account_usage_pct=run.account_usage_pct,
     )
 
 

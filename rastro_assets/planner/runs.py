@@ -36,6 +36,8 @@ def sync_run(row: Sequence) -> SyncRun:
         usage_pct,
         regain_at,
         incomplete,
+        rate_limit,
+        account_usage_pct,
     ) = row
     return SyncRun(
         run_id,
@@ -50,6 +52,8 @@ def sync_run(row: Sequence) -> SyncRun:
         usage_pct,
         instant(regain_at),
         tuple(date.fromisoformat(day) for day in incomplete.split(",")) if incomplete else (),
+        rate_limit,
+        account_usage_pct,
     )
 
 

@@ -27,6 +27,10 @@ class SyncRun:
     usage_pct: float | None = None
     regain_at: datetime | None = None
     incomplete_days: tuple[date, ...] = ()
+    # The Meta limit that held the account (`meta.limits.RateLimit`), and the account's own
+    # peak share of its limits; None on rows written before either was recorded.
+    rate_limit: str | None = None
+    account_usage_pct: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

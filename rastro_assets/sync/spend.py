@@ -203,6 +203,8 @@ class SpendSync(Wiring):
             usage_pct=result.usage.pct,
             regain_at=result.regain_at,
             incomplete_days=tuple(result.incomplete_days),
+            rate_limit=result.rate_limit,
+            account_usage_pct=result.usage.account_pct,
         )
         request = target.request
         return (request.run_id, request.ad_account_id, request.since), end

@@ -14,8 +14,9 @@ import logging
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
+from rastro_assets.meta.limits import account_hold
 from rastro_assets.outcomes import MAX_ERROR_CHARS, Outcome
 from rastro_assets.sync.reader import SpendBatch
 from rastro_assets.sync.spend import SpendRead, Target
@@ -121,8 +122,10 @@ class SpendWriter:
             refuse(result, exc)
         finally:
             streamed.shutdown()
-        if result.ok and result.usage.regain_seconds:
-            result.regain_at = self.clock() + timedelta(seconds=result.usage.regain_seconds)
+        held = account_hold(result.usage) if result.ok else None
+        if held is not None:
+            result.regain_at = self.clock() + held
+            result.rate_limit = result.rate_limit or result.usage.limit
         return whole
 
     def _write_batches(

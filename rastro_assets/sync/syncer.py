@@ -13,8 +13,9 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, fields
-from datetime import datetime, timedelta
+from datetime import datetime
 
+from rastro_assets.meta.limits import account_hold
 from rastro_assets.outcomes import Outcome, error_line
 from rastro_assets.sync.catalog import CatalogSyncer, safe_text
 from rastro_assets.sync.spend import DeadTokens, SpendSync, Target
@@ -217,9 +218,10 @@ class Syncer(Wiring):
         if result.catalog is not None:
             result.api_calls += result.catalog.api_calls
             result.usage = result.usage.merge(result.catalog.usage)
-            if result.catalog.usage.regain_seconds:
-                regain_at = self.clock() + timedelta(seconds=result.catalog.usage.regain_seconds)
-                result.regain_at = max(filter(None, (result.regain_at, regain_at)))
+            held = account_hold(result.catalog.usage)
+            if held is not None:
+                result.regain_at = max(filter(None, (result.regain_at, self.clock() + held)))
+                result.rate_limit = result.rate_limit or result.catalog.usage.limit
         if failure is not None:
             result.outcome, result.error = failure
 

@@ -30,15 +30,16 @@ RUN_COLUMNS = (
     "{t}ad_account_id, {t}run_id, {t}kind, {t}since, {t}until, "
     + epoch_us_sql("{t}started_at") + ", " + epoch_us_sql("{t}finished_at")
     + ", {t}outcome, {t}error, {t}catalog, {t}usage_pct, "
-    + epoch_us_sql("{t}regain_at") + ", {t}incomplete_days"
+    + epoch_us_sql("{t}regain_at") + ", {t}incomplete_days, {t}rate_limit, {t}account_usage_pct"
 )
 """A run row's columns, each name after the prefix `{t}` (a table alias and a dot, or
 nothing)."""
 
 RunRow = tuple
 """(ad_account_id, run_id, kind, since, until, started_at, finished_at, outcome, error,
-catalog, usage_pct, regain_at, incomplete_days) of one run, its instants in microseconds
-since the epoch and its incomplete days one comma-separated string (or None)."""
+catalog, usage_pct, regain_at, incomplete_days, rate_limit, account_usage_pct) of one run,
+its instants in microseconds since the epoch and its incomplete days one comma-separated
+string (or None)."""
 
 
 def sync_run_rows(

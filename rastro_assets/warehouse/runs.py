@@ -30,6 +30,10 @@ class SyncRunEnd:
     usage_pct: float | None = None
     regain_at: datetime | None = None
     incomplete_days: tuple[date, ...] = ()
+    rate_limit: str | None = None
+    """The Meta limit that held the account (`meta.limits.RateLimit`), when one did."""
+    account_usage_pct: float | None = None
+    """The account's own peak share of its limits (`Usage.account_pct`)."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,10 @@ def finish_sync_runs(
                  for _, end in ends],
                 pa.string(),
             ),
+            "rate_limit": pa.array([end.rate_limit for _, end in ends], pa.string()),
+            "account_usage_pct": pa.array(
+                [end.account_usage_pct for _, end in ends], pa.float64()
+            ),
         }
     )
     register_arrow(con, "finished_runs", table)
@@ -129,7 +137,8 @@ def finish_sync_runs(
                 finished_at = f.finished_at, outcome = f.outcome,
                 rows_written = f.rows_written, rows_deleted = f.rows_deleted,
                 api_calls = f.api_calls, error = f.error, usage_pct = f.usage_pct,
-                regain_at = f.regain_at, incomplete_days = f.incomplete_days
+                regain_at = f.regain_at, incomplete_days = f.incomplete_days,
+                rate_limit = f.rate_limit, account_usage_pct = f.account_usage_pct
             FROM finished_runs f
             WHERE meta_sync_runs.run_id = f.run_id
               AND meta_sync_runs.ad_account_id = f.ad_account_id

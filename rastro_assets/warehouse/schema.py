@@ -271,12 +271,21 @@ _V5 = (
     """,
 )
 
+_V6 = (
+    # Which of Meta's limits held the account (`meta.limits.RateLimit`), and the account's
+    # own peak share of its limits: `usage_pct` mixes in the app's share, which is every
+    # token's together and never a reason to hold one account.
+    "ALTER TABLE meta_sync_runs ADD COLUMN rate_limit VARCHAR",
+    "ALTER TABLE meta_sync_runs ADD COLUMN account_usage_pct DOUBLE",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "sites, connections, accounts, links, spend, catalog, thumbnails, runs", _V1),
     Migration(2, "analytics snapshot publish state", _V2),
     Migration(3, "the Dagster shard of each ad account", _V3),
     Migration(4, "one sync row per run, account and block", _V4),
     Migration(5, "incidents, their notices and the daemon's last check", _V5),
+    Migration(6, "the rate limit that held a sync and the account's own usage", _V6),
 )
 
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -13,6 +13,7 @@ from rastro_assets.planner.history import planned_accounts
 from rastro_assets.settings import AlertThresholds, SettingsError
 from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.catalog import upsert_catalog
+from rastro_assets.warehouse.runs import SyncRunEnd, SyncRunStart, finish_sync_runs, start_sync_runs
 from rastro_assets_tests.conftest import record_sync_run
 
 LINKED = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
@@ -154,6 +155,43 @@ def test_lost_permission_and_a_long_throttle(world):
     assert limited.accounts == ("act_2",)
     assert limited.since == NOW - timedelta(minutes=50)
     assert "for 2 h 45 min" in limited.summary
+
+
+def throttled(con, run_id: str, account: str, at: datetime, limit: str, regain: timedelta):
+    """A live sync of `account` started at `at`, refused a minute later by `limit`."""
+    start = SyncRunStart(run_id, account, "live", TODAY - timedelta(1), TODAY, at, False, None)
+    ended = at + timedelta(minutes=1)
+    end = SyncRunEnd(ended, "throttled", error="RATE_LIMITED: (#613) Calls to this api have"
+                     " exceeded the rate limit.", regain_at=ended + regain, rate_limit=limit)
+    start_sync_runs(con, [start])
+    finish_sync_runs(con, [((run_id, account, start.since), end)])
+
+
+def test_a_long_throttle_says_which_limit_holds_each_account_and_until_when(world):
+    with world.connect() as con:
+        for minutes in (-50, 30, 100):
+            throttled(con, f"t{minutes}", "act_2", NOW + timedelta(minutes=minutes),
+                      "ads_management", timedelta(minutes=20))
+    [limited] = incidents_at(world, NOW + timedelta(minutes=115))
+    assert limited.key == "rate_limited:c1" and limited.accounts == ("act_2",)
+    assert "refused by Meta's rate limits (ads_management) for 2 h 45 min" in limited.summary
+    # Held from its last refusal (13:41 UTC) for Meta's 20 minutes and at most a fifth more.
+    line = limited.detail
+    assert line.startswith("act_2 (sites s1): held until 2026-11-30 11:0")
+    assert int(line[len("act_2 (sites s1): held until 2026-11-30 11:0")]) <= 5
+    assert "America/Sao_Paulo by its ads_management business use case" in line
+    assert "`RATE_LIMITED: (#613)" in line
+
+
+def test_abuse_prevention_opens_the_incident_at_once(world):
+    with world.connect() as con:
+        throttled(con, "t1", "act_1", NOW - timedelta(minutes=2), "abuse", timedelta(minutes=5))
+    [cut] = incidents_at(world, NOW)
+    assert cut.key == "rate_limited:c1" and cut.accounts == ("act_1",)
+    assert "(abuse)" in cut.summary
+    held_until = cut.detail.split("held until ")[1][:16]
+    assert "2026-11-30 14:59" <= held_until <= "2026-11-30 16:11"  # six hours and jitter
+    assert "by Meta's abuse prevention (613 without a subcode" in cut.detail
 
 
 def test_a_short_throttle_is_no_incident(world):

@@ -15,6 +15,7 @@ from rastro_assets.meta.models import Ad, InsightRow, insight_table
 from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.catalog import upsert_catalog
 from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.runs import SyncRunEnd, SyncRunStart, finish_sync_runs, start_sync_runs
 from rastro_assets.warehouse.spend import write_spend
 from rastro_assets_tests.cli.conftest import assert_usage_error
 from rastro_assets_tests.conftest import record_sync_run
@@ -27,8 +28,11 @@ STATUS_KEYS = {
     "next_sync_at",
     "backfill",
     "last_error",
+    "rate_limit",
 }
-PLAN_KEYS = {"ad_account_id", "kind", "since", "until", "catalog", "due_at", "reason"}
+PLAN_KEYS = {
+    "ad_account_id", "kind", "since", "until", "catalog", "due_at", "reason", "rate_limit"
+}
 STATUS_HEADER = ["ACCOUNT", "SITES", "STATE", "LAST SYNC", "NEXT SYNC", "BACKFILL", "LAST ERROR"]
 
 
@@ -179,6 +183,57 @@ def test_status_json_has_the_contract_shape(rastro, accounts, now):
     assert act_4["last_error"].startswith("META_TOKEN_INVALID: ")
 
 
+def test_status_and_plan_say_which_limit_holds_an_account_and_until_when(
+    rastro, accounts, warehouse: Warehouse, now
+):
+    """act_2 was refused by its own ads_insights limit, Meta's regain time 12 minutes away;
+    act_3's last sync went well with the app's load at 93 %, its own share at 8 %. Both
+    after their live read came due again."""
+    at = now + timedelta(minutes=30)
+    ended = at - timedelta(minutes=1)
+    with warehouse.connect() as con:
+        for run_id, account, end in (
+            ("r5", "act_2", SyncRunEnd(
+                ended, "throttled", error="RATE_LIMITED: (#80000) too many calls",
+                usage_pct=100.0, regain_at=ended + timedelta(minutes=12),
+                rate_limit="ads_insights", account_usage_pct=100.0)),
+            ("r6", "act_3", SyncRunEnd(ended, "ok", usage_pct=93.0, account_usage_pct=8.0)),
+        ):
+            start = SyncRunStart(run_id, account, "live", date(2026, 11, 29), date(2026, 11, 30),
+                                 at - timedelta(minutes=2), False, None)
+            start_sync_runs(con, [start])
+            finish_sync_runs(con, [((run_id, account, start.since), end)])
+    code, out, err = rastro("status", "--json", at=at)
+    assert (code, err) == (0, "")
+    by_account = {entry["ad_account_id"]: entry for entry in json.loads(out)}
+    held = by_account["act_2"]["rate_limit"]
+    assert held["limit"] == "ads_insights"
+    until = datetime.fromisoformat(held["held_until"])
+    assert ended + timedelta(minutes=12) <= until <= ended + timedelta(minutes=15)
+    assert until == datetime.fromisoformat(by_account["act_2"]["next_sync_at"])
+    assert held["held_until"].endswith("+09:00")  # Tokyo, as the account's other instants
+    assert held["reason"] == (
+        f"RATE_LIMITED: held until {until:%Y-%m-%d %H:%M} Asia/Tokyo by its ads_insights"
+        " business use case (calls an hour); usage 100%"
+    )
+    assert by_account["act_2"]["last_error"] == "RATE_LIMITED: (#80000) too many calls"
+    slowed = by_account["act_3"]
+    assert (slowed["state"], slowed["last_error"], slowed["rate_limit"]) == ("live", None, None)
+    # Idle (no ACTIVE ad): read every 3 hours, the app's load never moving that.
+    assert datetime.fromisoformat(slowed["next_sync_at"]) == ended + timedelta(hours=3, minutes=-1)
+
+    code, out, _ = rastro("status", at=at)
+    row = next(line for line in out.splitlines() if line.startswith("act_2"))
+    assert "in 1" in row and ", held by ads_insights" in row
+    code, out, _ = rastro("plan", "--json", "--at", at.isoformat())
+    plans = {entry["ad_account_id"]: entry for entry in json.loads(out)}
+    assert plans["act_2"]["rate_limit"] == held and held["reason"] in plans["act_2"]["reason"]
+    assert plans["act_3"]["rate_limit"] is None and "RATE_LIMITED" not in out.split("act_3")[1]
+    code, out, _ = rastro("plan", "--at", at.isoformat())
+    row = next(line for line in out.splitlines() if line.startswith("act_2"))
+    assert row.endswith(held["reason"])
+
+
 def test_status_table_is_aligned_and_readable(rastro, accounts):
     code, out, err = rastro("status")
     assert (code, err) == (0, "")
@@ -276,6 +331,7 @@ def test_plan_at_another_instant(rastro, accounts, now):
         "catalog": False,
         "due_at": None,
         "reason": plans["act_4"]["reason"],
+        "rate_limit": None,
     }
 
 

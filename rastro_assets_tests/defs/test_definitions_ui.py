@@ -6,14 +6,16 @@ import json
 import os
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import dagster as dg
 import pytest
 
 from rastro_assets.defs.account_health import freshness_evaluation
+from rastro_assets.defs.cadence.health import health_metadata
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.warehouse import registry
+from rastro_assets.warehouse.runs import SyncRunEnd, SyncRunStart, finish_sync_runs, start_sync_runs
 from rastro_assets_tests.conftest import NOW, record_sync_run
 from rastro_assets_tests.defs.conftest import TODAY
 
@@ -101,7 +103,7 @@ def test_health_is_one_table_and_a_paused_account_is_an_error(warehouse, linked_
     schema = fresh.metadata["health"].schema
     assert [column.name for column in schema.columns] == [
         "ad_account_id", "state", "today_fresh", "last_good_sync", "next_due", "backfill",
-        "last_error", "meta_usage_pct",
+        "last_error", "meta_usage_pct", "rate_limit", "held_until",
     ]
 
     assert paused.severity == dg.AssetCheckSeverity.ERROR and not paused.passed
@@ -110,6 +112,43 @@ def test_health_is_one_table_and_a_paused_account_is_an_error(warehouse, linked_
     assert states == ["paused", "paused"]
     assert all(row.data["last_error"].startswith("META_TOKEN_INVALID")
                for row in paused.metadata["health"].records)
+
+
+def test_health_says_which_limit_holds_an_account_and_until_when(warehouse, linked_world):
+    """act_101 was refused by its own ad account score; act_202's good sync saw the app's
+    load at 95 % and its own share at 3 %: slowed, never held. Both after the token was
+    sealed (at NOW)."""
+    ended, at = NOW + timedelta(minutes=2), NOW + timedelta(minutes=3)
+    with warehouse.connect() as con:
+        for account in ("act_101", "act_202"):
+            record_sync_run(con, f"b-{account}", account, "backfill",
+                            TODAY - timedelta(days=89), TODAY, NOW - timedelta(hours=4))
+        for run_id, account, end in (
+            ("r1", "act_101", SyncRunEnd(
+                ended, "throttled", error="RATE_LIMITED: (#17) User request limit reached",
+                usage_pct=100.0, regain_at=ended + timedelta(minutes=5),
+                rate_limit="ad_account_score", account_usage_pct=100.0)),
+            ("r2", "act_202", SyncRunEnd(ended, "ok", usage_pct=95.0, account_usage_pct=3.0)),
+        ):
+            start = SyncRunStart(run_id, account, "live", TODAY - timedelta(days=1), TODAY,
+                                 NOW + timedelta(minutes=1), False, None)
+            start_sync_runs(con, [start])
+            finish_sync_runs(con, [((run_id, account, start.since), end)])
+        accounts = planned_accounts(con)
+    wide = {row.data["ad_account_id"]: row.data
+            for row in freshness_evaluation(accounts, at).metadata["health"].records}
+    held_until = datetime.fromisoformat(wide["act_101"]["held_until"])
+    assert ended + timedelta(minutes=5) <= held_until <= ended + timedelta(minutes=6)
+    assert wide["act_101"]["rate_limit"] == "ad_account_score"
+    assert wide["act_101"]["last_error"].startswith("RATE_LIMITED: (#17)")
+    assert (wide["act_202"]["state"], wide["act_202"]["meta_usage_pct"]) == ("live", 95.0)
+    assert (wide["act_202"]["rate_limit"], wide["act_202"]["held_until"]) == ("", "")
+    assert wide["act_202"]["last_error"] == ""
+
+    metadata, _, _ = health_metadata(accounts, at)
+    narrow = {row.data["account"]: row.data for row in metadata["health"].records}
+    assert narrow["act_101"]["due"] == f"{held_until:%m-%d %H:%M}, held by ad_account_score"
+    assert "held" not in narrow["act_202"]["due"] and "RATE_LIMITED" not in str(narrow["act_202"])
 
 
 def test_the_tables_kind_is_the_warehouse_engine_of_the_environment(tmp_path):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
 
 from rastro_assets.outcomes import ERROR_CODES, MAX_ERROR_CHARS
-from rastro_assets.planner import cadence
+from rastro_assets.planner import backoff, cadence
 from rastro_assets.planner.cadence import (
     covered_days,
     daily_slot,
@@ -398,17 +399,95 @@ FAIL_AT = utc(2026, 1, 2, 10, 45)
 FAIL_END = FAIL_AT + 2 * MIN
 
 
+SEC = timedelta(seconds=1)
+
+
+def held_within(due: datetime, ended: datetime, wait: timedelta) -> bool:
+    """`due` is `wait` after `ended`, stretched by at most the jitter's share (whole seconds)."""
+    return ended + wait <= due <= ended + wait * (1 + backoff.HOLD_JITTER) + SEC
+
+
 @pytest.mark.parametrize(
     ("regain", "wait"),
-    [(FAIL_END + 2 * HOUR, 2 * HOUR), (FAIL_END + 10 * MIN, HOUR), (None, HOUR)],
+    [(10 * MIN, 10 * MIN), (2 * HOUR, 2 * HOUR), (20 * SEC, MIN), (None, MIN)],
 )
-def test_throttled_waits_for_the_regain_time_at_least_an_hour(regain, wait):
-    throttled = failed(FAIL_AT, "throttled", regain_at=regain)
-    owed = plan(account([*live_history(), throttled]), FAIL_END + MIN)
-    assert (owed.kind, owed.due_at) == ("live", FAIL_END + wait)
-    assert "backing off" in owed.reason and "RATE_LIMITED" in owed.reason
-    report = status(account([*live_history(), throttled]), FAIL_END + MIN)
+def test_a_throttle_on_its_own_limit_holds_it_until_its_regain_time_not_an_hour(regain, wait):
+    throttled = failed(
+        FAIL_AT, "throttled", regain_at=None if regain is None else FAIL_END + regain,
+        rate_limit="ads_insights", account_usage_pct=100.0,
+    )
+    history = [*live_history(), throttled]
+    now = FAIL_END + 10 * SEC
+    owed = plan(account(history), now)
+    assert owed.kind == "live" and held_within(owed.due_at, FAIL_END, wait)
+    assert owed.reason.endswith(
+        f"; RATE_LIMITED: held until {owed.due_at:%Y-%m-%d %H:%M} UTC by its"
+        " ads_insights business use case (calls an hour); usage 100%"
+    )
+    report = status(account(history), now)
     assert (report.state, report.last_error) == ("error", "RATE_LIMITED: boom")
+    assert report.to_json([])["rate_limit"] == owed.to_json()["rate_limit"] == {
+        "limit": "ads_insights",
+        "held_until": owed.due_at.isoformat(),
+        "reason": owed.reason.split("; ", 1)[1],
+    }
+    # Once the hold is over, nothing says the account is held.
+    assert status(account(history), owed.due_at).rate_limit is None
+
+
+def test_throttles_in_a_row_without_a_wait_double_the_least_hold():
+    history = live_history()
+    for count, least in enumerate([MIN, 2 * MIN, 4 * MIN, 8 * MIN, 15 * MIN, 15 * MIN]):
+        history.append(failed(FAIL_AT + count * HOUR, "throttled", rate_limit="ad_account_score"))
+        ended = history[-1].finished_at
+        assert held_within(plan(account(history), ended).due_at, ended, least), count
+
+
+def test_abuse_prevention_holds_the_account_for_hours_whatever_meta_said():
+    cut = failed(
+        FAIL_AT, "throttled", error="RATE_LIMITED: (#613) Calls to this api have exceeded",
+        regain_at=FAIL_END + 5 * MIN, rate_limit="abuse",
+    )
+    owed = plan(account([*live_history(), cut]), FAIL_END + MIN)
+    assert backoff.ABUSE_HOLD >= 6 * HOUR
+    assert held_within(owed.due_at, FAIL_END, backoff.ABUSE_HOLD)
+    assert "by Meta's abuse prevention (613 without a subcode" in owed.reason
+    assert status(account([*live_history(), cut]), FAIL_END + MIN).rate_limit.limit == "abuse"
+
+
+@pytest.mark.parametrize(
+    ("limit", "regain", "wait"),
+    [
+        ("app_insights_load", None, MIN),
+        ("app_insights_load", 5 * MIN, 5 * MIN),
+        ("app_insights_load", 2 * HOUR, 15 * MIN),
+        ("app_platform", 3 * HOUR, 15 * MIN),
+    ],
+)
+def test_an_app_wide_limit_holds_the_account_only_for_the_apps_pause(limit, regain, wait):
+    throttled = failed(
+        FAIL_AT, "throttled", regain_at=None if regain is None else FAIL_END + regain,
+        rate_limit=limit,
+    )
+    owed = plan(account([*live_history(), throttled]), FAIL_END + 10 * SEC)
+    assert held_within(owed.due_at, FAIL_END, wait)
+    assert "the app's" in owed.reason
+
+
+def test_the_jitter_is_bounded_repeatable_and_differs_between_accounts_of_one_run():
+    waits = set()
+    for index in range(200):
+        throttled = failed(
+            FAIL_AT, "throttled", regain_at=FAIL_END + 10 * MIN, rate_limit="ads_insights"
+        )
+        throttled = replace(throttled, run_id="one-wave")
+        state = account([*live_history(), throttled], ad_account_id=f"act_{index}")
+        due = plan(state, FAIL_END).due_at
+        assert plan(state, FAIL_END + 5 * MIN).due_at == due
+        assert held_within(due, FAIL_END, 10 * MIN)
+        waits.add(due - FAIL_END)
+    assert len(waits) > 60
+    assert max(waits) - min(waits) > 90 * SEC
 
 
 def test_permission_waits_6_hours():
@@ -471,35 +550,50 @@ def test_backoff_holds_a_backfill_too():
     assert (report.state, report.backfill) == ("error", (0, 90))
 
 
+def block_read(**extra: object) -> SyncRun:
+    """The first 30 days of the backfill, read well: the next block is owed at once."""
+    return run(LINK_DAY - 89 * DAY, LINK_DAY - 60 * DAY, LINKED + MIN, kind="backfill", **extra)
+
+
 @pytest.mark.parametrize(
-    ("usage", "regain", "wait"),
-    [(80.0, None, HOUR), (80.0, 3 * HOUR, 3 * HOUR), (76.0, 10 * MIN, HOUR), (70.0, None, None)],
+    ("usage", "own"), [(90.0, 12.0), (99.0, 89.9), (80.0, None)]
 )
-def test_heavy_usage_makes_the_next_sync_wait(usage, regain, wait):
-    started = utc(2026, 1, 2, 10)
-    busy = run(
-        d("2026-01-01"),
-        d("2026-01-02"),
-        started,
-        usage_pct=usage,
-        regain_at=None if regain is None else started + 2 * MIN + regain,
+def test_a_good_run_below_its_own_limit_holds_nothing_whatever_the_apps_share(usage, own):
+    """The app's share (`usage_pct` mixes it in) slows the client, never holds one account;
+    a row from before the account's own share was recorded holds only on a regain time."""
+    busy = block_read(usage_pct=usage, account_usage_pct=own)
+    now = LINKED + 4 * MIN
+    owed = plan(account([busy]), now)
+    assert (owed.kind, owed.due_at, owed.rate_limit) == ("backfill", now, None)
+    assert "RATE_LIMITED" not in owed.reason
+    report = status(account([busy]), now)
+    assert (report.state, report.last_error, report.rate_limit) == ("backfilling", None, None)
+
+
+@pytest.mark.parametrize(
+    ("own", "regain", "wait"),
+    [
+        (95.0, None, MIN),
+        (95.0, 3 * MIN, 3 * MIN),
+        (90.0, 3 * HOUR, 3 * HOUR),
+        (None, 5 * MIN, 5 * MIN),
+    ],
+)
+def test_a_good_run_at_its_own_limit_holds_it_a_minute_at_least(own, regain, wait):
+    ended = LINKED + 3 * MIN
+    busy = block_read(
+        usage_pct=own, account_usage_pct=own, rate_limit="ad_account_score",
+        regain_at=None if regain is None else ended + regain,
     )
-    history = [backfill_done(), daily_at(utc(2026, 1, 2, 4)), busy]
-    owed = plan(account(history), started + 10 * MIN)
-    if wait is None:
-        assert owed.due_at == started + 45 * MIN
-    else:
-        assert owed.due_at == started + 2 * MIN + wait
-        assert owed.due_at >= started + 2 * MIN + HOUR
-        assert f"{usage:g}%" in owed.reason
-        report = status(account(history), started + 10 * MIN)
-        due = owed.due_at.strftime("%Y-%m-%d %H:%M")
-        assert (report.state, report.last_error) == (
-            "live",
-            f"RATE_LIMITED: backing off until {due} UTC: Meta usage at {usage:g}%",
-        )
-        # Once the wait is over, the note is gone.
-        assert status(account(history), owed.due_at).last_error is None
+    owed = plan(account([busy]), ended + 10 * SEC)
+    assert owed.kind == "backfill" and held_within(owed.due_at, ended, wait)
+    assert owed.rate_limit.limit == "ad_account_score"
+    assert "RATE_LIMITED: held until" in owed.reason and "its ad account score" in owed.reason
+    report = status(account([busy]), ended + 10 * SEC)
+    assert report.state == "backfilling"
+    assert report.last_error == owed.rate_limit.reason
+    # Once the wait is over, the note is gone.
+    assert status(account([busy]), owed.due_at).last_error is None
 
 
 # --- token, sync now, lease -------------------------------------------------
@@ -848,6 +942,7 @@ def test_plan_json_shape():
         "catalog": True,
         "due_at": "2026-01-16T01:00:00+13:00",
         "reason": owed.reason,
+        "rate_limit": None,
     }
     assert owed.reason and "\n" not in owed.reason
     paused = plan(account(connection_status="invalid", connection_error="expired"), now)
@@ -859,6 +954,7 @@ def test_plan_json_shape():
         "catalog": False,
         "due_at": None,
         "reason": paused.reason,
+        "rate_limit": None,
     }
 
 
@@ -875,6 +971,7 @@ def test_status_json_shape():
         "next_sync_at": "2026-01-02T10:45:00-08:00",
         "backfill": None,
         "last_error": None,
+        "rate_limit": None,
     }
     fresh = status(account(tz=tz, linked=utc(2026, 1, 2, 17)), utc(2026, 1, 2, 17))
     assert fresh.to_json([]) == {
@@ -885,6 +982,7 @@ def test_status_json_shape():
         "next_sync_at": "2026-01-02T09:00:00-08:00",
         "backfill": {"done": 0, "total": 90},
         "last_error": None,
+        "rate_limit": None,
     }
 
 

@@ -19,7 +19,7 @@ def row(account, run_id, *, finished=FINISHED, incomplete=None, catalog=True):
     return (
         account, run_id, "live", date(2026, 11, 29), date(2026, 11, 30), epoch_us(STARTED),
         None if finished is None else epoch_us(finished), "ok", None, catalog, 12.5,
-        epoch_us(REGAIN), incomplete,
+        epoch_us(REGAIN), incomplete, "ads_insights", 97.5,
     )
 
 
@@ -35,7 +35,7 @@ def test_rows_become_runs_grouped_by_account_in_the_rows_order():
     first, unfinished = history["act_1"]
     assert first == SyncRun(
         "r1", "live", date(2026, 11, 29), date(2026, 11, 30), STARTED, FINISHED, "ok", None,
-        True, 12.5, REGAIN, (date(2026, 11, 29), date(2026, 11, 30)),
+        True, 12.5, REGAIN, (date(2026, 11, 29), date(2026, 11, 30)), "ads_insights", 97.5,
     )
     assert (unfinished.finished_at, unfinished.catalog, unfinished.incomplete_days) == (
         None, False, ()

@@ -9,9 +9,10 @@ from datetime import date, timedelta
 
 import pytest
 
-from rastro_assets.planner.runs import epoch_us
+from rastro_assets.planner.runs import epoch_us, runs_by_account
 from rastro_assets.warehouse.complete_reads import CompleteDay, complete_days, recent_ok_syncs
 from rastro_assets.warehouse.connection import transaction
+from rastro_assets.warehouse.run_history import sync_run_rows
 from rastro_assets.warehouse.runs import (
     SyncRunEnd,
     SyncRunStart,
@@ -59,6 +60,22 @@ def test_a_finished_run_is_recorded_once_beside_its_own_spend_sync(con):
     assert con.execute(
         "SELECT run_id, since, outcome, error FROM meta_sync_runs"
     ).fetchall() == [("hand", D1, "throttled", "slow down")]
+
+
+def test_a_run_records_the_limit_that_held_it_and_its_own_usage(con):
+    start_sync_runs(con, [start("r1"), start("r1", "act_2")])
+    held = SyncRunEnd(
+        NOW + DAY, "throttled", error="RATE_LIMITED: (#80000) too many calls", usage_pct=100.0,
+        regain_at=NOW + DAY + timedelta(minutes=7), rate_limit="ads_insights",
+        account_usage_pct=100.0,
+    )
+    slowed = SyncRunEnd(NOW + DAY, "ok", usage_pct=91.0, account_usage_pct=4.5)
+    finish_sync_runs(con, [(("r1", "act_1", D1), held), (("r1", "act_2", D1), slowed)])
+    runs = runs_by_account(sync_run_rows(con))
+    [throttled], [good] = runs["act_1"], runs["act_2"]
+    assert (throttled.rate_limit, throttled.account_usage_pct) == ("ads_insights", 100.0)
+    assert throttled.regain_at == NOW + DAY + timedelta(minutes=7)
+    assert (good.rate_limit, good.usage_pct, good.account_usage_pct) == (None, 91.0, 4.5)
 
 
 def test_complete_days_leave_out_a_truncated_day_of_that_read_only(con):

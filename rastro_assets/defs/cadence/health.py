@@ -38,15 +38,20 @@ from rastro_assets.words import counted
 
 HEALTH_REFRESH_MINUTES = 30
 HEALTH_JOB = "meta_account_health_refresh"
-SIGNATURE_FIELDS = ("ad_account_id", "state", "backfill", "last_error", "today_fresh")
+SIGNATURE_FIELDS = (
+    "ad_account_id", "state", "backfill", "last_error", "today_fresh", "rate_limit"
+)
 STATES = ("backfilling", "error", "live", "paused", "waiting")
 
 meta_account_health_description = (
     "One row per linked account, the least healthy first: its state (backfilling | live | "
     "error | paused | waiting, \", stale\" when its local today is not fresh), its last good "
     "sync, when "
-    "the cadence reads it next (both UTC), its backfill progress and its last error; the "
-    "same as `rastro status` (the accounts_fresh check's table adds Meta's usage). The table "
+    "the cadence reads it next (both UTC; \", held by\" the Meta limit that holds it until "
+    "then: its business use case, its score, the app's load, abuse prevention), its backfill "
+    "progress and its last error; the "
+    "same as `rastro status` (the accounts_fresh check's table adds Meta's usage, the "
+    "limit holding it and until when). The table "
     "is the `health` row under Metadata. The meta_cadence sensor keeps it fresh: it records "
     "a materialization whenever an account's state, progress or error changes, and every "
     f"{HEALTH_REFRESH_MINUTES} minutes (see Automation). Materialize computes it at once. "
