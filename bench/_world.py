@@ -12,7 +12,9 @@ benchmark's GIL, and it answers from pre-rendered pages:
   which costs O(rows of the range) per page: it would dominate a 180,000-row backfill);
 - GET insights answers are cached byte for byte, keyed by method, URL and Authorization, so a
   second pass over the same requests costs the server only HTTP handling. Benchmarks warm the
-  cache with one pass and measure the sync and the floor on the same warm server.
+  cache with one pass and measure the sync and the floor on the same warm server. A cached
+  answer spends none of the fake's rate limits and repeats its usage headers: only a request
+  asked again word for word meets it (onboarding's syncs ask each range once).
 
 Run as a script (`python bench/_world.py serve ...`) it is that server: it prints the limit
 model it enforces (`LIMITS <text>` lines), then `PORT <n>`, serves until its stdin closes, and
@@ -72,7 +74,7 @@ def build_world(n_ads: int, row_cap: int, system_clock: bool = False, limits=Non
 
     Its clock is pinned at NOW, or with `system_clock` the wall clock, as the end-to-end
     tests' worlds are when a real daemon (which has no pinned clock) reads them. `limits`
-    is the fake's limit model (`limit_model`), None for its default."""
+    is the fake's `LimitModel`, None for its default."""
     from rastro_assets.timekeeping import system_clock as wall_clock
     from rastro_fake_graph import world as world_module
     from rastro_fake_graph.world import FakeWorld, MutableClock
@@ -80,8 +82,7 @@ def build_world(n_ads: int, row_cap: int, system_clock: bool = False, limits=Non
     world_module.DELIVERY_SHARE = 1.0
     world_module.VANISH_SHARE = 0.0
     clock = wall_clock if system_clock else MutableClock(NOW)
-    world = FakeWorld(clock=clock, seed=SEED, row_cap=row_cap,
-                      **({} if limits is None else {"limits": limits}))
+    world = FakeWorld(clock=clock, seed=SEED, row_cap=row_cap, limits=limits)
     world.refusals = {}
     account = world.add_account(
         ACCOUNT, timezone=TIMEZONE, currency=CURRENCY, n_ads=n_ads, token=TOKEN
@@ -235,40 +236,17 @@ def add_wave_accounts(world, n_accounts: int, n_ads: int) -> None:
             ad.delivers_until = None
 
 
-LIMIT_OPTIONS = ("tier", "app_insights_load", "account_insights_load", "daily_active_users")
-"""The limit model's settings a bench may choose (`serve_world(limits=...)`); None: the fake's."""
-
-
-def limit_model(settings: dict):
-    """The fake's limit model with `settings` (names of LIMIT_OPTIONS), None when none is set
-    or this fake has no limit model to choose."""
-    chosen = {name: value for name, value in settings.items() if value is not None}
-    try:
-        from rastro_fake_graph.limits import LimitModel
-    except ImportError:
-        if chosen:
-            raise SystemExit(
-                f"this fake Graph has no limit model to set {sorted(chosen)}"
-            ) from None
-        return None
-    return LimitModel(**chosen)
-
-
-def describe_limits(world) -> str:
-    model = getattr(world, "limits", None)
-    if model is not None and hasattr(model, "describe"):
-        return model.describe()
-    from rastro_fake_graph import world as world_module
-
-    return (f"one app-wide budget of {world_module.APP_CALLS_PER_WINDOW} Graph calls an hour, "
-            f"{world_module.ACCOUNT_CALLS_PER_WINDOW} an account (the fake's old model)")
+LIMIT_OPTIONS = ("tier", "app_insights_load", "account_insights_load", "daily_active_users",
+                 "limit_off")
+"""The fake's limit settings a bench may choose (`serve_world(limits=...)`): the options of
+`rastro_fake_graph.server.add_limit_options`; what is not chosen keeps the fake's default."""
 
 
 def _serve_main(args: argparse.Namespace) -> None:
-    from rastro_fake_graph.server import serve
+    from rastro_fake_graph.server import limit_model, serve
 
-    limits = limit_model({name: getattr(args, name) for name in LIMIT_OPTIONS})
-    world = build_world(args.ads, args.row_cap, system_clock=args.system_clock, limits=limits)
+    world = build_world(args.ads, args.row_cap, system_clock=args.system_clock,
+                        limits=limit_model(args))
     add_wave_accounts(world, args.wave_accounts, args.wave_ads)
     # Meta's latency (bench/latency.py); zero unless asked, so other benches are unchanged.
     world.request_delay_seconds = args.delay_ms / 1000
@@ -277,8 +255,7 @@ def _serve_main(args: argparse.Namespace) -> None:
     app_load = AppLoadSampler(world)
     app_load.start()
     with serve(world) as server:
-        for line in describe_limits(world).splitlines():
-            print(f"LIMITS {line}", flush=True)
+        print(f"LIMITS {world.limits.describe()}", flush=True)
         print(f"PORT {server.port}", flush=True)
         sys.stdin.read()  # until the parent closes our stdin (or exits)
         app_load.stopped.set()
@@ -318,13 +295,18 @@ def serve_world(
     unknown = set(chosen) - set(LIMIT_OPTIONS)
     if unknown:
         raise ValueError(f"no such limit setting: {sorted(unknown)}")
+    limit_args = [
+        arg
+        for name, value in chosen.items()
+        for each in (value if isinstance(value, list | tuple | frozenset) else [value])
+        for arg in (f"--{name.replace('_', '-')}", str(each))
+    ]
     process = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve()), "serve", "--ads", str(n_ads),
          "--row-cap", str(row_cap), "--delay-ms", str(delay_ms),
          "--async-seconds", str(async_seconds), "--wave-accounts", str(wave_accounts),
          "--wave-ads", str(wave_ads), *(["--system-clock"] if system_clock else []),
-         *(arg for name, value in chosen.items()
-           for arg in (f"--{name.replace('_', '-')}", str(value)))],
+         *limit_args],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     described: list[str] = []
@@ -449,10 +431,9 @@ if __name__ == "__main__":
     serve_parser.add_argument("--wave-accounts", type=int, default=0)
     serve_parser.add_argument("--wave-ads", type=int, default=20)
     serve_parser.add_argument("--system-clock", action="store_true")
-    serve_parser.add_argument("--tier", choices=("standard", "development"))
-    serve_parser.add_argument("--app-insights-load", type=float)
-    serve_parser.add_argument("--account-insights-load", type=float)
-    serve_parser.add_argument("--daily-active-users", type=int)
+    from rastro_fake_graph.server import add_limit_options
+
+    add_limit_options(serve_parser)
     _serve_main(parser.parse_args())
 
 

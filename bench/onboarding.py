@@ -74,8 +74,8 @@ Last line: `ONBOARDING: ...` with each figure beside its goal.
 Run: .venv/bin/python bench/onboarding.py [--accounts 1000] [--delay-ms 300] [--ads 20]
      [--planned-subset] [--shards K] [--shard-accounts N] [--pool-limit N] [--sensor-seconds S]
      [--link-batch 100] [--timeout-minutes 240] [--keep DIR]
-     [--tier standard|development] [--app-insights-load X] [--account-insights-load X]
-     [--daily-active-users N]
+     [--tier standard|development] [--app-insights-load UNITS] [--account-insights-load UNITS]
+     [--daily-active-users N] [--limit-off LIMIT]
   --planned-subset  DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS=true in the daemon
   --shards K        RASTRO_ACCOUNT_SHARDS=K for the links and the daemon (docs/growing.md:
                     a shard for each hundred accounts)
@@ -83,9 +83,10 @@ Run: .venv/bin/python bench/onboarding.py [--accounts 1000] [--delay-ms 300] [--
                     shard before the next (the README's 50 from about 1,000 accounts)
   --pool-limit N    the `meta_api` pool's limit instead of dagster.yaml's 2
   --tier T          the fake Graph's access tier (standard: Meta's "Full access", or
-                    development: "Limited access"); the load capacities a second (app-wide,
-                    and an account's) and the daily active users behind `X-App-Usage` set the
-                    fake's limit model further (the fake's defaults when not given)
+                    development: "Limited access"); the insights load capacities a second
+                    (the app's, an account's), the daily active users behind `X-App-Usage` and
+                    the limits left off set the fake's limit model further
+                    (`python -m rastro_fake_graph --help` has their defaults)
 """
 
 from __future__ import annotations
@@ -620,14 +621,9 @@ def main() -> None:
     parser.add_argument("--timeout-minutes", type=float, default=240.0)
     parser.add_argument("--poll-seconds", type=float, default=10.0)
     parser.add_argument("--keep", type=Path, help="leave the warehouse, home and log in DIR")
-    parser.add_argument("--tier", choices=("standard", "development"),
-                        help="the fake Graph's access tier (default: the fake's)")
-    parser.add_argument("--app-insights-load", type=float,
-                        help="the fake's app-wide insights load capacity a second")
-    parser.add_argument("--account-insights-load", type=float,
-                        help="the fake's insights load capacity a second for one account")
-    parser.add_argument("--daily-active-users", type=int,
-                        help="the app's daily active users (X-App-Usage: 200 calls an hour each)")
+    from rastro_fake_graph.server import add_limit_options
+
+    add_limit_options(parser)
     args = parser.parse_args()
     if args.accounts < 1 or args.link_batch < 1:
         parser.error("--accounts and --link-batch take 1 at least")
@@ -880,7 +876,7 @@ def report(args, root: Path, home: Path, started: float, wall: float, onboarded:
     )
     print(
         f"ONBOARDING: {n} accounts in {shard_layout(args)}, Meta at {args.delay_ms:.0f} ms, "
-        f"{args.tier or 'the fake default'} tier: "
+        f"{args.tier} tier: "
         f"first data {first_text} (goal <= {GOAL_FIRST_DATA_SECONDS // 60}: "
         f"{goal(first_max, GOAL_FIRST_DATA_SECONDS)}); "
         f"every account's 90 days in {total}; {per_minute:.0f} account-days a minute; "
