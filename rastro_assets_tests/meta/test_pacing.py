@@ -354,6 +354,22 @@ def test_the_apps_throttle_is_waited_at_most_so_long_then_the_read_ends_throttle
     assert graph.throttles == 6
 
 
+def test_the_apps_throttle_is_waited_no_longer_than_the_reads_own_deadline(
+    readers_for,
+) -> None:
+    world = accounts_world(2)
+    graph = StagedGraph(world)
+    graph.app_throttles = 100
+    readers = readers_for(graph, clock_moves=False)
+    with pytest.raises(MetaError) as caught:
+        readers.client("listing").reachable_accounts()  # a listing has 300 s in all
+    assert (caught.value.kind, caught.value.limit) == (
+        ErrorKind.THROTTLED, RateLimit.APP_INSIGHTS_LOAD)
+    # The sleeps are not slept: the 8-minute pause alone would end past the 300 s.
+    assert_jittered(readers.sleeps["listing"], [60, 120, 240])
+    assert graph.throttles == 4
+
+
 def test_613_without_a_subcode_is_abuse_and_raised_at_once(readers_for, pacer: Pacer) -> None:
     world = accounts_world(2)
     cut, other = sorted(world.accounts)
