@@ -12,20 +12,27 @@ benchmark's GIL, and it answers from pre-rendered pages:
   which costs O(rows of the range) per page: it would dominate a 180,000-row backfill);
 - GET insights answers are cached byte for byte, keyed by method, URL and Authorization, so a
   second pass over the same requests costs the server only HTTP handling. Benchmarks warm the
-  cache with one pass and measure the sync and the floor on the same warm server.
+  cache with one pass and measure the sync and the floor on the same warm server. A cached
+  answer spends none of the fake's rate limits and repeats its usage headers: only a request
+  asked again word for word meets it (onboarding's syncs ask each range once).
 
-Run as a script (`python bench/_world.py serve ...`) it is that server: it prints
-`PORT <n>` and serves until its stdin closes.
+Run as a script (`python bench/_world.py serve ...`) it is that server: it prints the limit
+model it enforces (`LIMITS <text>` lines), then `PORT <n>`, serves until its stdin closes, and
+then prints `SUMMARY <json>`: the requests it answered by endpoint and the errors it refused
+with, by code and subcode (`serve_world` hands both to the bench as `Server.limits` and
+`Server.summary`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -62,11 +69,12 @@ def backfill_blocks(days: int = 90, block: int = 30) -> list[tuple[date, date]]:
 # -- the server process --------------------------------------------------------------------
 
 
-def build_world(n_ads: int, row_cap: int, system_clock: bool = False):
+def build_world(n_ads: int, row_cap: int, system_clock: bool = False, limits=None):
     """A FakeWorld with one account whose `n_ads` ads all deliver every day.
 
     Its clock is pinned at NOW, or with `system_clock` the wall clock, as the end-to-end
-    tests' worlds are when a real daemon (which has no pinned clock) reads them."""
+    tests' worlds are when a real daemon (which has no pinned clock) reads them. `limits`
+    is the fake's `LimitModel`, None for its default."""
     from rastro_assets.timekeeping import system_clock as wall_clock
     from rastro_fake_graph import world as world_module
     from rastro_fake_graph.world import FakeWorld, MutableClock
@@ -74,7 +82,8 @@ def build_world(n_ads: int, row_cap: int, system_clock: bool = False):
     world_module.DELIVERY_SHARE = 1.0
     world_module.VANISH_SHARE = 0.0
     clock = wall_clock if system_clock else MutableClock(NOW)
-    world = FakeWorld(clock=clock, seed=SEED, row_cap=row_cap)
+    world = FakeWorld(clock=clock, seed=SEED, row_cap=row_cap, limits=limits)
+    world.refusals = {}
     account = world.add_account(
         ACCOUNT, timezone=TIMEZONE, currency=CURRENCY, n_ads=n_ads, token=TOKEN
     )
@@ -137,11 +146,78 @@ def prerender(world) -> None:
         if cached is not None:
             return cached
         answer = original_handle(world, method, url, headers, body, **kwargs)
-        if method == "GET" and "/insights" in url and answer.fault is None:
+        if answer.status >= 400:
+            tally_refusal(world, answer.body)
+        elif method == "GET" and "/insights" in url and answer.fault is None:
             answers[key] = answer
         return answer
 
     server.handle = handle
+
+
+THROTTLE_LIMITS = {
+    "80000/2446079": "ads_insights",
+    "80004/2446079": "ads_management",
+    "17/2446079": "ad_account_score",
+    "613/1487742": "ad_account_score",
+    "4/1504022": "app_insights_load",
+    "4/1504039": "account_insights_load",
+    "4/-": "app_platform",
+    "613/-": "abuse",
+}
+"""The limit behind each throttle error, by code/subcode (the facts page's table)."""
+
+
+def tally_refusal(world, body: bytes) -> None:
+    """Count an error answer in `world.refusals` by its code/subcode and the limit behind it
+    ("no Graph error" when its body is none). Errors are never cached: each is counted."""
+    try:
+        error = json.loads(body)["error"]
+        key = f"{error.get('code')}/{error.get('error_subcode', '-')}"
+        key = f"{key} {THROTTLE_LIMITS[key]}" if key in THROTTLE_LIMITS else key
+    except (ValueError, KeyError, TypeError):
+        key = "no Graph error"
+    with world.lock:
+        world.refusals[key] = world.refusals.get(key, 0) + 1
+
+
+class AppLoadSampler(threading.Thread):
+    """The app's insights load a second, as the fake's limits see it, sampled every `every`
+    seconds: its peak and how long it stood at or above 75 % and 100 % of the capacity."""
+
+    def __init__(self, world, every: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.world, self.every = world, every
+        self.peak_units = 0.0
+        self.seconds_at = {75: 0.0, 100: 0.0}
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        ledger = getattr(self.world, "ledger", None)
+        model = getattr(self.world, "limits", None)
+        if ledger is None or model is None:
+            return
+        while not self.stopped.wait(self.every):
+            with self.world.lock:
+                units = ledger.app_load.total(self.world.monotonic())
+            self.peak_units = max(self.peak_units, units)
+            for share in self.seconds_at:
+                if units >= model.app_insights_load * share / 100:
+                    self.seconds_at[share] += self.every
+
+    def figures(self) -> dict:
+        return {"peak_units": round(self.peak_units, 1),
+                **{f"seconds_at_{share}": seconds for share, seconds in self.seconds_at.items()}}
+
+
+def summary(world, app_load: AppLoadSampler | None = None) -> dict:
+    """What the server did: requests by endpoint, refusals by code/subcode and limit, and the
+    app's insights load when the fake keeps one."""
+    with world.lock:
+        out = {"requests": dict(world.calls), "refusals": dict(world.refusals)}
+    if app_load is not None and getattr(world, "ledger", None) is not None:
+        out["app_load"] = app_load.figures()
+    return out
 
 
 def wave_account(index: int) -> str:
@@ -160,24 +236,39 @@ def add_wave_accounts(world, n_accounts: int, n_ads: int) -> None:
             ad.delivers_until = None
 
 
-def _serve_main(args: argparse.Namespace) -> None:
-    from rastro_fake_graph.server import serve
+LIMIT_OPTIONS = ("tier", "app_insights_load", "account_insights_load", "daily_active_users",
+                 "limit_off")
+"""The fake's limit settings a bench may choose (`serve_world(limits=...)`): the options of
+`rastro_fake_graph.server.add_limit_options`; what is not chosen keeps the fake's default."""
 
-    world = build_world(args.ads, args.row_cap, system_clock=args.system_clock)
+
+def _serve_main(args: argparse.Namespace) -> None:
+    from rastro_fake_graph.server import limit_model, serve
+
+    world = build_world(args.ads, args.row_cap, system_clock=args.system_clock,
+                        limits=limit_model(args))
     add_wave_accounts(world, args.wave_accounts, args.wave_ads)
     # Meta's latency (bench/latency.py); zero unless asked, so other benches are unchanged.
     world.request_delay_seconds = args.delay_ms / 1000
     world.async_report_seconds = args.async_seconds
     prerender(world)
+    app_load = AppLoadSampler(world)
+    app_load.start()
     with serve(world) as server:
+        print(f"LIMITS {world.limits.describe()}", flush=True)
         print(f"PORT {server.port}", flush=True)
         sys.stdin.read()  # until the parent closes our stdin (or exits)
+        app_load.stopped.set()
+        print(f"SUMMARY {json.dumps(summary(world, app_load))}", flush=True)
 
 
 @dataclass
 class Server:
     process: subprocess.Popen
     base_url: str
+    limits: str = ""
+    summary: dict | None = None
+    """What the server did (`summary`), read once it has stopped."""
 
 
 @contextlib.contextmanager
@@ -190,35 +281,67 @@ def serve_world(
     wave_accounts: int = 0,
     wave_ads: int = 20,
     system_clock: bool = False,
+    limits: dict | None = None,
 ) -> Iterator[Server]:
     """The fake Graph for `n_ads` ads in a child process on loopback.
 
     `delay_ms` holds every answer back (Meta's latency), `async_seconds` is how long an
-    async report runs, `wave_accounts` adds accounts of `wave_ads` ads each, and
-    `system_clock` puts the world on the wall clock instead of NOW.
+    async report runs, `wave_accounts` adds accounts of `wave_ads` ads each, `system_clock`
+    puts the world on the wall clock instead of NOW, and `limits` sets the fake's limit
+    model (LIMIT_OPTIONS; unset ones keep the fake's defaults). Once the block ends, the
+    server's `summary` says what it answered and refused.
     """
+    chosen = {name: value for name, value in (limits or {}).items() if value is not None}
+    unknown = set(chosen) - set(LIMIT_OPTIONS)
+    if unknown:
+        raise ValueError(f"no such limit setting: {sorted(unknown)}")
+    limit_args = [
+        arg
+        for name, value in chosen.items()
+        for each in (value if isinstance(value, list | tuple | frozenset) else [value])
+        for arg in (f"--{name.replace('_', '-')}", str(each))
+    ]
     process = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve()), "serve", "--ads", str(n_ads),
          "--row-cap", str(row_cap), "--delay-ms", str(delay_ms),
          "--async-seconds", str(async_seconds), "--wave-accounts", str(wave_accounts),
-         "--wave-ads", str(wave_ads), *(["--system-clock"] if system_clock else [])],
+         "--wave-ads", str(wave_ads), *(["--system-clock"] if system_clock else []),
+         *limit_args],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
+    described: list[str] = []
+    server = None
     try:
         line = process.stdout.readline()
+        while line.startswith("LIMITS "):
+            described.append(line[len("LIMITS "):].rstrip("\n"))
+            line = process.stdout.readline()
         if not line.startswith("PORT "):
             raise RuntimeError(f"the fake Graph did not start: {line!r}")
         from rastro_fake_graph.world import GRAPH_VERSION
 
-        yield Server(process, f"http://127.0.0.1:{int(line.split()[1])}/{GRAPH_VERSION}")
+        server = Server(process, f"http://127.0.0.1:{int(line.split()[1])}/{GRAPH_VERSION}",
+                        limits="\n".join(described))
+        yield server
     finally:
         with contextlib.suppress(OSError):
             process.stdin.close()
+        if server is not None:
+            reader = threading.Thread(target=_read_summary, args=(process, server), daemon=True)
+            reader.start()
+            reader.join(timeout=30)
         try:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def _read_summary(process: subprocess.Popen, server: Server) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        for line in process.stdout:
+            if line.startswith("SUMMARY "):
+                server.summary = json.loads(line[len("SUMMARY "):])
 
 
 # -- the syncing side ------------------------------------------------------------------------
@@ -275,12 +398,22 @@ def run_backfill(syncer, blocks: list[tuple[date, date]], tag: str = "bench"):
 
 
 def link_wave_accounts(warehouse, n_accounts: int, site: str = SITES[0]) -> None:
-    """Link the wave world's first `n_accounts` accounts to `site` through connection c1."""
-    from rastro_assets.warehouse import link_store
+    """Link the wave world's first `n_accounts` accounts to `site` through connections of their
+    own, w1, w2, ..., each holding the most links a connection may: an agency past that limit
+    connects its token again under another name."""
+    from rastro_assets.vault import Vault
+    from rastro_assets.warehouse import link_store, registry
 
+    vault = Vault.from_env()
+    per_connection = link_store.MAX_LINKS_PER_CONNECTION
     with warehouse.connect() as con:
         for index in range(n_accounts):
-            link_store.link_account(con, site, wave_account(index), "c1", TIMEZONE, CURRENCY, NOW)
+            connection = f"w{index // per_connection + 1}"
+            if index % per_connection == 0:
+                registry.save_connection(con, connection, vault.seal(connection, TOKEN), NOW)
+            link_store.link_account(
+                con, site, wave_account(index), connection, TIMEZONE, CURRENCY, NOW
+            )
 
 
 def tempdir() -> tempfile.TemporaryDirectory:
@@ -298,6 +431,9 @@ if __name__ == "__main__":
     serve_parser.add_argument("--wave-accounts", type=int, default=0)
     serve_parser.add_argument("--wave-ads", type=int, default=20)
     serve_parser.add_argument("--system-clock", action="store_true")
+    from rastro_fake_graph.server import add_limit_options
+
+    add_limit_options(serve_parser)
     _serve_main(parser.parse_args())
 
 

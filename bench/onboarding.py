@@ -31,12 +31,12 @@ in flight end (at most 5 minutes more) and stops the daemon.
 Measured (the clock starts when the daemon starts; the links are done, and timed, before):
 - each account's first data: the `finished_at` of its first ok `meta_sync_runs` row (a
   block's row is closed once its spend rows are committed), from the daemon's start; p50,
-  p95, max (goal <= 15 min after its link; the links are all done before the daemon starts,
+  p95, max (goal <= 5 min after its link; the links are all done before the daemon starts,
   so this is the later of the two clocks);
 - the time until every account holds its 90 days: each account's last ok backfill/gap row
   in `meta_sync_runs`, for accounts with 90 days in `ad_spend_daily`; the latest of them.
   The goal depends on N: the line through the two onboarding goals (100 accounts: 12 min for
-  9,000 account-days; 1,000: 90 min), 3.3 min + 5.2 s an account (`goal_all_days_minutes`);
+  9,000 account-days; 1,000: 20 min), 11.1 min + 0.53 s an account (`goal_all_days_minutes`);
 - account-days a minute: the account-days held over that time;
 - CPU: every process the daemon started (its own threads, the code server, each run's
   worker): this script is their subreaper and reaps them all, so `RUSAGE_CHILDREN` holds
@@ -59,6 +59,14 @@ Measured (the clock starts when the daemon starts; the links are done, and timed
   in flight (goal <= 5 s, judged on the longest); the daemon process's RSS sampled every
   0.5 s (`/proc/PID/status`) and its VmHWM (all daemons are threads of that process; goal
   <= 500 MB, judged on VmHWM);
+- Meta's limits: the fake Graph's limit model, printed in the header (`--tier`, and the
+  load capacities and daily active users when given; the fake's defaults otherwise); the
+  throttle errors met, twice: the `meta_sync_runs` rows that ended `throttled`, by error and
+  by the limit that held the account (`rate_limit`, when the warehouse has that column), and
+  the fake Graph's own count of the errors it answered, by code/subcode, beside its requests
+  (the summary it prints when its stdin closes); and how long accounts were held: each
+  throttled row's `regain_at - finished_at` (p50, max, the accounts held). A hold the product
+  waits out inside a run leaves no row: the fake's count is the one that sees those;
 - the load average at the start and at the end: the figures hold for a quiet machine only.
 
 Last line: `ONBOARDING: ...` with each figure beside its goal.
@@ -66,12 +74,19 @@ Last line: `ONBOARDING: ...` with each figure beside its goal.
 Run: .venv/bin/python bench/onboarding.py [--accounts 1000] [--delay-ms 300] [--ads 20]
      [--planned-subset] [--shards K] [--shard-accounts N] [--pool-limit N] [--sensor-seconds S]
      [--link-batch 100] [--timeout-minutes 240] [--keep DIR]
+     [--tier standard|development] [--app-insights-load UNITS] [--account-insights-load UNITS]
+     [--daily-active-users N] [--limit-off LIMIT]
   --planned-subset  DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS=true in the daemon
   --shards K        RASTRO_ACCOUNT_SHARDS=K for the links and the daemon (docs/growing.md:
                     a shard for each hundred accounts)
   --shard-accounts N  RASTRO_SHARD_ACCOUNTS=N: how many accounts `rastro link` puts in a
                     shard before the next (the README's 50 from about 1,000 accounts)
   --pool-limit N    the `meta_api` pool's limit instead of dagster.yaml's 2
+  --tier T          the fake Graph's access tier (standard: Meta's "Full access", or
+                    development: "Limited access"); the insights load capacities a second
+                    (the app's, an account's), the daily active users behind `X-App-Usage` and
+                    the limits left off set the fake's limit model further
+                    (`python -m rastro_fake_graph --help` has their defaults)
 """
 
 from __future__ import annotations
@@ -103,7 +118,7 @@ import _world  # noqa: E402
 
 BACKFILL_DAYS = 90
 FILL_KINDS = ("backfill", "gap")
-GOAL_FIRST_DATA_SECONDS = 15 * 60
+GOAL_FIRST_DATA_SECONDS = 5 * 60
 GOAL_FIXED_SHARE = 0.25
 GOAL_ITERATION_SECONDS = 30.0
 GOAL_IN_FLIGHT_SECONDS = 5.0
@@ -124,9 +139,9 @@ BACKFILL_OF_RUN = re.compile(r"'dagster/backfill': '([^']+)'")
 
 def goal_all_days_minutes(accounts: int) -> float:
     """Minutes until every account holds its 90 days: the two onboarding goals (100 accounts in
-    12 min, 1,000 in 90) and the line through them for any other N, 3.3 min (the daemon's
-    start, the sensors' first ticks, a run's start) + 5.2 s an account."""
-    return 12 + (accounts - 100) * (90 - 12) / (1000 - 100)
+    12 min, 1,000 in 20) and the line through them for any other N, 11.1 min + 0.53 s an
+    account."""
+    return 12 + (accounts - 100) * (20 - 12) / (1000 - 100)
 
 
 def load() -> str:
@@ -410,6 +425,78 @@ def warehouse_figures(duckdb_path: Path, started: float) -> dict:
     }
 
 
+def limit_settings(args) -> dict:
+    """The fake Graph's limit settings this run chose (`_world.LIMIT_OPTIONS`)."""
+    return {name: getattr(args, name) for name in _world.LIMIT_OPTIONS}
+
+
+def throttle_figures(duckdb_path: Path) -> dict:
+    """The syncs that ended throttled: by error and limit, and how long each held its account
+    (`regain_at - finished_at`)."""
+    from rastro_assets.warehouse.connection import Warehouse
+
+    with Warehouse(duckdb_path).connect(read_only=True) as con:
+        columns = {row[0] for row in con.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_name = 'meta_sync_runs'"
+        ).fetchall()}
+        limit = "coalesce(rate_limit, '?')" if "rate_limit" in columns else "'?'"
+        by_cause = con.execute(
+            f"""
+            SELECT {limit}, coalesce(error, ''), count(*), count(DISTINCT ad_account_id)
+            FROM meta_sync_runs WHERE outcome = 'throttled'
+            GROUP BY ALL ORDER BY 3 DESC LIMIT 8
+            """
+        ).fetchall()
+        holds = con.execute(
+            """
+            SELECT ad_account_id, epoch(regain_at) - epoch(finished_at)
+            FROM meta_sync_runs
+            WHERE outcome = 'throttled' AND regain_at IS NOT NULL AND finished_at IS NOT NULL
+            """
+        ).fetchall()
+        syncs = con.execute("SELECT count(*) FROM meta_sync_runs").fetchone()[0]
+    return {
+        "by_cause": by_cause,
+        "rows": sum(row[2] for row in by_cause),
+        "holds": [max(0.0, float(seconds)) for _, seconds in holds],
+        "accounts_held": len({account for account, _ in holds}),
+        "syncs": syncs,
+    }
+
+
+def report_throttles(throttles: dict, summary: dict | None) -> str:
+    """Print the throttle errors met and the holds; the ONBOARDING line's part of them."""
+    print(f"  syncs that ended throttled: {throttles['rows']} of {throttles['syncs']} "
+          f"meta_sync_runs rows")
+    for limit, error, times, accounts in throttles["by_cause"]:
+        print(f"    x{times} ({accounts} accounts), limit {limit}: {error[:160]}")
+    holds = throttles["holds"]
+    if holds:
+        print(f"  accounts held (regain_at - finished_at of those rows): "
+              f"{throttles['accounts_held']} accounts, p50 {percentile(holds, 0.5):.0f} s, "
+              f"p95 {percentile(holds, 0.95):.0f} s, max {max(holds):.0f} s")
+    refused = sum((summary or {}).get("refusals", {}).values())
+    requests = sum((summary or {}).get("requests", {}).values())
+    if summary is None:
+        print("  the fake Graph said nothing of its requests (it did not stop cleanly)")
+    else:
+        codes = ", ".join(f"{code} x{times}" for code, times in sorted(
+            summary["refusals"].items(), key=lambda item: -item[1])) or "none"
+        print(f"  the fake Graph answered {requests} requests, {refused} of them errors "
+              f"({refused / max(requests, 1):.2%}): {codes}")
+        load = summary.get("app_load")
+        if load:
+            print(f"  the app's insights load (sampled every 0.5 s in the fake): peak "
+                  f"{load['peak_units']:.0f} units a second; at or above 75 % of its capacity "
+                  f"{load['seconds_at_75']:.0f} s, at 100 % {load['seconds_at_100']:.0f} s")
+    held = (f"held p50 {percentile(holds, 0.5) / 60:.1f} / max {max(holds) / 60:.1f} min "
+            f"({throttles['accounts_held']} accounts)" if holds else "no account held")
+    errors = (f"{refused} error answers of {requests} requests" if summary is not None else
+              "the fake's count unknown")
+    return f"throttled syncs {throttles['rows']}, {held}; {errors}"
+
+
 def run_kind(run) -> str:
     """first-data, fill, wave, another backfill's run, or the run's job."""
     from rastro_assets.defs.keys import BACKFILL_ID_TAG, FIRST_DATA_TAG, WAVE_TAG, is_fill_key
@@ -534,6 +621,9 @@ def main() -> None:
     parser.add_argument("--timeout-minutes", type=float, default=240.0)
     parser.add_argument("--poll-seconds", type=float, default=10.0)
     parser.add_argument("--keep", type=Path, help="leave the warehouse, home and log in DIR")
+    from rastro_fake_graph.server import add_limit_options
+
+    add_limit_options(parser)
     args = parser.parse_args()
     if args.accounts < 1 or args.link_batch < 1:
         parser.error("--accounts and --link-batch take 1 at least")
@@ -558,7 +648,9 @@ def main() -> None:
     (home / "dagster.yaml").write_text(yaml.safe_dump(instance_config(home, args.pool_limit)))
     try:
         with _world.serve_world(1, 5000, delay_ms=args.delay_ms, wave_accounts=args.accounts,
-                                wave_ads=args.ads, system_clock=True) as server:
+                                wave_ads=args.ads, system_clock=True,
+                                limits=limit_settings(args)) as server:
+            print(f"Meta's limits (the fake Graph's model): {server.limits}", flush=True)
             env = {
                 **os.environ,
                 "DAGSTER_HOME": str(home),
@@ -631,7 +723,7 @@ def main() -> None:
             end_load = load()
         report(args, root, home, started, wall, onboarded, Cpu(
             cpu, daemon_cpu, code_server_cpu, graph_cpu, run_cpu, run_wall, cores
-        ), daemon_peak, sampler, start_load, end_load, runs_ended)
+        ), daemon_peak, sampler, start_load, end_load, runs_ended, server)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -671,9 +763,10 @@ def minutes(seconds: float) -> str:
 
 def report(args, root: Path, home: Path, started: float, wall: float, onboarded: bool,
            cpu: Cpu, daemon_peak: float, sampler: RssSampler, start_load: str, end_load: str,
-           runs_ended: float | None) -> None:
+           runs_ended: float | None, server) -> None:
     n = args.accounts
     house = warehouse_figures(root / "rastro.duckdb", started)
+    throttles = throttle_figures(root / "rastro.duckdb")
     runs = run_figures(home, started)
     full = [account for account, days in house["days"].items() if days >= BACKFILL_DAYS]
     held = sum(min(days, BACKFILL_DAYS) for days in house["days"].values())
@@ -739,6 +832,8 @@ def report(args, root: Path, home: Path, started: float, wall: float, onboarded:
         print(f"  Meta calls an account (meta_sync_runs.api_calls of its backfill/gap rows): "
               f"mean {statistics.mean(calls):.1f}, p50 {percentile(calls, 0.5):.0f}, max "
               f"{max(calls):.0f} ({len(calls)} accounts)")
+    print(f"  Meta's limits: {server.limits}")
+    throttle_text = report_throttles(throttles, server.summary)
     for window_start, window_end, submitted in submitting:
         print(f"  backfill daemon submitted {submitted} runs in {window_end - window_start:.0f} s "
               f"at +{minutes(window_start - started)} min; daemon RSS peak "
@@ -780,14 +875,17 @@ def report(args, root: Path, home: Path, started: float, wall: float, onboarded:
         "no iteration with runs in flight (goal <= 5 s: not measured)"
     )
     print(
-        f"ONBOARDING: {n} accounts in {shard_layout(args)}, Meta at {args.delay_ms:.0f} ms: "
-        f"first data {first_text} (goal <= 15: {goal(first_max, GOAL_FIRST_DATA_SECONDS)}); "
+        f"ONBOARDING: {n} accounts in {shard_layout(args)}, Meta at {args.delay_ms:.0f} ms, "
+        f"{args.tier} tier: "
+        f"first data {first_text} (goal <= {GOAL_FIRST_DATA_SECONDS // 60}: "
+        f"{goal(first_max, GOAL_FIRST_DATA_SECONDS)}); "
         f"every account's 90 days in {total}; {per_minute:.0f} account-days a minute; "
         f"{per_day_ms:.1f} CPU ms an account-day, Dagster's fixed share {share:.0%} (goal <= "
         f"{GOAL_FIXED_SHARE:.0%}: {goal(share, GOAL_FIXED_SHARE)}); {launched} runs "
         f"(first-data {count('first-data')}, fill {count('fill')}, waves {count('wave')}, "
         f"other {launched - count('first-data') - count('fill') - count('wave')}); Meta calls "
         f"an account p50 {percentile(calls, 0.5):.0f}, max {max(calls, default=0):.0f}; "
+        f"{throttle_text}; "
         f"backfill daemon: {submit_text}, {in_flight_text}; daemon {daemon_peak:.0f} MB "
         f"(goal <= 500: {goal(daemon_peak, GOAL_DAEMON_MB)}); load {start_load} -> "
         f"{end_load}{status}"
