@@ -222,8 +222,10 @@ def record_sync_run(
     took: timedelta = timedelta(seconds=5),
     token_sealed_at: datetime | None = None,
     api_calls: int = 0,
+    end: SyncRunEnd | None = None,
 ) -> None:
-    """A finished `meta_sync_runs` row, written as a sync writes it (start, then finish)."""
+    """A finished `meta_sync_runs` row, written as a sync writes it (start, then finish);
+    `end`, when given, is how it finished, in place of the keywords before it."""
     start = SyncRunStart(
         run_id=run_id,
         ad_account_id=account,
@@ -235,7 +237,7 @@ def record_sync_run(
         token_sealed_at=token_sealed_at,
     )
     start_sync_runs(con, [start])
-    end = SyncRunEnd(
+    end = end or SyncRunEnd(
         finished_at=started_at + took, outcome=outcome, error=error, api_calls=api_calls
     )
     finish_sync_runs(con, [((run_id, account, since), end)])

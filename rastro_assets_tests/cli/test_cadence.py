@@ -15,7 +15,7 @@ from rastro_assets.meta.models import Ad, InsightRow, insight_table
 from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.catalog import upsert_catalog
 from rastro_assets.warehouse.connection import Warehouse
-from rastro_assets.warehouse.runs import SyncRunEnd, SyncRunStart, finish_sync_runs, start_sync_runs
+from rastro_assets.warehouse.runs import SyncRunEnd
 from rastro_assets.warehouse.spend import write_spend
 from rastro_assets_tests.cli.conftest import assert_usage_error
 from rastro_assets_tests.conftest import record_sync_run
@@ -199,10 +199,8 @@ def test_status_and_plan_say_which_limit_holds_an_account_and_until_when(
                 rate_limit="ads_insights", account_usage_pct=100.0)),
             ("r6", "act_3", SyncRunEnd(ended, "ok", usage_pct=93.0, account_usage_pct=8.0)),
         ):
-            start = SyncRunStart(run_id, account, "live", date(2026, 11, 29), date(2026, 11, 30),
-                                 at - timedelta(minutes=2), False, None)
-            start_sync_runs(con, [start])
-            finish_sync_runs(con, [((run_id, account, start.since), end)])
+            record_sync_run(con, run_id, account, "live", date(2026, 11, 29),
+                            date(2026, 11, 30), at - timedelta(minutes=2), end=end)
     code, out, err = rastro("status", "--json", at=at)
     assert (code, err) == (0, "")
     by_account = {entry["ad_account_id"]: entry for entry in json.loads(out)}

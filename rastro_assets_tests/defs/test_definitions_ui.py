@@ -15,7 +15,7 @@ from rastro_assets.defs.account_health import freshness_evaluation
 from rastro_assets.defs.cadence.health import health_metadata
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.warehouse import registry
-from rastro_assets.warehouse.runs import SyncRunEnd, SyncRunStart, finish_sync_runs, start_sync_runs
+from rastro_assets.warehouse.runs import SyncRunEnd
 from rastro_assets_tests.conftest import NOW, record_sync_run
 from rastro_assets_tests.defs.conftest import TODAY
 
@@ -130,10 +130,8 @@ def test_health_says_which_limit_holds_an_account_and_until_when(warehouse, link
                 rate_limit="ad_account_score", account_usage_pct=100.0)),
             ("r2", "act_202", SyncRunEnd(ended, "ok", usage_pct=95.0, account_usage_pct=3.0)),
         ):
-            start = SyncRunStart(run_id, account, "live", TODAY - timedelta(days=1), TODAY,
-                                 NOW + timedelta(minutes=1), False, None)
-            start_sync_runs(con, [start])
-            finish_sync_runs(con, [((run_id, account, start.since), end)])
+            record_sync_run(con, run_id, account, "live", TODAY - timedelta(days=1), TODAY,
+                            NOW + timedelta(minutes=1), end=end)
         accounts = planned_accounts(con)
     wide = {row.data["ad_account_id"]: row.data
             for row in freshness_evaluation(accounts, at).metadata["health"].records}
