@@ -61,7 +61,7 @@ from rastro_assets.meta.pacing import (
     Pacer,
     default_pacer,
 )
-from rastro_assets.meta.usage import app_readings, parse_usage
+from rastro_assets.meta.usage import app_readings_of, decode_usage_headers, usage_of
 
 log = logging.getLogger(__name__)
 
@@ -464,13 +464,14 @@ class GraphSession:
                     raise
         if timeout <= 0:
             raise deadline.passed(what)
-        usage = parse_usage(response.headers)
-        pacer.read_app_load(*app_readings(response.headers))
+        decoded = decode_usage_headers(response.headers)
+        usage = usage_of(decoded)
+        pacer.read_app_load(*app_readings_of(decoded))
         try:
             body = self._decode(response, raw, what, read_page)
         except MetaError as exc:
             if exc.kind is ErrorKind.THROTTLED:
-                usage = parse_usage(response.headers, throttled=True)
+                usage = usage_of(decoded, throttled=True)
                 exc.regain_seconds = usage.regain_seconds
             else:
                 self._heed(account, usage, attempt)

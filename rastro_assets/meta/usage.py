@@ -120,34 +120,45 @@ def _business_use_case_limit(entry: Mapping[str, Any]) -> str:
     return RateLimit.ADS_MANAGEMENT
 
 
-def _shares(headers: Mapping[str, str]) -> _Shares:
+def _shares(decoded: Mapping[str, Any]) -> _Shares:
     shares = _Shares()
-    for entry in _objects(_header(headers, BUSINESS_USE_CASE_HEADER)):
+    for entry in _objects(decoded[BUSINESS_USE_CASE_HEADER]):
         limit = _business_use_case_limit(entry)
         for key in SHARE_KEYS:
             shares.account(_number(entry.get(key)), limit)
-    for obj in _objects(_header(headers, AD_ACCOUNT_HEADER)):
+    for obj in _objects(decoded[AD_ACCOUNT_HEADER]):
         shares.account(_number(obj.get(ACCOUNT_PCT_KEY)), RateLimit.AD_ACCOUNT_SCORE)
-    for obj in _objects(_header(headers, INSIGHTS_THROTTLE_HEADER)):
+    for obj in _objects(decoded[INSIGHTS_THROTTLE_HEADER]):
         shares.account(_number(obj.get(ACCOUNT_PCT_KEY)), RateLimit.ACCOUNT_INSIGHTS_LOAD)
         shares.app(_number(obj.get(APP_PCT_KEY)))
-    for obj in _objects(_header(headers, APP_HEADER)):
+    for obj in _objects(decoded[APP_HEADER]):
         for key in SHARE_KEYS:
             shares.app(_number(obj.get(key)))
     return shares
 
 
+def decode_usage_headers(headers: Mapping[str, str]) -> dict[str, Any]:
+    """Each usage header's JSON, decoded once for everything read from one answer (None: the
+    header is absent or unreadable)."""
+    return {name: _header(headers, name) for name in USAGE_HEADERS}
+
+
 def app_readings(headers: Mapping[str, str]) -> tuple[float | None, float | None]:
+    """`app_readings_of` the answer's headers."""
+    return app_readings_of(decode_usage_headers(headers))
+
+
+def app_readings_of(decoded: Mapping[str, Any]) -> tuple[float | None, float | None]:
     """The app's shares an answer says, each None when it says nothing of it: its insights
     load (`app_id_util_pct`, which binds every Marketing API call) and its platform calls
     (`X-App-Usage`, which binds only platform calls such as `/me`)."""
     insights: float | None = None
-    for obj in _objects(_header(headers, INSIGHTS_THROTTLE_HEADER)):
+    for obj in _objects(decoded[INSIGHTS_THROTTLE_HEADER]):
         pct = _number(obj.get(APP_PCT_KEY))
         if pct is not None:
             insights = max(insights or 0.0, pct)
     platform: float | None = None
-    for obj in _objects(_header(headers, APP_HEADER)):
+    for obj in _objects(decoded[APP_HEADER]):
         for key in SHARE_KEYS:
             pct = _number(obj.get(key))
             if pct is not None:
@@ -163,12 +174,16 @@ def parse_usage(headers: Mapping[str, str], *, throttled: bool = False) -> Usage
         throttled: the response is a throttling error, so the account-window
             reset counts as a time to regain access even below 100%.
     """
+    return usage_of(decode_usage_headers(headers), throttled=throttled)
+
+
+def usage_of(decoded: Mapping[str, Any], *, throttled: bool = False) -> Usage:
+    """`parse_usage` of headers already decoded (`decode_usage_headers`)."""
     pct = 0.0
     regain = 0.0
     reset_seconds: float | None = None
     for name in USAGE_HEADERS:
-        parsed = _header(headers, name)
-        for obj in _objects(parsed):
+        for obj in _objects(decoded[name]):
             for key, value in obj.items():
                 number = _number(value)
                 if number is None:
@@ -184,7 +199,7 @@ def parse_usage(headers: Mapping[str, str], *, throttled: bool = False) -> Usage
                 account_pct = _number(obj.get(ACCOUNT_PCT_KEY)) or 0.0
                 if reset and (throttled or account_pct >= FULL_PCT):
                     regain = max(regain, reset)
-    shares = _shares(headers)
+    shares = _shares(decoded)
     return Usage(
         pct=pct,
         regain_seconds=math.ceil(regain) if regain > 0 else None,
