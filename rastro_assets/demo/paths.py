@@ -1,5 +1,5 @@
 """Where the demo keeps its files: `data/` of the checkout, with the demo's secrets key, the
-warehouse and Dagster's home."""
+warehouse, Dagster's home and where its fake Graph listens."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 KEY_FILE_NAME = "secrets.key"
+GRAPH_FILE_NAME = "fake-graph.json"
 
 
 @dataclass(frozen=True)
@@ -28,3 +29,8 @@ class DemoPaths:
     @property
     def dagster_home(self) -> Path:
         return self.data / "dagster_home"
+
+    @property
+    def graph_file(self) -> Path:
+        """Where the running demo says where its fake Graph listens (`demo.graph`)."""
+        return self.data / GRAPH_FILE_NAME
