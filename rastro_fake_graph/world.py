@@ -38,6 +38,16 @@ from rastro_fake_graph.limits import INSIGHTS, MANAGEMENT, LimitLedger, LimitMod
 
 DEMO_TOKEN = "EAAFakeRastroDemoToken0000000000"
 DEMO_SEED = 2026
+# The demo world's accounts that `rastro demo` does not link, for rehearsing `rastro accounts`
+# and `rastro link --all`: zones east and west, a half-hour offset (Kolkata), the far east of
+# UTC+10 (Auckland), and a currency with no minor unit (KRW).
+DEMO_UNLINKED = {
+    "act_1004": ("Europe/Berlin", "EUR", "Berliner Kaufhaus"),
+    "act_1005": ("Asia/Kolkata", "INR", "Mumbai Bazaar"),
+    "act_1006": ("Australia/Sydney", "AUD", "Bondi Supply Co"),
+    "act_1007": ("Pacific/Auckland", "NZD", "Kiwi Outdoors"),
+    "act_1008": ("Asia/Seoul", "KRW", "서울 마켓"),
+}
 GRAPH_VERSION = "v25.0"
 CDN_HOST = "fake-cdn.rastro.test"
 CDN_BASE = f"https://{CDN_HOST}"
@@ -96,7 +106,10 @@ CREATIVE_KINDS = ("video", "image", "carousel", "photo", "other")
 ZERO_DECIMAL_CURRENCIES = frozenset(
     {"CLP", "COP", "CRC", "HUF", "ISK", "IDR", "JPY", "KRW", "PYG", "TWD", "VND"}
 )
-UNITS_PER_USD = {"USD": 1.0, "BRL": 5.4, "JPY": 150.0, "EUR": 0.92, "GBP": 0.79, "MXN": 18.0}
+UNITS_PER_USD = {
+    "USD": 1.0, "BRL": 5.4, "JPY": 150.0, "EUR": 0.92, "GBP": 0.79, "MXN": 18.0,
+    "AUD": 1.52, "INR": 84.0, "KRW": 1380.0,
+}
 MESSAGING_ACTION = "onsite_conversion.messaging_conversation_started_7d"
 
 AD_NAME_WORDS = {
@@ -444,7 +457,9 @@ class FakeWorld:
 
     @classmethod
     def demo(cls, clock: Clock = system_clock) -> FakeWorld:
-        """Three accounts in three timezones and currencies, read by `DEMO_TOKEN`."""
+        """Eight accounts in eight timezones and currencies, every one read by `DEMO_TOKEN`:
+        the three `rastro demo` links (`act_1001` to `act_1003`), and `DEMO_UNLINKED`, which
+        `rastro accounts` lists and `rastro link --all` links."""
         world = cls(clock, seed=DEMO_SEED)
         first_day = date(2026, 1, 1)
         world.add_account("act_1001", timezone="America/Sao_Paulo", currency="BRL",
@@ -453,6 +468,10 @@ class FakeWorld:
                           name="東京ストア", n_ads=20, first_day=first_day)
         world.add_account("act_1003", timezone="America/Los_Angeles", currency="USD",
                           name="Pacific Goods", n_ads=20, first_day=first_day)
+        # Each account's figures depend on its own id only: the first three stay as they were.
+        for act, (timezone, currency, name) in DEMO_UNLINKED.items():
+            world.add_account(act, timezone=timezone, currency=currency, name=name, n_ads=20,
+                              first_day=first_day)
         return world
 
     def add_account(

@@ -11,11 +11,12 @@ from decimal import Decimal
 import httpx
 import pytest
 
+from rastro_assets.timekeeping import zone
 from rastro_assets_tests.meta.conftest import BASE_URL, BRL, INSTANT, JPY, TOKEN
 from rastro_fake_graph import DEMO_TOKEN, FakeGraphTransport, FakeWorld, MutableClock
 from rastro_fake_graph.app import parse_fields
 from rastro_fake_graph.images import png
-from rastro_fake_graph.world import SETTLE_DAYS
+from rastro_fake_graph.world import DEMO_UNLINKED, SETTLE_DAYS
 
 INSIGHTS_PARAMS = {
     "level": "ad", "time_increment": "1",
@@ -52,10 +53,30 @@ def test_demo_world_shape() -> None:
     world = FakeWorld.demo(MutableClock(INSTANT))
     assert {(a.ad_account_id, a.timezone, a.currency) for a in world.accounts.values()} == {
         ("act_1001", "America/Sao_Paulo", "BRL"), ("act_1002", "Asia/Tokyo", "JPY"),
-        ("act_1003", "America/Los_Angeles", "USD")}
+        ("act_1003", "America/Los_Angeles", "USD"), ("act_1004", "Europe/Berlin", "EUR"),
+        ("act_1005", "Asia/Kolkata", "INR"), ("act_1006", "Australia/Sydney", "AUD"),
+        ("act_1007", "Pacific/Auckland", "NZD"), ("act_1008", "Asia/Seoul", "KRW")}
     for account in world.accounts.values():
         assert len(account.ads) == 20
         assert world.can_read(DEMO_TOKEN, account.ad_account_id)
+    assert [a.ad_account_id for a in world.reachable(DEMO_TOKEN)] == sorted(world.accounts)
+
+
+def test_the_demo_worlds_unlinked_accounts_deliver_in_their_own_zone_and_currency() -> None:
+    world = FakeWorld.demo(MutableClock(INSTANT))
+    offsets = {
+        act: zone(world.accounts[act].timezone).utcoffset(INSTANT.replace(tzinfo=None))
+        for act in DEMO_UNLINKED
+    }
+    assert any(offset.seconds % 3600 for offset in offsets.values())  # a half-hour zone
+    assert max(offsets.values()) > timedelta(hours=10)
+    for act in DEMO_UNLINKED:
+        day = world.today(act) - timedelta(days=10)
+        rows = world.truth(act, day)
+        assert rows and sum(row.spend for row in rows) > 0
+    [won] = [act for act in DEMO_UNLINKED if world.accounts[act].currency == "KRW"]
+    assert all(row.spend == row.spend.to_integral_value()
+               for row in world.truth(won, world.today(won) - timedelta(days=10)))
 
 
 def test_no_figures_for_future_days(world: FakeWorld) -> None:
