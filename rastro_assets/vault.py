@@ -67,8 +67,9 @@ class Vault:
 
     def open(self, connection_id: str, sealed: bytes) -> str:
         refusal = SecretsKeyError(
-            f"{self._var} does not open this token (connection {connection_id!r}):"
-            " wrong key or tampered ciphertext"
+            f"{self._var} does not open this token (connection {connection_id!r}): wrong key"
+            " or tampered ciphertext; give this process the key the token was sealed with, or"
+            f" seal it again under this one: `rastro connect {connection_id}`"
         )
         if len(sealed) < NONCE_BYTES + TAG_BYTES:
             raise refusal
@@ -87,22 +88,30 @@ def _key_from_env(environ: Mapping[str, str] | None, var: str) -> bytes:
     env = os.environ if environ is None else environ
     raw = (env.get(var) or "").strip()
     if not raw:
-        raise SecretsKeyError(
-            f"{var} is not set: tokens cannot be sealed or opened without it;"
-            " run `rastro keygen` for a fresh key and export it"
-        )
+        raise SecretsKeyError(missing_key_message(var))
     try:
         key = base64.b64decode(raw, validate=True)
     except (binascii.Error, ValueError):
         raise SecretsKeyError(
-            f"{var} is not valid base64; run `rastro keygen` for a fresh key"
+            f"{var} is not valid base64: set it to the key itself, one line as `rastro keygen`"
+            " prints it (a fresh key opens no token sealed before)"
         ) from None
     if len(key) != KEY_BYTES:
         raise SecretsKeyError(
-            f"{var} decodes to {len(key)} bytes, not {KEY_BYTES};"
-            " run `rastro keygen` for a fresh key"
+            f"{var} decodes to {len(key)} bytes, not {KEY_BYTES}: set it to the key itself,"
+            " one line as `rastro keygen` prints it (a fresh key opens no token sealed before)"
         )
     return key
+
+
+def missing_key_message(var: str = ENV_VAR) -> str:
+    """What an unset `var` stops, and which key to set: a fresh one opens no token sealed
+    before, so it is the key of the warehouse's daemon unless the warehouse holds none."""
+    return (
+        f"{var} is not set: tokens cannot be sealed or opened without it; set it to the key"
+        " this warehouse's tokens are sealed with, the one its daemon runs with (`rastro"
+        " keygen` makes a fresh one, for a warehouse that holds no token yet)"
+    )
 
 
 def derived_key(

@@ -119,7 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(argv: Sequence[str] | None, ctx: Context) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return args.handler(args, ctx)
+        code = args.handler(args, ctx)
+        ctx.release_note()
+        return code
     except SystemExit as exc:  # --help and friends
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except (

@@ -157,7 +157,7 @@ def _client(ctx: Context, connection: registry.Connection) -> Iterator[MetaClien
     """A client holding the connection's token, opened from the vault and never printed."""
     if connection.sealed_token is None:
         raise RegistryError(f"connection {connection.connection_id!r} has no token")
-    token = ctx.vault().open(connection.connection_id, connection.sealed_token)
+    token = ctx.open_token(connection.connection_id, connection.sealed_token)
     client = ctx.meta_client(token)
     try:
         yield client

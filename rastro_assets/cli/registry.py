@@ -18,7 +18,6 @@ from rastro_assets.accounts import normalize_account_id
 from rastro_assets.cli.cadence import NO_VALUE
 from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
 from rastro_assets.cli.output import existing_warehouse, no_warehouse, say_no_warehouse, say_table
-from rastro_assets.cli.tools import sealing_vault
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.shards import crowded_warning
@@ -175,7 +174,7 @@ def add_connect(subparsers: Subparsers) -> None:
 def _connect(args: argparse.Namespace, ctx: Context) -> int:
     connection_id = registry.validate_identifier("connection id", args.connection_id)
     token = _read_token(args, ctx)
-    vault = sealing_vault(ctx)
+    vault = ctx.vault()
     if not args.no_verify:
         _check_token(ctx, token)
     sealed = vault.seal(connection_id, token)
@@ -325,7 +324,7 @@ def _link_one(args: argparse.Namespace, ctx: Context, raw_account_id: str) -> in
 def _read_account(ctx: Context, connection: registry.Connection, ad_account_id: str) -> AdAccount:
     if connection.sealed_token is None:
         raise RegistryError(f"connection {connection.connection_id!r} has no token")
-    token = ctx.vault().open(connection.connection_id, connection.sealed_token)
+    token = ctx.open_token(connection.connection_id, connection.sealed_token)
     client = ctx.meta_client(token)
     try:
         return client.account(ad_account_id)

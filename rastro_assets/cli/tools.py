@@ -3,8 +3,7 @@
 `rotate-key` re-seals every stored token under a new secrets key in one
 transaction: either every token opens under the new key afterwards, or
 nothing changed. `publish` publishes the analytics snapshot now, without
-Dagster. `demo` and `fake-meta` run the product on the fake Graph;
-`sealing_vault` lets a command in the demo's checkout seal with the demo's key.
+Dagster. `demo` and `fake-meta` run the product on the fake Graph.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 import argparse
 import base64
 import ipaddress
-import os
 from pathlib import Path
 
 from rastro_assets.cli.context import (
@@ -25,7 +23,7 @@ from rastro_assets.cli.context import (
     command,
 )
 from rastro_assets.settings import project_root
-from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault, read_key_file
+from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault
 from rastro_assets.warehouse.connection import Connection, transaction
 from rastro_assets.warehouse.sealed_tokens import sealed_tokens, store_resealed_tokens
 from rastro_assets.words import counted
@@ -87,7 +85,13 @@ def _old_and_new_vaults(ctx: Context, old_var: str) -> tuple[Vault, Vault]:
             f"--old-key-env {old_var}: that variable must hold the old key, the base64 of"
             " 32 bytes, as RASTRO_SECRETS_KEY did before"
         ) from None
-    new = ctx.vault()
+    if not (ctx.environ.get(ENV_VAR) or "").strip():
+        # The new key is the one exported, never one a folder stands in for.
+        raise UsageError(
+            f"{ENV_VAR} is not set: export the new key as {ENV_VAR} (`rastro keygen` makes"
+            f" one), and the old one as {old_var}"
+        )
+    new = Vault.from_env(ctx.environ)
     if _key_bytes(ctx, old_var) == _key_bytes(ctx, ENV_VAR):
         raise UsageError(
             f"{old_var} and {ENV_VAR} hold the same key: export the new key (`rastro keygen`)"
@@ -137,49 +141,6 @@ def _opens(vault: Vault, connection_id: str, sealed: bytes) -> bool:
     except SecretsKeyError:
         return False
     return True
-
-
-# the demo's key ---------------------------------------------------------------
-
-
-def sealing_vault(ctx: Context) -> Vault:
-    """The vault a command seals tokens with: RASTRO_SECRETS_KEY's; when it is unset and the
-    warehouse is the demo's seen from its checkout, the demo's key in `data/secrets.key`,
-    which is what `rastro demo` hands its daemon then (said in one line). Otherwise the
-    missing variable's error, naming any demo key file that was not taken and why."""
-    if (ctx.environ.get(ENV_VAR) or "").strip():
-        return ctx.vault()
-    # Imported here: the demo module loads the planner and the fake Graph's world.
-    from rastro_assets import demo
-
-    duckdb_path = ctx.warehouse().path
-    key_file = demo.demo_key_file(duckdb_path)
-    if key_file is not None:
-        shown = _shown(key_file)
-        # Named after the file in every refusal: the variable is not what was read.
-        vault = Vault.from_env({shown: read_key_file(key_file)}, var=shown)
-        ctx.say(
-            f"{ENV_VAR} is not set: sealing with the demo's key in {shown}, the one"
-            f" `rastro demo` gives its daemon when {ENV_VAR} is unset"
-        )
-        return vault
-    strays = demo.stray_key_files(duckdb_path)
-    if strays:
-        raise SecretsKeyError(
-            f"{ENV_VAR} is not set, and {_shown(strays[0])} is the demo's key: it stands in"
-            " only inside the demo's checkout, for its warehouse data/rastro.duckdb, and this"
-            f" command's warehouse is {os.path.abspath(duckdb_path)}; export {ENV_VAR} with the"
-            " key the daemon of that warehouse runs with"
-        )
-    return ctx.vault()
-
-
-def _shown(path: Path) -> str:
-    """`path` as the user finds it: relative to the working directory when inside it."""
-    try:
-        return str(Path(os.path.abspath(path)).relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 
 
 # publish --------------------------------------------------------------------

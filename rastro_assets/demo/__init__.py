@@ -18,7 +18,8 @@ A `RASTRO_SECRETS_KEY` already in the environment wins over the demo key in
 `data/secrets.key`: whoever keeps real connections in the same warehouse
 keeps them readable. The demo connection is re-sealed whenever the key in use
 does not open it. `rastro` commands run inside the demo's checkout on its
-warehouse use the same key file when the variable is unset (`demo_key_file`).
+warehouse take the same key file, and the demo's fake Graph, when nothing is exported
+(`demo_folder_paths`, and the CLI's `Context.demo_folder`).
 
 Here: the demo's data and its start. Beside it: where its files are (`paths`), which of
 Dagster's lines it passes on (`dagster_output`), its terminal (`terminal`), what it says
@@ -69,6 +70,15 @@ def demo_key_file(duckdb_path: str | os.PathLike[str], cwd: Path | None = None) 
     What `rastro demo` hands its daemon when RASTRO_SECRETS_KEY is unset, so a token a
     command seals with it there is one the demo's daemon opens.
     """
+    paths = demo_folder_paths(duckdb_path, cwd)
+    return paths.key_file if paths is not None else None
+
+
+def demo_folder_paths(
+    duckdb_path: str | os.PathLike[str], cwd: Path | None = None
+) -> DemoPaths | None:
+    """The demo's files when `duckdb_path` is its warehouse seen from `cwd` and its key file
+    is there (`demo_key_file`); else None."""
     root = project_root(cwd)
     if root is None or not (root / "dagster.yaml").exists():
         return None
@@ -77,7 +87,7 @@ def demo_key_file(duckdb_path: str | os.PathLike[str], cwd: Path | None = None) 
         return None
     if os.path.realpath(duckdb_path) != os.path.realpath(paths.duckdb):
         return None
-    return paths.key_file
+    return paths
 
 
 def stray_key_files(duckdb_path: str | os.PathLike[str], cwd: Path | None = None) -> list[Path]:
