@@ -65,6 +65,8 @@ class DemoFolder:
     key_file: Path
     """The demo's key, the one `rastro demo` gives its daemon when RASTRO_SECRETS_KEY is
     unset."""
+    graph_file: Path
+    """Where the running demo names its fake Graph."""
     graph_url: str | None
     """The running demo's fake Graph; None: the demo world in this process."""
 
@@ -73,7 +75,8 @@ class DemoFolder:
         graph = (
             f"the running demo's fake Meta Graph at {self.graph_url}"
             if self.graph_url
-            else "the demo's fake Meta Graph, in this process (no demo is running)"
+            else f"the demo's fake Meta Graph, in this process ({shown_path(self.graph_file)}"
+            " names no running demo's)"
         )
         return f"in the demo's folder with nothing exported: the demo's key {key} and {graph}"
 
@@ -161,7 +164,7 @@ class Context:
         from rastro_assets.demo.graph import read_graph_file
 
         graph = read_graph_file(paths.graph_file)
-        return DemoFolder(paths.key_file, graph.url if graph else None)
+        return DemoFolder(paths.key_file, paths.graph_file, graph.url if graph else None)
 
     def _exported(self) -> list[str]:
         """Those of `DEMO_UNSET` that are set."""

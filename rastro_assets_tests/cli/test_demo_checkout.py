@@ -35,7 +35,8 @@ REPO = Path(__file__).resolve().parents[2]
 TOKEN = "EAAB0demoCheckoutToken0123456789abcdef"
 IN_PROCESS_NOTE = (
     "rastro: note: in the demo's folder with nothing exported: the demo's key data/secrets.key"
-    " and the demo's fake Meta Graph, in this process (no demo is running)\n"
+    " and the demo's fake Meta Graph, in this process (data/fake-graph.json names no running"
+    " demo's)\n"
 )
 UNLINKED = sorted(DEMO_UNLINKED)
 REAL_GRAPH = DEFAULT_GRAPH_URL
