@@ -13,8 +13,8 @@ In the demo's folder (its checkout, on its `data/rastro.duckdb`) a command needs
 exports: with `RASTRO_SECRETS_KEY`, `RASTRO_META_GRAPH_URL` and `RASTRO_META_FAKE` unset it
 takes the demo's key, `data/secrets.key`, as `rastro demo` gives its daemon, and asks the
 demo's fake Graph (the running demo's server, else the demo world in this process). Decided
-once per command (`demo_folder`), and said in one `rastro: note:` line once either is
-taken. Anywhere else, or with one of those variables set, neither is.
+once per command (`demo_folder`), and said in one `rastro: note:` line on stderr, unless the
+command is refused. Anywhere else, or with one of those variables set, neither is.
 """
 
 from __future__ import annotations
