@@ -290,11 +290,11 @@ def _account_cause(
         # Abuse prevention cut the account's quota: hours of waiting a person should know
         # of now, not after the threshold.
         if last.run.rate_limit == RateLimit.ABUSE or now - first >= thresholds.rate_limited:
-            held = _held(last.run.rate_limit, status.rate_limit, state.timezone, now)
+            retry_at = max(utc_or_none(status.next_sync_at) or now, now)
+            held = _held(last.run.rate_limit, status.rate_limit, retry_at, state.timezone, now)
             return _Found(
                 account, IncidentKind.RATE_LIMITED, first, f"{held}; {_said(last.error)}",
-                last.run.rate_limit,
-                status.rate_limit.until if status.rate_limit is not None else now,
+                last.run.rate_limit, retry_at,
             )
     if last is not None and last.outcome == Outcome.OTHER:
         # Meta failed the sync through the client's own retries (timeouts, 5xx, "retry
@@ -331,15 +331,18 @@ def _account_cause(
     return None
 
 
-def _held(limit: str | None, held: Hold | None, timezone: str, now: datetime) -> str:
-    """When the account is tried again and which limit holds it till then, as its line in
-    the incident says it: in the account's own zone and in UTC, as `rastro status` shows."""
+def _held(
+    limit: str | None, held: Hold | None, retry_at: datetime, timezone: str, now: datetime
+) -> str:
+    """When the account is tried again (`rastro status`'s next sync) and which limit holds
+    it till then, as its line in the incident says it: in its own zone and in UTC."""
+    if retry_at <= now:
+        return f"retried now; refused last by {_limit_named(limit)}"
+    when = f"retried at {local_time(retry_at, timezone)} ({retry_at:%H:%M} UTC)"
     if held is None:
-        return f"retried now (due at {now:%H:%M} UTC); refused by {_limit_named(limit)}"
-    return (
-        f"retried at {local_time(held.until, timezone)} ({utc(held.until):%H:%M} UTC), held "
-        f"till then by {_limit_named(held.limit)}"
-    )
+        # The limit's hold ended before the cadence's next read: that read is the retry.
+        return f"{when}, its next read; refused last by {_limit_named(limit)}"
+    return f"{when}, held till then by {_limit_named(held.limit)}"
 
 
 def _limit_named(limit: str | None) -> str:
