@@ -1,9 +1,10 @@
 """`meta_incidents`: the daemon's look at what needs a person, and who hears of it.
 
 Each tick finds the incidents (`alerts.incidents`): from the warehouse, each connection's
-dead token, lost permissions, long throttles, stuck backfills and stale accounts, and the
-snapshot left behind; from Dagster, jobs whose runs keep failing and cadence sensors that
-stopped or keep failing; and the settings the code location refused as it loaded. The
+dead token, lost permissions, long throttles, Meta failing every try, stuck backfills and
+stale accounts, and the snapshot left behind; from Dagster, jobs whose runs keep failing
+and cadence sensors that stopped or keep failing; and the settings the code location
+refused as it loaded. The
 ledger stores them, owes each channel a notice of each change (`alerts.ledger`), and the
 tick then delivers what is due. The `no_open_incidents` check on `meta_account_health`
 names what is open, and which channel is failing.
@@ -366,8 +367,9 @@ def _latest_health(instance: dg.DagsterInstance) -> dg.EventLogRecord | None:
     minimum_interval_seconds=INCIDENTS_SENSOR_SECONDS,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Finds what needs a person (a dead token, stale or stuck accounts, lost "
-    "permissions, long throttles, the snapshot left behind, runs failing in a row, cadence "
-    "sensors stopped), stores each incident once, and sends its notices to the channels of "
+    "permissions, long throttles, Meta failing every try, the snapshot left behind, runs "
+    "failing in a row, cadence sensors stopped), stores each incident once, and sends its "
+    "notices to the channels of "
     "RASTRO_ALERT_WEBHOOK_URLS and RASTRO_ALERT_SMTP_URL: opened, reminded, resolved. The "
     "no_open_incidents check on meta_account_health names what is open.",
 )
@@ -476,8 +478,9 @@ def _summary(open_now: Sequence[store.StoredIncident]) -> str:
     asset=META_ACCOUNT_HEALTH,
     name=NO_OPEN_INCIDENTS,
     description="Fails while an incident is open (a dead token, stale or stuck accounts, "
-    "lost permissions, long throttles, the snapshot left behind, failing runs or stopped "
-    "sensors), naming each with what to do, and says where alerts go and which channel "
+    "lost permissions, long throttles, Meta failing every try, the snapshot left behind, "
+    "failing runs or stopped sensors), naming each with what to do, and says where alerts go "
+    "and which channel "
     "fails. The meta_incidents sensor (Automation) evaluates it whenever that changes, so "
     "its own Automation history stays empty; Execute reads the incidents it last stored. "
     "A failure here turns meta_account_health red: its materialization is fine, the "
