@@ -196,9 +196,10 @@ RESTART_GAP = timedelta(seconds=2 * INCIDENTS_SENSOR_SECONDS + 30)
 """A pause in this sensor's checks longer than this is the daemon's downtime (or the sensor's,
 turned off): the next check is taken as the daemon's start. Two intervals and the daemon's
 loop and a slow tick's slack."""
-START_GRACE = timedelta(seconds=2 * max(ACCOUNTS_SENSOR_SECONDS, CADENCE_SENSOR_SECONDS) + 30)
+START_GRACE = timedelta(seconds=2 * max(ACCOUNTS_SENSOR_SECONDS, CADENCE_SENSOR_SECONDS) + 15)
 """How long after the daemon's start the cadence sensors' silence is not judged: each ticks
-within its interval once the daemon is up, and the daemon starts its code server first."""
+within its interval once the daemon is up (its code server is up by this sensor's first
+check), a tick counting from its start."""
 UP_SINCE_KEY = "checking since"
 
 
