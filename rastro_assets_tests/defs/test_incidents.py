@@ -530,3 +530,18 @@ def test_a_sensor_still_silent_past_the_start_s_grace_opens_once(daemon, hook, i
     assert events(hook) == [
         ("opened", "sensor:meta_accounts"), ("resolved", "sensor:meta_accounts"),
     ]
+
+
+# --- one incident per trouble -----------------------------------------------------------------
+
+
+def test_waves_failing_on_their_accounts_own_trouble_are_not_a_second_incident(
+    daemon, hook, instance, rastro_at, fake_world, fake_clock
+):
+    # Meta answers every read with an error the product has no name for: META_UNAVAILABLE.
+    fake_world.fail("insights", "other", times=None)
+    for minute in (1, 16, 46):
+        sync_both(instance, rastro_at, fake_clock, minutes(minute), succeeds=False)
+    daemon.tick(minutes(47))
+    assert events(hook) == [("opened", "unavailable:c1")]
+    assert "2 accounts of connection c1 could not be read" in hook.texts[0]

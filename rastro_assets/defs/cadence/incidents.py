@@ -11,7 +11,8 @@ names what is open, and which channel is failing.
 
 Fill runs are left out of the runs counted: one fails whenever an account of it is
 throttled or paused, which its accounts' own incidents say better, and a backfill that
-waits out Meta's budget is healthy.
+waits out Meta's budget is healthy. So are waves that failed only because each of their
+accounts did: one trouble is one incident.
 """
 
 import json
@@ -83,6 +84,8 @@ def run_failure_incidents(
         if record.dagster_run.status == dg.DagsterRunStatus.SUCCESS:
             ended.add(label)
             continue
+        if label == WAVE_JOB and _accounts_said(instance, record.dagster_run.run_id):
+            continue
         streaks.setdefault(label, []).append(record)
     incidents = []
     for label, failed in sorted(streaks.items()):
@@ -97,6 +100,21 @@ def run_failure_incidents(
         if incident is not None:
             incidents.append(incident)
     return incidents
+
+
+WAVE_JOB = "meta_sync_wave"
+WAVE_ALL_FAILED = "every account of the wave failed"
+"""How a wave's failure begins when each of its accounts failed its own sync."""
+UNSAID_CODES = ("SECRETS_KEY_MISSING",)
+"""Account failures no account incident says at once: a wave failing on these still counts."""
+
+
+def _accounts_said(instance: dg.DagsterInstance, run_id: str) -> bool:
+    """The wave failed only because each of its accounts did: their own incidents (a dead
+    token, a lost permission, Meta failing, a long throttle) say that, once per cause,
+    where a streak of failed waves would say it a second time."""
+    line = _failure_line(instance, run_id)
+    return line.startswith(WAVE_ALL_FAILED) and not any(code in line for code in UNSAID_CODES)
 
 
 def _job_label(run: dg.DagsterRun) -> str | None:
