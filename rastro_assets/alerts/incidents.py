@@ -468,8 +468,9 @@ _BUILDERS: dict[IncidentKind, _Builder] = {
             f"limits ({_limits(found)}) for {span(now - min(each.since for each in found))}, "
             f"every try{_next_try(found)}"
         ),
-        f"each waits out Meta's limit and retries on its own; if it lasts, see {RUNBOOK}, "
-        '"RATE_LIMITED"',
+        "each waits out Meta's limit and is retried on its own, when its line says; "
+        "`rastro sync-now AD_ACCOUNT_ID` retries one at once (refused again while the limit "
+        f'lasts). If it lasts for hours, see {RUNBOOK}, "RATE_LIMITED"',
     ),
     IncidentKind.UNAVAILABLE: _grouped(
         IncidentKind.UNAVAILABLE,
