@@ -11,22 +11,26 @@ restarted daemon's checks run past the grace after its start; no notice comes.
 from __future__ import annotations
 
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
+from rastro_assets.timekeeping import local_date
+from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.alerts.receivers import webhook_receiver
+from rastro_assets_tests.conftest import record_sync_run
 from rastro_assets_tests.e2e.daemon_harness import (
+    ACCOUNT,
     SENSOR_INTERVAL_SECONDS,
+    TIMEZONE,
     instance_yaml,
     linked_world,
     one_account_world,
     wait_for,
 )
-from rastro_assets_tests.e2e.test_alerts_daemon import backfilled, live_oks
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -35,6 +39,27 @@ GRACE_SECONDS = 2 * SENSOR_INTERVAL_SECONDS + 15
 """The grace after the daemon's start at the harness's sensor interval (`START_GRACE`)."""
 CADENCE_SENSORS = ("meta_accounts", "meta_cadence")
 INCIDENTS_SENSOR = "meta_incidents"
+
+
+def backfilled(warehouse: Warehouse) -> None:
+    """The account's backfill recorded as done and a sync asked for: the daemon's first look
+    starts a live wave, not a 90-day backfill."""
+    now = datetime.now(UTC)
+    today = local_date(now, TIMEZONE)
+    with warehouse.connect() as con:
+        record_sync_run(
+            con, "seeded-backfill", ACCOUNT, "backfill", today - timedelta(days=89), today,
+            now - timedelta(minutes=1), catalog=True,
+        )
+        registry.request_sync(con, ACCOUNT, now)
+
+
+def synced_live(warehouse: Warehouse) -> bool:
+    with warehouse.connect(read_only=True) as con:
+        [[count]] = con.execute(
+            "SELECT count(*) FROM meta_sync_runs WHERE kind = 'live' AND outcome = 'ok'"
+        ).fetchall()
+    return count > 0
 
 
 def ticks(home: Path, name: str) -> list[dg.InstigatorTick]:
@@ -96,7 +121,7 @@ def test_a_daemon_restart_with_no_trouble_sends_no_notice(alerting_world):
     started = time.monotonic()
     try:
         # The instance's storage is made by the daemon: read only once it has run a sync.
-        wait_for("the account's first live sync", lambda: live_oks(warehouse) > 0, 120)
+        wait_for("the account's first live sync", lambda: synced_live(warehouse), 120)
         wait_for(
             "the sensors' first ticks and an incident check",
             lambda: all(ticks(home, name) for name in CADENCE_SENSORS)
