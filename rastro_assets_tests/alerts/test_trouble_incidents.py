@@ -36,7 +36,7 @@ THRESHOLDS = AlertThresholds(snapshot=timedelta(minutes=MAX_ALERT_MINUTES))
 CHECKED = {kind.value for kind in IncidentKind if kind not in DAEMON_KINDS} - {"daemon"}
 
 
-QUIET_STEP = timedelta(minutes=5)
+QUIET_STEP = timedelta(minutes=10)
 """The incident check's spacing while nothing is read: only a threshold can change what it
 finds then, and each is minutes long."""
 
