@@ -274,7 +274,7 @@ def _account_cause(
     account: PlannedAccount, now: datetime, thresholds: AlertThresholds
 ) -> _Found | None:
     """The one cause an account counts toward: the first that holds of a dead token, a lost
-    permission, a long throttle, a stuck backfill, stale data."""
+    permission, a long throttle, Meta failing every try, a stuck backfill, stale data."""
     state = account.state
     status = cadence.status(state, now)
     runs = sorted((utc_run(run) for run in state.runs), key=lambda run: run.started_at)
