@@ -9,6 +9,7 @@ status --check` asks the same questions of the warehouse directly.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -18,7 +19,7 @@ from rastro_assets.alerts.quoted import quoted
 from rastro_assets.meta.limits import RateLimit, describe
 from rastro_assets.outcomes import FILL_KINDS, AccountHealth, Outcome
 from rastro_assets.planner import cadence
-from rastro_assets.planner.backoff import Hold, read_history
+from rastro_assets.planner.backoff import Failure, Hold, read_history
 from rastro_assets.planner.history import PlannedAccount
 from rastro_assets.planner.instants import local_time, span, utc, utc_or_none, utc_run
 from rastro_assets.settings import AlertThresholds
@@ -34,6 +35,7 @@ class IncidentKind(StrEnum):
     STUCK = "stuck"
     PERMISSION = "permission"
     RATE_LIMITED = "rate_limited"
+    UNAVAILABLE = "unavailable"
     SNAPSHOT = "snapshot"
     RUN_FAILURES = "run_failures"
     SENSOR = "sensor"
@@ -164,16 +166,36 @@ def run_failures_incident(
     )
 
 
+def sensor_start_command(name: str, home: str | None) -> str:
+    """The shell command that turns sensor `name` on, run from the checkout (where
+    workspace.yaml is) with the daemon's Dagster home."""
+    where = f"DAGSTER_HOME={shlex.quote(home)} " if home else "DAGSTER_HOME=<the daemon's> "
+    return f"{where}dagster sensor start {name} -w workspace.yaml"
+
+
 def sensor_incident(
-    name: str, last_tick: datetime | None, stopped: bool, now: datetime, thresholds: AlertThresholds
+    name: str,
+    last_tick: datetime | None,
+    stopped: bool,
+    now: datetime,
+    thresholds: AlertThresholds,
+    *,
+    home: str | None = None,
 ) -> Incident | None:
-    """A cadence sensor turned off, or silent for longer than allowed."""
+    """A cadence sensor turned off, or silent for longer than allowed. `home` is the
+    daemon's DAGSTER_HOME, which the command that turns it on needs."""
     if stopped:
         summary = f"the sensor {name} is stopped: nothing it starts runs"
-        fix = f"turn {name} on in the Dagster UI (Automation), or `dagster sensor start {name}`"
+        fix = (
+            f"turn {name} on in the Dagster UI (Automation), or from the checkout: "
+            f"`{sensor_start_command(name, home)}`"
+        )
     elif last_tick is not None and utc(now) - utc(last_tick) >= thresholds.sensor:
         summary = f"the sensor {name} has not ticked for {span(utc(now) - utc(last_tick))}"
-        fix = "look at the daemon's log (`dagster-daemon run`) and restart it"
+        fix = (
+            "look at the daemon's log (`journalctl -u rastro-daemon`, or the terminal of "
+            "`rastro daemon`) and restart the daemon"
+        )
     else:
         return None
     return Incident(
@@ -199,7 +221,9 @@ def daemon_incident(
             f"the daemon's checks stopped {span(utc(now) - utc(last_check))} ago: no sync "
             "runs and no alert is sent while it is down"
         ),
-        fix="start or restart the daemon (`dagster-daemon run`, or its systemd service)",
+        fix="start or restart the daemon: `sudo systemctl restart rastro-daemon` where it is a "
+        "service, else `rastro daemon -w workspace.yaml` from the checkout with its "
+        'DAGSTER_HOME (docs/running.md, "Running the daemon and the webserver as services")',
         since=last_check,
     )
 
@@ -242,13 +266,15 @@ class _Found:
     why: str
     limit: str | None = None
     """The Meta limit behind a rate-limit hold, when named."""
+    retry_at: datetime | None = None
+    """When a rate-limited account is tried again."""
 
 
 def _account_cause(
     account: PlannedAccount, now: datetime, thresholds: AlertThresholds
 ) -> _Found | None:
     """The one cause an account counts toward: the first that holds of a dead token, a lost
-    permission, a long throttle, a stuck backfill, stale data."""
+    permission, a long throttle, Meta failing every try, a stuck backfill, stale data."""
     state = account.state
     status = cadence.status(state, now)
     runs = sorted((utc_run(run) for run in state.runs), key=lambda run: run.started_at)
@@ -264,11 +290,17 @@ def _account_cause(
         # Abuse prevention cut the account's quota: hours of waiting a person should know
         # of now, not after the threshold.
         if last.run.rate_limit == RateLimit.ABUSE or now - first >= thresholds.rate_limited:
-            held = _held(last.run.rate_limit, status.rate_limit, state.timezone)
+            retry_at = max(utc_or_none(status.next_sync_at) or now, now)
+            held = _held(last.run.rate_limit, status.rate_limit, retry_at, state.timezone, now)
             return _Found(
                 account, IncidentKind.RATE_LIMITED, first, f"{held}; {_said(last.error)}",
-                last.run.rate_limit,
+                last.run.rate_limit, retry_at,
             )
+    if last is not None and last.outcome == Outcome.OTHER:
+        # Meta failed the sync through the client's own retries (timeouts, 5xx, "retry
+        # later"): the account's data stops here, and the back-off makes that long.
+        first = _streak(history.failures, Outcome.OTHER)
+        return _Found(account, IncidentKind.UNAVAILABLE, first, _said(last.error))
     # Nothing is owed from before the link, nor from before a new token was connected.
     sealed = utc_or_none(state.token_sealed_at)
     baseline = max(utc(state.linked_at), sealed) if sealed else utc(state.linked_at)
@@ -299,11 +331,41 @@ def _account_cause(
     return None
 
 
-def _held(limit: str | None, held: Hold | None, timezone: str) -> str:
-    """Which limit holds the account and until when, as its line in the incident says it."""
+def _held(
+    limit: str | None, held: Hold | None, retry_at: datetime, timezone: str, now: datetime
+) -> str:
+    """When the account is tried again (`rastro status`'s next sync) and which limit holds
+    it till then, as its line in the incident says it: in its own zone and in UTC."""
+    if retry_at <= now:
+        return f"retried now; refused last by {_limit_named(limit)}"
+    when = f"retried at {local_time(retry_at, timezone)} ({retry_at:%H:%M} UTC)"
     if held is None:
-        return f"held by {describe(limit)}; retried now"
-    return f"held until {local_time(held.until, timezone)} by {describe(held.limit)}"
+        # The limit's hold ended before the cadence's next read: that read is the retry.
+        return f"{when}, its next read; refused last by {_limit_named(limit)}"
+    return f"{when}, held till then by {_limit_named(held.limit)}"
+
+
+def _limit_named(limit: str | None) -> str:
+    """A limit as a person reads it, with the name `rastro status` shows."""
+    return describe(limit) + (f" ({limit})" if limit else "")
+
+
+def _streak(failures: Sequence[Failure], outcome: str) -> datetime:
+    """When the latest run of failures ending so, in a row, began."""
+    first = failures[-1].run.started_at
+    for failure in reversed(failures):
+        if failure.outcome != outcome:
+            break
+        first = failure.run.started_at
+    return first
+
+
+def _next_try(found: Sequence[_Found]) -> str:
+    """The earliest retry of a rate-limit incident's accounts, for its summary line."""
+    retries = [each.retry_at for each in found if each.retry_at is not None]
+    if not retries:
+        return ""
+    return f"; next try at {utc(min(retries)):%H:%M} UTC"
 
 
 def _limits(found: Sequence[_Found]) -> str:
@@ -394,18 +456,33 @@ _BUILDERS: dict[IncidentKind, _Builder] = {
             f"{_accounts(len(found))} of connection {connection} lost permission at Meta "
             f"({_sites(found)})"
         ),
-        "give the connection's Meta user access to the ad account again (Business Manager), "
-        f"or `rastro unlink SITE_ID AD_ACCOUNT_ID` ({RUNBOOK}, \"META_PERMISSION\")",
+        "give the connection's Meta user access to the ad account again (Business settings), "
+        "then `rastro sync-now AD_ACCOUNT_ID` reads it at once (else it is retried 6 hours "
+        "after the refusal); or `rastro unlink SITE_ID AD_ACCOUNT_ID` if it is gone for good "
+        f"({RUNBOOK}, \"META_PERMISSION\")",
     ),
     IncidentKind.RATE_LIMITED: _grouped(
         IncidentKind.RATE_LIMITED,
         lambda connection, found, now: (
             f"{_accounts(len(found))} of connection {connection} refused by Meta's rate "
             f"limits ({_limits(found)}) for {span(now - min(each.since for each in found))}, "
-            "every try"
+            f"every try{_next_try(found)}"
         ),
-        f"each waits out Meta's limit and retries on its own; if it lasts, see {RUNBOOK}, "
-        '"RATE_LIMITED"',
+        "each waits out Meta's limit and is retried on its own, when its line says; "
+        "`rastro sync-now AD_ACCOUNT_ID` retries one at once (refused again while the limit "
+        f'lasts). If it lasts for hours, see {RUNBOOK}, "RATE_LIMITED"',
+    ),
+    IncidentKind.UNAVAILABLE: _grouped(
+        IncidentKind.UNAVAILABLE,
+        lambda connection, found, now: (
+            f"{_accounts(len(found))} of connection {connection} could not be read: Meta "
+            "timed out or failed every try since "
+            f"{utc(min(each.since for each in found)):%H:%M} UTC ({_sites(found)})"
+        ),
+        "each is retried on its own, 15 minutes after its failure and doubling; "
+        "`rastro sync-now AD_ACCOUNT_ID` retries one at once. If it lasts, check Meta's "
+        "platform status, this machine's network and proxy, and RASTRO_META_GRAPH_URL "
+        f"({RUNBOOK}, \"META_UNAVAILABLE\")",
     ),
     IncidentKind.STUCK: _grouped(
         IncidentKind.STUCK,

@@ -175,12 +175,17 @@ def test_a_long_throttle_says_which_limit_holds_each_account_and_until_when(worl
     [limited] = incidents_at(world, NOW + timedelta(minutes=115))
     assert limited.key == "rate_limited:c1" and limited.accounts == ("act_2",)
     assert "refused by Meta's rate limits (ads_management) for 2 h 45 min" in limited.summary
-    # Held from its last refusal (13:41 UTC) for Meta's 20 minutes and at most a fifth more.
+    # Held from its last refusal (13:41 UTC) for Meta's 20 minutes and at most a fifth more:
+    # the retry in the account's own zone and in UTC, as `rastro status` shows it.
     line = limited.detail
-    assert line.startswith("act_2 (sites s1): held until 2026-11-30 11:0")
-    assert int(line[len("act_2 (sites s1): held until 2026-11-30 11:0")]) <= 5
-    assert "America/Sao_Paulo by its ads_management business use case" in line
+    prefix = "act_2 (sites s1): retried at 2026-11-30 11:0"
+    assert line.startswith(prefix)
+    minute = int(line[len(prefix)])
+    assert minute <= 5
+    assert f" America/Sao_Paulo (14:0{minute} UTC), held till then by its ads_management " \
+        "business use case (calls an hour) (ads_management)" in line
     assert "`RATE_LIMITED: (#613)" in line
+    assert limited.summary.endswith(f"every try; next try at 14:0{minute} UTC")
 
 
 def test_abuse_prevention_opens_the_incident_at_once(world):
@@ -189,9 +194,10 @@ def test_abuse_prevention_opens_the_incident_at_once(world):
     [cut] = incidents_at(world, NOW)
     assert cut.key == "rate_limited:c1" and cut.accounts == ("act_1",)
     assert "(abuse)" in cut.summary
-    held_until = cut.detail.split("held until ")[1][:16]
+    held_until = cut.detail.split("retried at ")[1][:16]
     assert "2026-11-30 14:59" <= held_until <= "2026-11-30 16:11"  # six hours and jitter
-    assert "by Meta's abuse prevention (613 without a subcode" in cut.detail
+    assert "held till then by Meta's abuse prevention (613 without a subcode" in cut.detail
+    assert "UTC), held till then" in cut.detail and "; next try at " in cut.summary
 
 
 def test_a_short_throttle_is_no_incident(world):

@@ -431,3 +431,117 @@ def test_meta_s_words_and_a_partition_key_reach_the_channels_as_quoted_data(
         assert "<!channel>" not in outside and "evil.example" not in outside
     [token_mail] = [mail for mail in smtp.messages if "token" in mail.subject]
     assert f"Meta said: `META_TOKEN_INVALID: {HOSTILE} @channel`\n" in token_mail.text
+
+
+# --- the channels as set now ------------------------------------------------------------------
+
+
+def test_the_check_names_the_channels_as_set_now_not_at_the_last_incident(
+    daemon, hook, monkeypatch
+):
+    for name in (WEBHOOK_URLS_VAR, SMTP_URL_VAR, EMAIL_TO_VAR):
+        monkeypatch.delenv(name)
+    unset = daemon.tick(NOW)
+    assert unset is not None and unset.passed
+    assert "Alerts: no channel is set" in unset.description
+
+    # The channel is set and the daemon restarted with it: nothing else changed.
+    monkeypatch.setenv(WEBHOOK_URLS_VAR, hook.url)
+    now_set = daemon.tick(minutes(1))
+    assert now_set is not None and now_set.passed
+    assert now_set.description == (
+        f"no open incidents. Alerts: every notice delivered to {WEBHOOK_LABEL}"
+    )
+    assert daemon.tick(minutes(2)) is None
+    assert hook.bodies == []
+
+
+# --- the daemon's start -----------------------------------------------------------------------
+
+
+def sensor_ticked(instance: dg.DagsterInstance, name: str, at: datetime) -> None:
+    """A tick of the cadence sensor `name` at `at`, stored as the daemon stores it (its state
+    made at its first tick)."""
+    from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteRepositoryOrigin
+    from dagster._core.scheduler.instigation import (
+        InstigatorState,
+        InstigatorStatus,
+        InstigatorType,
+        SensorInstigatorData,
+        TickData,
+        TickStatus,
+    )
+
+    repository = RemoteRepositoryOrigin(RegisteredCodeLocationOrigin("rastro"), REPOSITORY)
+    origin = repository.get_instigator_origin(name)
+    state = instance.get_instigator_state(origin.get_id(), origin.get_selector().get_id())
+    if state is None:
+        state = InstigatorState(
+            origin, InstigatorType.SENSOR, InstigatorStatus.RUNNING,
+            SensorInstigatorData(min_interval=30),
+        )
+        instance.add_instigator_state(state)
+    instance.create_tick(
+        TickData(
+            instigator_origin_id=origin.get_id(),
+            instigator_name=name,
+            instigator_type=InstigatorType.SENSOR,
+            status=TickStatus.SKIPPED,
+            timestamp=at.timestamp(),
+            selector_id=state.selector_id,
+            skip_reason="nothing due",
+        )
+    )
+
+
+def test_a_daemon_restart_after_a_pause_opens_nothing_and_resolves_nothing(
+    daemon, hook, instance
+):
+    for minute in (0, 1, 2):
+        sensor_ticked(instance, "meta_accounts", minutes(minute))
+        daemon.tick(minutes(minute) + timedelta(seconds=10))
+    # The daemon is down 18 minutes, longer than a sensor may be silent (10); its restart
+    # keeps the sensor's cursor, as Dagster stores it. The incident check ticks first.
+    restart = minutes(20)
+    daemon.tick(restart + timedelta(seconds=6))
+    sensor_ticked(instance, "meta_accounts", restart + timedelta(seconds=20))
+    for second in (66, 126, 186, 246, 606):
+        daemon.tick(restart + timedelta(seconds=second))
+    assert events(hook) == []
+
+
+def test_a_sensor_still_silent_past_the_start_s_grace_opens_once(daemon, hook, instance):
+    sensor_ticked(instance, "meta_accounts", minutes(0))
+    daemon.tick(minutes(0) + timedelta(seconds=10))
+    restart = minutes(20)
+    for second in (6, 66, 126):
+        daemon.tick(restart + timedelta(seconds=second))
+    assert events(hook) == []
+    # Two and a half minutes after the start, meta_accounts has still not ticked.
+    daemon.tick(restart + timedelta(seconds=186))
+    assert events(hook) == [("opened", "sensor:meta_accounts")]
+    assert hook.texts[0].startswith("OPEN: the sensor meta_accounts has not ticked for 23 min")
+    daemon.tick(restart + timedelta(seconds=246))
+    assert events(hook) == [("opened", "sensor:meta_accounts")]
+    # It ticks again: resolved, once.
+    sensor_ticked(instance, "meta_accounts", restart + timedelta(seconds=250))
+    daemon.tick(restart + timedelta(seconds=306))
+    daemon.tick(restart + timedelta(seconds=366))
+    assert events(hook) == [
+        ("opened", "sensor:meta_accounts"), ("resolved", "sensor:meta_accounts"),
+    ]
+
+
+# --- one incident per trouble -----------------------------------------------------------------
+
+
+def test_waves_failing_on_their_accounts_own_trouble_are_not_a_second_incident(
+    daemon, hook, instance, rastro_at, fake_world, fake_clock
+):
+    # Meta answers every read with an error the product has no name for: META_UNAVAILABLE.
+    fake_world.fail("insights", "other", times=None)
+    for minute in (1, 16, 46):
+        sync_both(instance, rastro_at, fake_clock, minutes(minute), succeeds=False)
+    daemon.tick(minutes(47))
+    assert events(hook) == [("opened", "unavailable:c1")]
+    assert "2 accounts of connection c1 could not be read" in hook.texts[0]

@@ -1,16 +1,18 @@
 """`meta_incidents`: the daemon's look at what needs a person, and who hears of it.
 
 Each tick finds the incidents (`alerts.incidents`): from the warehouse, each connection's
-dead token, lost permissions, long throttles, stuck backfills and stale accounts, and the
-snapshot left behind; from Dagster, jobs whose runs keep failing and cadence sensors that
-stopped or keep failing; and the settings the code location refused as it loaded. The
+dead token, lost permissions, long throttles, Meta failing every try, stuck backfills and
+stale accounts, and the snapshot left behind; from Dagster, jobs whose runs keep failing
+and cadence sensors that stopped or keep failing; and the settings the code location
+refused as it loaded. The
 ledger stores them, owes each channel a notice of each change (`alerts.ledger`), and the
 tick then delivers what is due. The `no_open_incidents` check on `meta_account_health`
 names what is open, and which channel is failing.
 
 Fill runs are left out of the runs counted: one fails whenever an account of it is
 throttled or paused, which its accounts' own incidents say better, and a backfill that
-waits out Meta's budget is healthy.
+waits out Meta's budget is healthy. So are waves that failed only because each of their
+accounts did: one trouble is one incident.
 """
 
 import json
@@ -19,6 +21,7 @@ import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import dagster as dg
 
@@ -28,6 +31,7 @@ from rastro_assets.alerts.incidents import DAEMON_KINDS, Incident, IncidentKind
 from rastro_assets.alerts.ledger import deliver, reconcile
 from rastro_assets.alerts.look import warehouse_incidents
 from rastro_assets.alerts.quoted import quoted
+from rastro_assets.defs.cadence.sensors import ACCOUNTS_SENSOR_SECONDS, CADENCE_SENSOR_SECONDS
 from rastro_assets.defs.dagster_private import AssetCheckEvaluationTargetMaterializationData
 from rastro_assets.defs.keys import (
     META_ACCOUNT_HEALTH,
@@ -80,6 +84,8 @@ def run_failure_incidents(
         if record.dagster_run.status == dg.DagsterRunStatus.SUCCESS:
             ended.add(label)
             continue
+        if label == WAVE_JOB and _accounts_said(instance, record.dagster_run.run_id):
+            continue
         streaks.setdefault(label, []).append(record)
     incidents = []
     for label, failed in sorted(streaks.items()):
@@ -94,6 +100,21 @@ def run_failure_incidents(
         if incident is not None:
             incidents.append(incident)
     return incidents
+
+
+WAVE_JOB = "meta_sync_wave"
+WAVE_ALL_FAILED = "every account of the wave failed"
+"""How a wave's failure begins when each of its accounts failed its own sync."""
+UNSAID_CODES = ("SECRETS_KEY_MISSING",)
+"""Account failures no account incident says at once: a wave failing on these still counts."""
+
+
+def _accounts_said(instance: dg.DagsterInstance, run_id: str) -> bool:
+    """The wave failed only because each of its accounts did: their own incidents (a dead
+    token, a lost permission, Meta failing, a long throttle) say that, once per cause,
+    where a streak of failed waves would say it a second time."""
+    line = _failure_line(instance, run_id)
+    return line.startswith(WAVE_ALL_FAILED) and not any(code in line for code in UNSAID_CODES)
 
 
 def _job_label(run: dg.DagsterRun) -> str | None:
@@ -130,10 +151,20 @@ _EXCEPTION_PREFIX = re.compile(r"^[\w.]*(?:Error|Exception|Failure): ")
 
 
 def sensor_incidents(
-    instance: dg.DagsterInstance, now: datetime, thresholds: AlertThresholds
+    instance: dg.DagsterInstance,
+    now: datetime,
+    thresholds: AlertThresholds,
+    *,
+    settled: bool = True,
 ) -> list[Incident]:
-    """The cadence sensors stopped in the UI, silent, or failing tick after tick."""
+    """The cadence sensors stopped in the UI, silent, or failing tick after tick.
+
+    Unless `settled` (the daemon has run past its start's grace), only the stopped ones:
+    a silence or failures from before the daemon's start are the daemon's own downtime,
+    and each sensor ticks again within its interval once the daemon is up.
+    """
     incidents = []
+    home = _home(instance)
     states = [
         state
         for state in instance.all_instigator_state()
@@ -149,8 +180,10 @@ def sensor_incidents(
         good = [tick for tick in ticks if tick.status.value in ("SUCCESS", "SKIPPED")]
         last_good = datetime.fromtimestamp(good[0].timestamp, UTC) if good else None
         last_tick = datetime.fromtimestamp(ticks[0].timestamp, UTC) if ticks else None
-        incident = found.sensor_incident(name, last_tick, stopped, now, thresholds)
-        if incident is None and ticks and ticks[0].status.value == "FAILURE":
+        if not settled:
+            last_tick = None
+        incident = found.sensor_incident(name, last_tick, stopped, now, thresholds, home=home)
+        if incident is None and settled and ticks and ticks[0].status.value == "FAILURE":
             since = last_good or datetime.fromtimestamp(ticks[-1].timestamp, UTC)
             if now - since >= thresholds.sensor:
                 error = ticks[0].error.message.strip().splitlines()[0] if ticks[0].error else ""
@@ -167,6 +200,44 @@ def sensor_incidents(
     return incidents
 
 
+def _home(instance: dg.DagsterInstance) -> str | None:
+    """The instance's directory, the DAGSTER_HOME a command run by hand needs."""
+    try:
+        return instance.root_directory
+    except Exception:  # noqa: BLE001 - an instance without one: the fix says where to look
+        return None
+
+
+# --- the daemon's start --------------------------------------------------------------------
+
+RESTART_GAP = timedelta(seconds=2 * INCIDENTS_SENSOR_SECONDS + 30)
+"""A pause in this sensor's checks longer than this is the daemon's downtime (or the sensor's,
+turned off): the next check is taken as the daemon's start. Two intervals and the daemon's
+loop and a slow tick's slack."""
+START_GRACE = timedelta(seconds=2 * max(ACCOUNTS_SENSOR_SECONDS, CADENCE_SENSOR_SECONDS) + 15)
+"""How long after the daemon's start the cadence sensors' silence is not judged: each ticks
+within its interval once the daemon is up (its code server is up by this sensor's first
+check), a tick counting from its start."""
+UP_SINCE_KEY = "checking since"
+
+
+def up_since(last_check: datetime | None, cursor: dict, now: datetime) -> datetime:
+    """Since when this sensor has checked without a pause: the daemon's start, as the
+    incidents see it. `last_check` is the previous check's instant (`alert_checks`)."""
+    kept = cursor.get(UP_SINCE_KEY)
+    if kept is None or last_check is None or now - last_check > RESTART_GAP:
+        return now
+    return datetime.fromisoformat(kept)
+
+
+def _cursor(text: str | None) -> dict:
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) and CURSOR_KEY in value else {}
+
+
 # --- the tick -----------------------------------------------------------------------------
 
 
@@ -177,17 +248,22 @@ class Look:
     incidents: list[Incident]
     checked: set[str]
     notes: list[str]
+    up_since: datetime
+    """Since when the daemon has checked without a pause (its start, as far as it shows)."""
 
 
 def look(
     rastro: RastroResource, instance: dg.DagsterInstance, now: datetime,
-    thresholds: AlertThresholds, channel_problem: str | None,
+    thresholds: AlertThresholds, channel_problem: str | None, cursor: dict | None = None,
 ) -> Look:
     warehouse = rastro.warehouse()
     warehouse.lock_wait_seconds = SENSOR_LOCK_WAIT_SECONDS
     publisher = rastro.publisher()
     with warehouse.connect(read_only=True) as con:
         incidents, _ = warehouse_incidents(con, publisher, now, thresholds)
+        last_check = store.last_check(con, store.DAEMON_CHECKER)
+    since = up_since(last_check, cursor or {}, now)
+    settled = now - since >= START_GRACE
     incidents += [item for item in [found.channels_incident(channel_problem)] if item]
     refused = found.settings_incident(list(load_time_refusals().values()))
     incidents += [refused] if refused else []
@@ -198,14 +274,18 @@ def look(
     notes = []
     for kind, finder in (
         (IncidentKind.RUN_FAILURES, run_failure_incidents),
-        (IncidentKind.SENSOR, sensor_incidents),
+        (IncidentKind.SENSOR, partial(sensor_incidents, settled=settled)),
     ):
         try:
             incidents += finder(instance, now, thresholds)
-            checked.add(kind.value)
         except Exception as exc:  # Dagster's storage unreadable: that kind stays as it was
             notes.append(f"could not read {kind.value} from Dagster: {type(exc).__name__}")
-    return Look(incidents, checked, notes)
+            continue
+        # Within the start's grace a sensor's silence is not looked at: one already open
+        # stays as it was, neither said again nor resolved by a look that could not tell.
+        if kind != IncidentKind.SENSOR or settled:
+            checked.add(kind.value)
+    return Look(incidents, checked, notes, since)
 
 
 def configured_channels() -> tuple[list[Channel], str | None]:
@@ -306,8 +386,9 @@ def _latest_health(instance: dg.DagsterInstance) -> dg.EventLogRecord | None:
     minimum_interval_seconds=INCIDENTS_SENSOR_SECONDS,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Finds what needs a person (a dead token, stale or stuck accounts, lost "
-    "permissions, long throttles, the snapshot left behind, runs failing in a row, cadence "
-    "sensors stopped), stores each incident once, and sends its notices to the channels of "
+    "permissions, long throttles, Meta failing every try, the snapshot left behind, runs "
+    "failing in a row, cadence sensors stopped), stores each incident once, and sends its "
+    "notices to the channels of "
     "RASTRO_ALERT_WEBHOOK_URLS and RASTRO_ALERT_SMTP_URL: opened, reminded, resolved. The "
     "no_open_incidents check on meta_account_health names what is open.",
 )
@@ -318,8 +399,9 @@ def meta_incidents_sensor(context: dg.SensorEvaluationContext, rastro: RastroRes
     thresholds = AlertThresholds.from_env()
     channels, channel_problem = configured_channels()
     labels = {channel.channel_id: channel.label for channel in channels}
+    cursor = _cursor(context.cursor)
     try:
-        seen = look(rastro, context.instance, now, thresholds, channel_problem)
+        seen = look(rastro, context.instance, now, thresholds, channel_problem, cursor)
     except WarehouseLocked as exc:
         return dg.SkipReason(f"the warehouse is busy: {exc}")
     for note in seen.notes:
@@ -340,7 +422,7 @@ def meta_incidents_sensor(context: dg.SensorEvaluationContext, rastro: RastroRes
         return dg.SkipReason(f"the warehouse is busy: {exc}")
     _log_transitions(context, transitions, quiet=not labels and channel_problem is None)
     _log_deliveries(context, deliver(warehouse.connect, channels, now))
-    return _report(context, warehouse, labels, channel_problem)
+    return _report(context, warehouse, labels, channel_problem, cursor, seen.up_since)
 
 
 def _log_transitions(
@@ -376,27 +458,30 @@ def _report(
     warehouse: Warehouse,
     labels: dict[str, str],
     channel_problem: str | None,
+    cursor: dict,
+    since: datetime,
 ) -> dg.SensorResult:
-    """The check's evaluation when what is open (or the channels' troubles) changed since
-    the last one reported, and the tick's summary line."""
+    """The check's evaluation when what is open, the channels set or their troubles changed
+    since the last one reported, and the tick's summary line."""
     with warehouse.connect(read_only=True) as con:
         open_now = store.open_incidents(con)
         troubles = store.channel_troubles(con)
     latest = _latest_health(context.instance)
-    signature = json.dumps(
-        {
-            "open": [incident.key for incident in open_now],
-            "troubles": [[t.channel_id, t.last_error] for t in troubles],
-            "problem": channel_problem,
-            "health": latest.storage_id if latest else 0,
-        }
-    )
-    if context.cursor == signature:
-        return dg.SensorResult(skip_reason=_summary(open_now), cursor=signature)
+    reported = {
+        "open": [incident.key for incident in open_now],
+        "troubles": [[t.channel_id, t.last_error] for t in troubles],
+        "problem": channel_problem,
+        # The channels as set now: the check says where notices go.
+        "channels": sorted(labels.values()),
+        "health": latest.storage_id if latest else 0,
+    }
+    kept = json.dumps({CURSOR_KEY: reported, UP_SINCE_KEY: since.isoformat()})
+    if cursor.get(CURSOR_KEY) == reported:
+        return dg.SensorResult(skip_reason=_summary(open_now), cursor=kept)
     return dg.SensorResult(
         asset_events=[check_evaluation(open_now, troubles, labels, channel_problem, latest)],
         skip_reason=_summary(open_now),
-        cursor=signature,
+        cursor=kept,
     )
 
 
@@ -412,8 +497,9 @@ def _summary(open_now: Sequence[store.StoredIncident]) -> str:
     asset=META_ACCOUNT_HEALTH,
     name=NO_OPEN_INCIDENTS,
     description="Fails while an incident is open (a dead token, stale or stuck accounts, "
-    "lost permissions, long throttles, the snapshot left behind, failing runs or stopped "
-    "sensors), naming each with what to do, and says where alerts go and which channel "
+    "lost permissions, long throttles, Meta failing every try, the snapshot left behind, "
+    "failing runs or stopped sensors), naming each with what to do, and says where alerts go "
+    "and which channel "
     "fails. The meta_incidents sensor (Automation) evaluates it whenever that changes, so "
     "its own Automation history stays empty; Execute reads the incidents it last stored. "
     "A failure here turns meta_account_health red: its materialization is fine, the "
