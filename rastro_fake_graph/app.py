@@ -58,6 +58,7 @@ from rastro_fake_graph.world import (
     MAX_THUMBNAIL_SIZE_PX,
     MESSAGING_ACTION,
     RETENTION_MONTHS,
+    THROTTLE_ACCOUNT_MESSAGE,
     THUMBNAIL_SIZE_PX,
     THUMBNAIL_TTL,
     TOKEN_MESSAGES,
@@ -205,6 +206,9 @@ def _graph(request: _Request) -> FakeResponse:
             request.throttle_minutes = failure.regain_minutes
             request.throttle_app = spec.code == 4 and spec.subcode != 1504039
         raise _Answer(_failure_response(request, spec))
+    if world.overloaded:
+        # An overloaded Meta asks to be asked again, whoever asks.
+        raise _Answer(_failure_response(request, FAILURES["transient"]))
     _authenticate(request)
     _refuse_over_limit(request)
 
@@ -406,6 +410,10 @@ def _refuse_over_limit(request: _Request) -> None:
     kind = _kind(request)
     if kind is None:
         return
+    regain = world.throttled_for(_known_account(request)) if kind == INSIGHTS else None
+    if regain is not None:
+        request.throttle_minutes = regain
+        raise _Answer(_error(request, 400, 80000, THROTTLE_ACCOUNT_MESSAGE, subcode=2446079))
     refusal = world.ledger.refusal(
         world.limits, kind, world.monotonic(), account=_known_account(request),
         write=request.method == "POST",
