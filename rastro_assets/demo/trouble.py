@@ -42,6 +42,11 @@ SHOWS = (
     "within a minute or two it shows in the UI (Runs), `rastro status`, `rastro status --check`"
     " and the alert channels"
 )
+THROTTLE_SHOWS = (
+    "within a minute or two it shows in the UI (Runs) and `rastro status`, and in `rastro status"
+    " --check` and the alert channels once it has lasted RASTRO_ALERT_RATE_LIMITED_MINUTES (as"
+    " the demo was started with)"
+)
 
 
 class TroubleError(Exception):
@@ -134,7 +139,8 @@ def _stage(
     }[kind]
     return (
         f"staged {Staged(kind, account)}: {what}; a sync of {_named(concerned)} is asked for:"
-        f" {SHOWS}; `rastro demo trouble {MEND} {kind}` takes it away ({GUIDE})"
+        f" {THROTTLE_SHOWS if kind == THROTTLE else SHOWS}; `rastro demo trouble {MEND} {kind}`"
+        f" takes it away ({GUIDE})"
     )
 
 
@@ -165,7 +171,7 @@ def _mend(
         said += (
             "; the demo token works at Meta again, and its connection stays paused until you"
             f" reconnect it as the notice says: `rastro connect {DEMO_CONNECTION}` with the"
-            " demo's token on stdin"
+            f" demo's token on stdin ({GUIDE})"
         )
     return said
 

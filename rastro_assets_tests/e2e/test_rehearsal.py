@@ -95,6 +95,17 @@ def rastro(copy: Copy, *args: str, stdin: str | None = None) -> str:
     return result.stdout
 
 
+def checked(copy: Copy) -> tuple[int, list[str]]:
+    """`rastro status --check` as docs/running.md has it run in the demo's folder: its exit
+    code, and the keys of the incidents it prints."""
+    result = subprocess.run(
+        [str(RASTRO), "status", "--check"], cwd=copy.root,
+        env={**operator_env(copy), "DAGSTER_HOME": "data/dagster_home"},
+        capture_output=True, text=True, timeout=120,
+    )
+    return result.returncode, sorted(line.split(": ", 1)[0] for line in result.stdout.splitlines())
+
+
 def told(bodies: list[dict], event: str) -> list[str]:
     return sorted(body.get("rastro_incident", "?") for body in bodies
                   if body.get("rastro_event") == event)
@@ -158,9 +169,11 @@ def test_each_trouble_is_told_once_and_resolved_once(tmp_path):
             reached("throttle and lost permission told")
             said = rastro(copy, "status")
             assert THROTTLED in said and LOST in said
+            assert checked(copy) == (1, sorted(throttle_and_permission))
             rastro(copy, "demo", "trouble", "mend")
             wait_for_notices(hook, "resolved", throttle_and_permission)
             reached("throttle and lost permission resolved")
+            assert checked(copy) == (0, ["ok"])
 
             dead_from = len(log.read_text(errors="replace"))
             rastro(copy, "demo", "trouble", "dead-token")
