@@ -17,6 +17,10 @@ Answers follow the facts page's shapes. Choices where the page is silent:
   `owned_ad_accounts` and `client_ad_accounts` list those of its accounts the
   token reads, and a token that reads none of a business's accounts (owned or
   client) is refused `(#200)`, as one with no role in the business;
+- trouble staged to last (`rastro_fake_graph.trouble`): an overloaded world answers every
+  Graph call "Please retry your request later" (code 2) before authentication; an account
+  throttled by hand is refused 80000 / 2446079 on its insights calls after it, reporting its
+  limit spent and Meta's regain minutes in the usage headers;
 - the rate limits (`rastro_fake_graph.limits`) refuse a call after authentication, and
   every Graph answer, errors included, spends them and carries the headers of those its kind
   of call spends (insights, the account's management, or the app's platform calls).

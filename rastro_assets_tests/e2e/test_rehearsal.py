@@ -54,6 +54,7 @@ NOTICE_SECONDS = 150
 """How long a notice may take: the sync asked for (a sensor tick, a run's start on a loaded
 machine), then the incident sensor's tick."""
 STARTUP_SECONDS = 180
+THRESHOLD = "RASTRO_ALERT_RATE_LIMITED_MINUTES"
 
 
 def seeded(copy: Copy) -> None:
@@ -96,11 +97,16 @@ def rastro(copy: Copy, *args: str, stdin: str | None = None) -> str:
 
 
 def checked(copy: Copy) -> tuple[int, list[str]]:
-    """`rastro status --check` as docs/running.md has it run in the demo's folder: its exit
-    code, and the keys of the incidents it prints."""
+    """`rastro status --check` as docs/running.md has it run in the demo's folder, with the
+    demo's Dagster home and the threshold the demo was started with: its exit code, and the
+    keys of the incidents it prints."""
     result = subprocess.run(
         [str(RASTRO), "status", "--check"], cwd=copy.root,
-        env={**operator_env(copy), "DAGSTER_HOME": "data/dagster_home"},
+        env={
+            **operator_env(copy),
+            "DAGSTER_HOME": "data/dagster_home",
+            THRESHOLD: copy.env[THRESHOLD],
+        },
         capture_output=True, text=True, timeout=120,
     )
     return result.returncode, sorted(line.split(": ", 1)[0] for line in result.stdout.splitlines())
@@ -150,7 +156,7 @@ def test_each_trouble_is_told_once_and_resolved_once(tmp_path):
     with webhook_receiver() as hook:
         copy.env["RASTRO_ALERT_WEBHOOK_URLS"] = hook.url
         # The shortest a throttle may last before it is told (a minute).
-        copy.env["RASTRO_ALERT_RATE_LIMITED_MINUTES"] = "1"
+        copy.env[THRESHOLD] = "1"
         with running_demo(copy, log) as process:
             started_at = datetime.now(UTC)
             wait_for("the demo's fake Graph", lambda: read_graph_file(graph_file), 60)
