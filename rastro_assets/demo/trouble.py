@@ -150,7 +150,10 @@ def _mend(
     body: dict[str, str | None] = {"mend": kind or "all", "account": account}
     mended = [Staged(each["kind"], each["account"]) for each in _ask(graph, body, "changed")]
     if not mended:
-        return f"nothing of that is staged: {_listed(_ask(graph, None))}"
+        staged = _ask(graph, None)
+        if not staged:
+            return "nothing is staged in the running demo's fake Graph"
+        return f"nothing of that is staged; {_listed(staged)}"
     linked = registry.linked_accounts(con)
     concerned = sorted(
         {

@@ -104,6 +104,8 @@ def test_every_kind_stages_on_the_accounts_it_touches(
     assert "`rastro connect demo`" in out
     assert running.token_state(DEMO_TOKEN) == ("ok", None)
     assert running.can_read(DEMO_TOKEN, "act_1002") and not running.overloaded
+    code, out, _ = rastro("demo", "trouble", "mend")
+    assert (code, out) == (0, "nothing is staged in the running demo's fake Graph\n")
 
 
 @pytest.mark.parametrize(
