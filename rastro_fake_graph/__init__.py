@@ -2,7 +2,7 @@
 
 `FakeWorld` holds the truth; `LimitModel` chooses which of Meta's rate limits it enforces;
 `FakeGraphTransport` answers in-process for `httpx`; `serve()` answers over real sockets on
-loopback.
+loopback, and with a control key stages trouble in its world (`trouble`).
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ Answers follow the facts page's shapes. Choices where the page is silent:
   `owned_ad_accounts` and `client_ad_accounts` list those of its accounts the
   token reads, and a token that reads none of a business's accounts (owned or
   client) is refused `(#200)`, as one with no role in the business;
+- trouble staged to last (`rastro_fake_graph.trouble`): an overloaded world answers every
+  Graph call "Please retry your request later" (code 2) before authentication; an account
+  throttled by hand is refused 80000 / 2446079 on its insights calls after it, reporting its
+  limit spent and Meta's regain minutes in the usage headers;
 - the rate limits (`rastro_fake_graph.limits`) refuse a call after authentication, and
   every Graph answer, errors included, spends them and carries the headers of those its kind
   of call spends (insights, the account's management, or the app's platform calls).
@@ -58,6 +62,7 @@ from rastro_fake_graph.world import (
     MAX_THUMBNAIL_SIZE_PX,
     MESSAGING_ACTION,
     RETENTION_MONTHS,
+    THROTTLE_ACCOUNT_MESSAGE,
     THUMBNAIL_SIZE_PX,
     THUMBNAIL_TTL,
     TOKEN_MESSAGES,
@@ -205,6 +210,9 @@ def _graph(request: _Request) -> FakeResponse:
             request.throttle_minutes = failure.regain_minutes
             request.throttle_app = spec.code == 4 and spec.subcode != 1504039
         raise _Answer(_failure_response(request, spec))
+    if world.overloaded:
+        # An overloaded Meta asks to be asked again, whoever asks.
+        raise _Answer(_failure_response(request, FAILURES["transient"]))
     _authenticate(request)
     _refuse_over_limit(request)
 
@@ -406,6 +414,10 @@ def _refuse_over_limit(request: _Request) -> None:
     kind = _kind(request)
     if kind is None:
         return
+    regain = world.throttled_for(_known_account(request)) if kind == INSIGHTS else None
+    if regain is not None:
+        request.throttle_minutes = regain
+        raise _Answer(_error(request, 400, 80000, THROTTLE_ACCOUNT_MESSAGE, subcode=2446079))
     refusal = world.ledger.refusal(
         world.limits, kind, world.monotonic(), account=_known_account(request),
         write=request.method == "POST",

@@ -5,6 +5,14 @@ carries bytes. Faults become what a client would see from a real network: a
 "timeout" stalls without answering, "dropped" sends half a body and closes. The world's
 `request_delay_seconds` holds every answer back that long, as Meta's latency would.
 
+A server given a `control_key` also answers `CONTROL_PATH`, where trouble is staged and taken
+away (`rastro_fake_graph.trouble`): `GET` lists what is staged, `POST` a JSON body
+`{"stage": KIND, "account": ...}` or `{"mend": KIND | "all", "account": ...}` changes it
+(the answer: what it `changed`, and all that is `staged` now).
+Only a request whose `CONTROL_HEADER` carries the key is answered (compared in constant time):
+the fake binds loopback, and the key keeps other local users from staging trouble in someone
+else's demo.
+
 `add_limit_options` and `limit_model` give a server's command line the choice of Meta's rate
 limits (`rastro_fake_graph.limits`); `python -m rastro_fake_graph` serves the demo world
 under the limits its options choose.
@@ -14,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hmac
 import ipaddress
+import json
 import logging
 import socket
 import threading
@@ -31,6 +41,7 @@ from rastro_fake_graph.limits import (
     TIERS,
     LimitModel,
 )
+from rastro_fake_graph.trouble import TroubleDesk
 from rastro_fake_graph.world import GRAPH_VERSION, FakeWorld
 
 log = logging.getLogger(__name__)
@@ -38,6 +49,9 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 8765
 # How often serve_forever looks for a shutdown request: keeps close() quick.
 SHUTDOWN_POLL_SECONDS = 0.05
+CONTROL_PATH = "/_rastro/trouble"
+CONTROL_HEADER = "X-Rastro-Control"
+CONTROL_BODY_MAX_BYTES = 4096
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -58,6 +72,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
+        if self.path.split("?", 1)[0] == CONTROL_PATH:
+            self._control(length)
+            return
         body = self.rfile.read(length) if length else b""
         origin = self.server.origin
         answer = handle(
@@ -95,6 +112,60 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.wfile.write(answer.body)
 
+    def _control(self, length: int) -> None:
+        """Trouble staged, taken away or listed, for the holder of the server's key only."""
+        key = self.server.control_key
+        if key is None:
+            self._answer_json(404, {"error": "no trouble is staged here"})
+            return
+        given = self.headers.get(CONTROL_HEADER) or ""
+        if not hmac.compare_digest(given.encode(), key.encode()):
+            self._answer_json(403, {"error": f"{CONTROL_HEADER} is missing or wrong"})
+            return
+        if length > CONTROL_BODY_MAX_BYTES:
+            self._answer_json(413, {"error": "the request is too long"})
+            return
+        body = self.rfile.read(length) if length else b""
+        desk = self.server.trouble
+        if self.command == "GET":
+            self._answer_json(200, {"staged": [each.to_json() for each in desk.staged()]})
+            return
+        if self.command != "POST":
+            self._answer_json(405, {"error": "GET or POST"})
+            return
+        try:
+            asked = json.loads(body or b"{}")
+            if not isinstance(asked, dict):
+                raise ValueError("the body must be a JSON object")
+            account = asked.get("account")
+            if account is not None and not isinstance(account, str):
+                raise ValueError("account must be a string")
+            if "stage" in asked:
+                done = [desk.stage(str(asked["stage"]), account)]
+            elif "mend" in asked:
+                kind = str(asked["mend"])
+                done = desk.mend(None if kind == "all" else kind, account)
+            else:
+                raise ValueError('the body names neither "stage" nor "mend"')
+        except ValueError as exc:
+            self._answer_json(400, {"error": str(exc)})
+            return
+        self._answer_json(200, {
+            "changed": [each.to_json() for each in done],
+            "staged": [each.to_json() for each in desk.staged()],
+        })
+
+    def _answer_json(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        # A refused request's body is left unread: the connection serves nothing more.
+        self.send_header("Connection", "close")
+        self.close_connection = True
+        self.end_headers()
+        self.wfile.write(data)
+
     def _send_without_length(
         self, status: int, headers: list[tuple[str, str]], chunks: Iterator[bytes]
     ) -> None:
@@ -128,21 +199,34 @@ class _FakeHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
-    def __init__(self, world: FakeWorld, host: str, port: int) -> None:
+    def __init__(
+        self, world: FakeWorld, host: str, port: int, control_key: str | None = None
+    ) -> None:
         self.world = world
+        self.control_key = control_key
+        self.trouble = TroubleDesk(world)
         super().__init__((host, port), _Handler)
         bound_host, bound_port = self.server_address[:2]
         self.origin = f"http://{bound_host}:{bound_port}"
 
 
 class FakeGraphServer:
-    """A running fake Graph; use as a context manager or call `close()`."""
+    """A running fake Graph; use as a context manager or call `close()`.
 
-    def __init__(self, world: FakeWorld, host: str = "127.0.0.1", port: int = 0) -> None:
+    `control_key`: the key that stages trouble through `CONTROL_PATH`; None: no such route.
+    """
+
+    def __init__(
+        self, world: FakeWorld, host: str = "127.0.0.1", port: int = 0,
+        control_key: str | None = None,
+    ) -> None:
         if not ipaddress.ip_address(host).is_loopback:
             raise ValueError(f"the fake Graph binds loopback only, not {host}")
+        if control_key is not None and len(control_key) < 16:
+            raise ValueError("a control key must be at least 16 characters")
         self.world = world
-        self._httpd = _FakeHTTPServer(world, host, port)
+        self._httpd = _FakeHTTPServer(world, host, port, control_key)
+        self.trouble = self._httpd.trouble
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_SECONDS},
             name="fake-graph", daemon=True,
@@ -162,6 +246,11 @@ class FakeGraphServer:
         """The Graph base a client is given, version included."""
         return f"{self.origin}/{GRAPH_VERSION}"
 
+    @property
+    def control_url(self) -> str:
+        """Where trouble is staged (answered only with a `control_key`)."""
+        return f"{self.origin}{CONTROL_PATH}"
+
     def close(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
@@ -174,9 +263,12 @@ class FakeGraphServer:
         self.close()
 
 
-def serve(world: FakeWorld, host: str = "127.0.0.1", port: int = 0) -> FakeGraphServer:
-    """Start serving `world` on loopback (port 0: any free port)."""
-    return FakeGraphServer(world, host, port)
+def serve(
+    world: FakeWorld, host: str = "127.0.0.1", port: int = 0, control_key: str | None = None
+) -> FakeGraphServer:
+    """Start serving `world` on loopback (port 0: any free port); with `control_key`, trouble
+    can be staged in it through `CONTROL_PATH`."""
+    return FakeGraphServer(world, host, port, control_key)
 
 
 def run_server(port: int = DEFAULT_PORT, world: FakeWorld | None = None,

@@ -452,6 +452,10 @@ class FakeWorld:
         self._jobs: dict[str, ReportJob] = {}
         self._trace_counter = 0
         self.requests: list[RecordedRequest] | None = None
+        # Accounts over their own insights limit until taken away, with the regain minutes
+        # Meta announces; and whether every Graph answer is Meta's "please retry later".
+        self._throttled: dict[str, int] = {}
+        self.overloaded = False
 
     # -- building -----------------------------------------------------------
 
@@ -687,6 +691,24 @@ class FakeWorld:
         with self.lock:
             managed = self._client_accounts.get(business_id, set())
             return [self.accounts[act] for act in _by_number(managed)]
+
+    # -- lasting trouble ---------------------------------------------------------
+
+    def throttle_account(self, ad_account_id: str, regain_minutes: int) -> None:
+        """Until `end_throttle`, the account's insights calls are over its own `ads_insights`
+        limit: 80000 / 2446079, Meta announcing access back in `regain_minutes`."""
+        if regain_minutes < 1:
+            raise ValueError("regain_minutes must be at least 1")
+        with self.lock:
+            self._throttled[self._account(ad_account_id).ad_account_id] = regain_minutes
+
+    def end_throttle(self, ad_account_id: str) -> None:
+        with self.lock:
+            self._throttled.pop(normalize_account(ad_account_id), None)
+
+    def throttled_for(self, ad_account_id: str | None) -> int | None:
+        """The regain minutes of the account's lasting throttle; None when it has none."""
+        return self._throttled.get(ad_account_id) if ad_account_id else None
 
     # -- failures -------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""`rastro rotate-key`, `rastro publish`, `rastro demo` and `rastro fake-meta`.
+"""`rastro rotate-key`, `rastro publish`, `rastro demo` (and `rastro demo trouble`) and
+`rastro fake-meta`.
 
 `rotate-key` re-seals every stored token under a new secrets key in one
 transaction: either every token opens under the new key afterwards, or
@@ -16,7 +17,9 @@ from pathlib import Path
 from rastro_assets.cli.context import (
     EXIT_FAILED,
     EXIT_OK,
+    PROG,
     Context,
+    Parser,
     Registrar,
     Subparsers,
     UsageError,
@@ -237,6 +240,14 @@ def loopback_host(raw: str) -> str:
 # demo -----------------------------------------------------------------------
 
 
+TROUBLE = "trouble"
+TROUBLE_HELP = (
+    "stage trouble in the running demo's fake Graph, or take it away: `rastro demo trouble"
+    " dead-token | throttle ACCOUNT | slow | lost-permission ACCOUNT`, `rastro demo trouble"
+    " mend [KIND [ACCOUNT]]`; alone, it lists what is staged"
+)
+
+
 def add_demo(subparsers: Subparsers) -> None:
     parser = command(
         subparsers,
@@ -245,6 +256,7 @@ def add_demo(subparsers: Subparsers) -> None:
         "create or reuse the demo in data/ (fake Graph, 2 sites, 3 accounts) and start"
         " Dagster on it; run from the repo root",
     )
+    parser.epilog = f"rastro demo {TROUBLE}: {TROUBLE_HELP}"
     parser.add_argument("--port", type=int, help="the Dagster UI's port (default 3000)")
     parser.add_argument(
         "dagster_args",
@@ -266,11 +278,31 @@ def _demo(args: argparse.Namespace, ctx: Context) -> int:
             " from there upward"
         )
     extra = list(args.dagster_args)
+    if extra[:1] == [TROUBLE]:
+        if args.port is not None:
+            raise UsageError(f"rastro demo {TROUBLE} takes no --port")
+        return _trouble(root, extra[1:], ctx)
     if extra[:1] == ["--"]:
         extra = extra[1:]
     if args.port is not None:
         extra = ["--port", str(args.port), *extra]
     return demo.run(root, extra, environ=ctx.environ)
+
+
+def _trouble(root: Path, words: list[str], ctx: Context) -> int:
+    parser = Parser(prog=f"{PROG} demo {TROUBLE}", description=TROUBLE_HELP)
+    parser.add_argument("words", nargs="*", metavar="KIND|mend [ACCOUNT]")
+    # Only for --help: the words are read below, where each mistake gets its own line.
+    parser.parse_args([word for word in words if word in ("-h", "--help")])
+    from rastro_assets.demo.trouble import TroubleError, trouble
+
+    try:
+        said = trouble(root, words, ctx.now())
+    except TroubleError as exc:
+        raise UsageError(str(exc)) from None
+    for line in said:
+        ctx.say(line)
+    return EXIT_OK
 
 
 REGISTRARS: list[Registrar] = [add_rotate_key, add_publish, add_demo, add_fake_meta]

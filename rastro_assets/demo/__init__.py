@@ -23,7 +23,9 @@ warehouse take the same key file, and the demo's fake Graph, when nothing is exp
 
 Here: the demo's data and its start. Beside it: where its files are (`paths`), which of
 Dagster's lines it passes on (`dagster_output`), its terminal (`terminal`), what it says
-while Dagster runs (`watch`) and Dagster as its child process (`dagster_process`).
+while Dagster runs (`watch`), Dagster as its child process (`dagster_process`), and the fake
+Graph it serves its processes from a thread, where `rastro demo trouble` stages trouble
+(`graph_server`, `trouble`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from collections.abc import Mapping
 from datetime import UTC, date, datetime
 from pathlib import Path
 
+from rastro_assets.demo import graph_server
 from rastro_assets.demo.dagster_output import DagsterOutput, dagster_log_level, quiet_warnings
 from rastro_assets.demo.dagster_process import supervise
 from rastro_assets.demo.paths import KEY_FILE_NAME, DemoPaths
@@ -248,7 +251,15 @@ def run(root: Path, extra_args: list[str], environ: Mapping[str, str] | None = N
         rastro_command(paths.root),
     )
     argv = [dagster, "dev", "-w", "workspace.yaml", *dev_args]
-    return supervise(argv, env, watcher, DagsterOutput(threshold))
+    with graph_server.serving(paths) as graph:
+        aside = graph_server.set_aside(base)
+        say(
+            f"the fake Meta Graph at {graph.url} ({paths.graph_file.name} in data/;"
+            " `rastro demo trouble` stages trouble in it)"
+            + (f"; {' and '.join(aside)} from the environment set aside" if aside else "")
+        )
+        env = graph_server.graph_environment(env, graph)
+        return supervise(argv, env, watcher, DagsterOutput(threshold))
 
 
 def _port(extra_args: list[str]) -> str:
