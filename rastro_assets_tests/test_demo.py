@@ -82,6 +82,8 @@ def test_prepare_twice_reuses_everything(paths: DemoPaths, now):
         # The first day the demo's accounts are owed, kept on the second start (days later).
         "RASTRO_PARTITIONS_START": "2026-09-02",
         "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS": "true",
+        # A staged throttle is told within minutes of the rehearsal, not hours.
+        "RASTRO_ALERT_RATE_LIMITED_MINUTES": "1",
     }
     assert (paths.dagster_home / "dagster.yaml").read_text() == (
         paths.root / "dagster.yaml"

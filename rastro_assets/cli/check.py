@@ -53,7 +53,7 @@ def status_check(ctx: Context, as_json: bool) -> int:
 
 def open_incidents(ctx: Context) -> tuple[list[Incident], int]:
     """Every incident open now, and how many accounts are linked."""
-    thresholds = AlertThresholds.from_env(ctx.environ)
+    thresholds = AlertThresholds.from_env(ctx.environment())
     settings = ctx.settings()
     warehouse = ctx.warehouse()
     path = warehouse.location
@@ -72,7 +72,7 @@ def open_incidents(ctx: Context) -> tuple[list[Incident], int]:
     except (*WarehouseError, OSError) as exc:
         raise CannotTell(f"the warehouse at {path} cannot be read: {exc}") from None
     try:
-        channels_from_env(ctx.environ)
+        channels_from_env(ctx.environment())
         problem = None
     except SettingsError as exc:
         problem = str(exc)
@@ -90,7 +90,7 @@ def open_incidents(ctx: Context) -> tuple[list[Incident], int]:
 
 def _unrecorded_incident(ctx: Context, warehouse, now) -> Incident | None:
     """Account-days the warehouse holds that the instance at DAGSTER_HOME does not record."""
-    home = ctx.environ.get("DAGSTER_HOME")
+    home = ctx.environment().get("DAGSTER_HOME")
     if not home:
         raise CannotTell(
             "DAGSTER_HOME is not set: whether Dagster records every account-day the warehouse "

@@ -69,6 +69,8 @@ class DemoFolder:
     """Where the running demo names its fake Graph."""
     graph_url: str | None
     """The running demo's fake Graph; None: the demo world in this process."""
+    settings: Mapping[str, str] = field(default_factory=dict)
+    """What the demo's Dagster runs with, taken where the environment does not set it."""
 
     def note(self) -> str:
         key = shown_path(self.key_file)
@@ -123,6 +125,17 @@ class Context:
         naming the path tried when neither."""
         return open_warehouse(self.settings(), require_path=True)
 
+    def environment(self) -> Mapping[str, str]:
+        """The environment; in the demo's folder, with what the demo's Dagster runs with for
+        what it leaves unset (its Dagster home, its alert thresholds)."""
+        folder = self.demo_folder()
+        if folder is None:
+            return self.environ
+        unset = {
+            name: value for name, value in folder.settings.items() if not is_set(self.environ, name)
+        }
+        return {**self.environ, **unset}
+
     def vault(self) -> Vault:
         """The vault of RASTRO_SECRETS_KEY; in the demo's folder with it unset, of the demo's
         key. Otherwise SecretsKeyError, saying which key would fix it."""
@@ -161,10 +174,16 @@ class Context:
         paths = self._demo_paths()
         if paths is None:
             return None
+        from rastro_assets import demo
         from rastro_assets.demo.graph import read_graph_file
 
         graph = read_graph_file(paths.graph_file)
-        return DemoFolder(paths.key_file, paths.graph_file, graph.url if graph else None)
+        return DemoFolder(
+            paths.key_file,
+            paths.graph_file,
+            graph.url if graph else None,
+            demo.folder_settings(paths),
+        )
 
     def _exported(self) -> list[str]:
         """Those of `DEMO_UNSET` that are set."""

@@ -64,6 +64,9 @@ DEMO_LINKS = {"demo-shop": ("act_1001", "act_1002"), "demo-clinic": ("act_1002",
 # events"). Dagster reads it in the process that creates a run (daemon, webserver); an
 # operator's own value wins.
 PLANNED_SUBSET_VARIABLE = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
+# A throttle is told after a minute, not the two hours an operator waits out at Meta: in the
+# demo a throttle is one staged to rehearse its alert (`rastro demo trouble throttle`).
+DEMO_ALERT_SETTINGS = {"RASTRO_ALERT_RATE_LIMITED_MINUTES": "1"}
 
 
 def demo_key_file(duckdb_path: str | os.PathLike[str], cwd: Path | None = None) -> Path | None:
@@ -168,7 +171,17 @@ def prepare(
         # would show the days before as "missing" partitions no account is ever owed.
         AXIS_SETTING: environ.get(AXIS_SETTING) or axis_start.isoformat(),
         PLANNED_SUBSET_VARIABLE: environ.get(PLANNED_SUBSET_VARIABLE) or "true",
+        **{name: environ.get(name) or value for name, value in DEMO_ALERT_SETTINGS.items()},
     }
+
+
+def folder_settings(paths: DemoPaths, cwd: Path | None = None) -> dict[str, str]:
+    """What the demo's Dagster runs with that a command in its folder takes when unset, to
+    agree with it: its alert thresholds, and from the repo root its Dagster home (`rastro
+    status --check`): the home's dagster.yaml names its storage relative to the root."""
+    at_root = (Path.cwd() if cwd is None else cwd).resolve() == paths.root.resolve()
+    home = {"DAGSTER_HOME": str(paths.dagster_home)} if at_root else {}
+    return {**home, **DEMO_ALERT_SETTINGS}
 
 
 def first_owed_day(accounts: list[registry.LinkedAccount], now: datetime) -> date:

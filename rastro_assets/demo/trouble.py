@@ -44,8 +44,8 @@ SHOWS = (
 )
 THROTTLE_SHOWS = (
     "within a minute or two it shows in the UI (Runs) and `rastro status`, and in `rastro status"
-    " --check` and the alert channels once it has lasted RASTRO_ALERT_RATE_LIMITED_MINUTES (as"
-    " the demo was started with)"
+    " --check` and the alert channels once it has lasted RASTRO_ALERT_RATE_LIMITED_MINUTES (a"
+    " minute in the demo unless set)"
 )
 
 

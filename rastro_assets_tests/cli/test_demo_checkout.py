@@ -452,3 +452,41 @@ def test_rotate_key_in_the_demos_folder_wants_the_new_key_exported(
         f"{ENV_VAR} is not set: export the new key as {ENV_VAR}",
     )
     assert sealed(checkout, demo.DEMO_CONNECTION) == before
+
+
+def context_in(environ: Mapping[str, str]) -> Context:
+    return Context(environ, io.StringIO(), io.StringIO(), io.StringIO())
+
+
+def test_the_check_in_the_demos_folder_takes_its_daemons_home_and_thresholds(
+    checkout: DemoPaths, daemon_env: dict[str, str]
+):
+    environment = context_in({}).environment()
+    assert environment["DAGSTER_HOME"] == daemon_env["DAGSTER_HOME"]
+    assert environment["RASTRO_ALERT_RATE_LIMITED_MINUTES"] == "1"
+    assert daemon_env["RASTRO_ALERT_RATE_LIMITED_MINUTES"] == "1"
+    # What the operator sets wins, in the demo's Dagster and in the command alike.
+    own = {"RASTRO_ALERT_RATE_LIMITED_MINUTES": "30", "DAGSTER_HOME": "/elsewhere"}
+    assert context_in(own).environment() == own
+    assert demo.prepare(checkout, environ=own)["RASTRO_ALERT_RATE_LIMITED_MINUTES"] == "30"
+
+
+def test_below_the_demos_root_its_home_is_not_taken(
+    checkout: DemoPaths, monkeypatch: pytest.MonkeyPatch
+):
+    # The home's dagster.yaml names its storage relative to the root: from below it, a check
+    # would read (and create) another storage.
+    below = checkout.root / "notebooks"
+    below.mkdir()
+    monkeypatch.chdir(below)
+    environment = context_in({}).environment()
+    assert "DAGSTER_HOME" not in environment
+    assert environment["RASTRO_ALERT_RATE_LIMITED_MINUTES"] == "1"
+
+
+def test_outside_the_demos_folder_nothing_of_its_settings_is_taken(
+    checkout: DemoPaths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    assert context_in({ENV_VAR: generate_key()}).environment().get("DAGSTER_HOME") is None
+    monkeypatch.chdir(tmp_path)
+    assert context_in({}).environment() == {}
