@@ -6,10 +6,15 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from datetime import date, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -154,7 +159,8 @@ def test_a_paused_demo_connection_is_revived(paths: DemoPaths, now):
         assert registry.get_connection(con, demo.DEMO_CONNECTION).status == ConnectionStatus.ACTIVE
 
 
-def test_run_prepares_then_supervises_dagster_dev(paths: DemoPaths, monkeypatch, capsys):
+def handed_to_supervise(monkeypatch) -> list[tuple]:
+    """What `demo.run` hands `supervise`, which returns at once."""
     handed = []
 
     def supervise(argv, env, watcher, output):
@@ -162,23 +168,29 @@ def test_run_prepares_then_supervises_dagster_dev(paths: DemoPaths, monkeypatch,
         return 0
 
     monkeypatch.setattr(demo, "supervise", supervise)
+    return handed
+
+
+def test_run_prepares_then_supervises_dagster_dev(paths: DemoPaths, monkeypatch, capsys):
+    handed = handed_to_supervise(monkeypatch)
     monkeypatch.chdir(REPO)
     environ = {"KEEP": "me", "PYTHONWARNINGS": "error::ResourceWarning"}
-    assert demo.run(paths.root, ["--port", "3001"], environ=environ) == 0
+    port = str(demo.free_port())
+    assert demo.run(paths.root, ["--port", port], environ=environ) == 0
     [(argv, env, watcher, output)] = handed
     assert Path(argv[0]).name == "dagster"
-    assert argv[1:] == ["dev", "-w", "workspace.yaml", "--port", "3001", "--log-level", "warning"]
+    assert argv[1:] == ["dev", "-w", "workspace.yaml", "--port", port, "--log-level", "warning"]
     assert output.threshold == logging.WARNING
     assert env["KEEP"] == "me"
     assert env["DAGSTER_HOME"] == str(paths.root.resolve() / "data" / "dagster_home")
     assert env[ENV_VAR] == paths.key_file.read_text().strip()
     assert env["PYTHONWARNINGS"].split(",")[0] == "error::ResourceWarning"
     assert Path.cwd() == paths.root.resolve()
-    assert (watcher.port, watcher.analytics_path) == ("3001", paths.data / "analytics.duckdb")
+    assert (watcher.port, watcher.analytics_path) == (port, paths.data / "analytics.duckdb")
     lines = capsys.readouterr().out.splitlines()
     assert all(line.startswith("rastro demo: ") for line in lines)
     assert lines[0].startswith("rastro demo: data in ")
-    assert "http://127.0.0.1:3001" in lines[0]
+    assert f"http://127.0.0.1:{port} " in lines[0] + " "
     world = FakeWorld.demo()
     for account in ("act_1001", "act_1002", "act_1003"):
         fake = world.accounts[account]
@@ -188,6 +200,104 @@ def test_run_prepares_then_supervises_dagster_dev(paths: DemoPaths, monkeypatch,
     home = paths.root.resolve() / "data" / "dagster_home"
     assert any(f"{home}/dagster.yaml (DAGSTER_HOME)" in line for line in lines)
     assert any("only warnings and errors follow" in line for line in lines)
+
+
+@contextmanager
+def port_3000_held() -> Iterator[None]:
+    """Port 3000 held by a server that is not Dagster's: this one, unless another holds it."""
+    server = None
+    with suppress(OSError):
+        server = socket.create_server(("127.0.0.1", demo.DEFAULT_UI_PORT))
+    try:
+        assert demo.port_in_use(demo.DEFAULT_UI_PORT)
+        yield
+    finally:
+        if server is not None:
+            server.close()
+
+
+def test_with_3000_taken_the_demo_hands_dagster_a_free_port_and_says_so(
+    paths: DemoPaths, monkeypatch, capsys
+):
+    handed = handed_to_supervise(monkeypatch)
+    monkeypatch.chdir(REPO)
+    with port_3000_held():
+        assert demo.run(paths.root, [], environ={}) == 0
+    [(argv, _env, watcher, _output)] = handed
+    port = argv[argv.index("--port") + 1]
+    assert port != "3000" and watcher.port == port
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (
+        f"rastro demo: port 3000 is in use: the UI takes port {port} instead"
+        " (`rastro demo --port N` chooses one)"
+    )
+    assert f"on http://127.0.0.1:{port}" in lines[1]
+
+
+def test_a_port_asked_for_that_is_taken_is_refused_in_one_line(
+    paths: DemoPaths, monkeypatch, capsys
+):
+    handed = handed_to_supervise(monkeypatch)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert demo.run(paths.root, ["--port", str(port)], environ={}) == 2
+    assert handed == []
+    assert capsys.readouterr().err.splitlines() == [
+        f"rastro: error: port {port} is in use: choose a free one with `rastro demo --port N`"
+    ]
+    assert not paths.data.exists()
+
+
+class Answering(BaseHTTPRequestHandler):
+    """A loopback server answering every GET with `self.server.body`."""
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        body = self.server.body
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@contextmanager
+def answering(body: bytes) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answering)
+    server.body = body
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield str(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_ui_is_up_once_dagsters_webserver_answers_not_any_server():
+    with answering(b"<html>Grafana</html>") as port:
+        assert not watch.ui_up(port)
+    with answering(b'{"dagster_webserver_version": "1.13.0"}') as port:
+        assert watch.ui_up(port)
+    assert not watch.ui_up(str(demo.free_port()))
+
+
+def test_ready_waits_for_the_uis_address(paths: DemoPaths, monkeypatch, capsys):
+    """On a restart the snapshot is ready at once and the UI answers seconds later."""
+    clock = Clock()
+    monkeypatch.setattr(watch, "read_progress", lambda path: watch.Progress(3, 3, 270, 270))
+    monkeypatch.setattr(watch, "snapshot_ready", lambda path, accounts: True)
+    up = iter([False, False, False, True])
+    monkeypatch.setattr(watch, "ui_up", lambda port: next(up, True))
+    watcher = watch.Watcher(paths, "3001", paths.data / "analytics.duckdb", "rastro", clock)
+    for at in (0, 2, 4, 6, 8):
+        clock.now = at
+        watcher.tick()
+    assert capsys.readouterr().out.splitlines() == [
+        "rastro demo: UI at http://127.0.0.1:3001 (Ctrl-C stops the demo)",
+        f'rastro demo: ready: try rastro sql "{watch.SAMPLE_QUERY}"',
+    ]
 
 
 QUIET_PROBE = """
@@ -393,7 +503,8 @@ DAGSTER_LINES = [
 
 def sift(lines: list[str], threshold: int = logging.WARNING) -> list[str]:
     output = dagster_output.DagsterOutput(threshold)
-    return [line for line in lines if output.keep(line + "\n")]
+    kept = [out for line in lines for out in output.sift(line + "\n")] + output.finish()
+    return [line.removesuffix("\n") for line in kept]
 
 
 def test_of_dagsters_lines_warnings_errors_and_what_is_no_record_pass():
