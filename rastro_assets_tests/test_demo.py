@@ -163,8 +163,9 @@ def handed_to_supervise(monkeypatch) -> list[tuple]:
     """What `demo.run` hands `supervise`, which returns at once."""
     handed = []
 
-    def supervise(argv, env, watcher, output):
+    def supervise(argv, env, watcher, output, stop_runs):
         handed.append((argv, env, watcher, output))
+        assert stop_runs == demo.STOP_RUNS
         return 0
 
     monkeypatch.setattr(demo, "supervise", supervise)

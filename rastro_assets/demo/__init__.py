@@ -31,6 +31,7 @@ import errno
 import logging
 import os
 import shutil
+import signal
 import socket
 import sys
 from collections.abc import Mapping
@@ -64,6 +65,8 @@ DEMO_LINKS = {"demo-shop": ("act_1001", "act_1002"), "demo-clinic": ("act_1002",
 PLANNED_SUBSET_VARIABLE = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
 # Where the UI goes unless told: Dagster's own default.
 DEFAULT_UI_PORT = 3000
+# Run when the demo is stopped, before Dagster is: the runs in flight end canceled by the user.
+STOP_RUNS = [sys.executable, "-m", "rastro_assets.instance.runs_in_flight"]
 
 
 def demo_key_file(duckdb_path: str | os.PathLike[str], cwd: Path | None = None) -> Path | None:
@@ -210,6 +213,15 @@ def rastro_command(root: Path) -> str:
 
 def run(root: Path, extra_args: list[str], environ: Mapping[str, str] | None = None) -> int:
     """Prepare the demo, then run `dagster dev` and say how the demo is doing until it stops."""
+    try:
+        return _run(root, extra_args, environ)
+    except KeyboardInterrupt:
+        # Ctrl-C before Dagster started: each step of the preparation is whole or undone.
+        say("stopped")
+        return 128 + signal.SIGINT
+
+
+def _run(root: Path, extra_args: list[str], environ: Mapping[str, str] | None) -> int:
     paths = DemoPaths(root.resolve())
     if not (paths.root / "workspace.yaml").exists():
         print("rastro: error: run `rastro demo` from the repo root", file=sys.stderr)
@@ -260,7 +272,7 @@ def run(root: Path, extra_args: list[str], environ: Mapping[str, str] | None = N
         rastro_command(paths.root),
     )
     argv = [dagster, "dev", "-w", "workspace.yaml", *dev_args]
-    return supervise(argv, env, watcher, DagsterOutput(threshold))
+    return supervise(argv, env, watcher, DagsterOutput(threshold), STOP_RUNS)
 
 
 def _port(extra_args: list[str]) -> int | None:

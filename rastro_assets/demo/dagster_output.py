@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Mapping
 
 # Harmless warnings Dagster prints on every start of the demo, each matched by the start
@@ -52,11 +53,18 @@ class DagsterOutput:
 
     A step's or run's failure raised on purpose (`HANDLED_ERROR`) passes as one line, the
     record's and the failure's words; a run's failure that repeats its step's is not said
-    again. Any other error (a crash) keeps its whole traceback.
+    again. Any other error (a crash) keeps its whole traceback, unless the demo is stopping.
     """
 
-    def __init__(self, threshold: int = logging.WARNING) -> None:
+    def __init__(
+        self, threshold: int = logging.WARNING, stopping: threading.Event | None = None
+    ) -> None:
         self.threshold = threshold
+        self.stopping = stopping or threading.Event()
+        """Set once the user stopped the demo: from then on each record passes as its first
+        line alone, and nothing else does. What Dagster prints while it stops its runs and
+        services (an interrupted query's error, a process's KeyboardInterrupt) is the
+        shutdown's, not something to act on."""
         self.hiding = False
         self.held: str | None = None
         """A failure's record, held until its error's first line says whether it was meant."""
@@ -67,6 +75,8 @@ class DagsterOutput:
         """The lines to pass on now that `line` came: none, `line`, or a held one first."""
         plain = COLOURS.sub("", line).rstrip("\r\n")
         record = LOG_RECORD.match(plain)
+        if self.stopping.is_set():
+            return self._while_stopping(line, record)
         before: list[str] = []
         if self.held is not None:
             if record is None and not plain.strip():
@@ -98,6 +108,16 @@ class DagsterOutput:
             return []
         self.hiding = False
         return [line]
+
+    def _while_stopping(self, line: str, record: re.Match | None) -> list[str]:
+        held, self.held = self.held, None
+        before = [] if held is None else [held]
+        if record is None:
+            return before
+        level = logging.getLevelName(record["level"])
+        if isinstance(level, int) and level < self.threshold:
+            return before
+        return [*before, line]
 
     def finish(self) -> list[str]:
         """What is still held when the stream ends."""
