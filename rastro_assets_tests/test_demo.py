@@ -530,6 +530,108 @@ def test_a_log_level_asked_for_shows_more_but_never_the_explained_warning():
     assert not any("Found a dagster instance" in line for line in sift(DAGSTER_LINES, 0))
 
 
+# A wave failing on purpose, as its run worker printed it (frames shortened), then a crash.
+RUN_ID = "330ee463-4930-4ea1-97a9-c772c4b3263d"
+WORDS = (
+    "every account of the wave failed (3): META_TOKEN_INVALID on act_1001, act_1002, act_1003"
+    ' (docs/errors.md, "META_TOKEN_INVALID")'
+)
+DAGSTER_FRAMES = [
+    "Stack Trace:",
+    '  File "/v/dagster/_core/execution/plan/execute_plan.py", line 243, in dagster_event_seq',
+    "    yield from check.generator(step_events)",
+    '  File "/v/dagster/_core/execution/plan/compute_generator.py", line 116, in invoke_compute',
+    "    return fn(context, **args_to_pass) if context_arg_provided else fn(**args_to_pass)",
+    "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+    '  File "/r/rastro_assets/defs/cadence/wave.py", line 193, in sync_wave',
+    "    raise dg.Failure(description=all_failed(outcomes), allow_retries=False)",
+    "",
+]
+HANDLED_LINES = [
+    f"\x1b[32m2026-12-07 01:07:22 +0000\x1b[0m - dagster - \x1b[34mERROR\x1b[0m -"
+    f" meta_sync_wave - {RUN_ID} - 28215 - sync_wave - STEP_FAILURE -"
+    ' Execution of step "sync_wave" failed.',
+    "",
+    f"dagster._core.definitions.events.Failure: {WORDS}",
+    "",
+    *DAGSTER_FRAMES,
+    f"2026-12-07 01:07:22 +0000 - dagster - ERROR - meta_sync_wave - {RUN_ID} - 28215 -"
+    ' RUN_FAILURE - Execution of run for "meta_sync_wave" failed. Steps failed: [\'sync_wave\'].',
+    "",
+    f"dagster._core.definitions.events.Failure: {WORDS}",
+    "",
+    *DAGSTER_FRAMES,
+    f"2026-12-07 01:09:29 +0000 - dagster - ERROR - __ASSET_JOB - {RUN_ID} - 2841 - RUN_CANCELED"
+    " - Execution of run for \"__ASSET_JOB\" canceled.",
+    "",
+    "dagster._core.errors.DagsterExecutionInterruptedError",
+    "",
+    *DAGSTER_FRAMES,
+    f"2026-12-07 01:21:20 +0000 - dagster - ERROR - publish_analytics_snapshot - {RUN_ID} - 27588"
+    ' - analytics_snapshot - STEP_FAILURE - Execution of step "analytics_snapshot" failed.',
+    "dagster._core.errors.DagsterExecutionStepExecutionError: Error occurred while executing op"
+    ' "analytics_snapshot"::',
+    "",
+    "RuntimeError: Query interrupted",
+    "",
+    *DAGSTER_FRAMES,
+]
+
+
+def test_a_failure_raised_on_purpose_is_one_line_and_a_crash_keeps_its_traceback():
+    kept = sift(HANDLED_LINES)
+    assert kept[:2] == [
+        f"\x1b[32m2026-12-07 01:07:22 +0000\x1b[0m - dagster - \x1b[34mERROR\x1b[0m -"
+        f" meta_sync_wave - {RUN_ID} - 28215 - sync_wave - STEP_FAILURE -"
+        f' Execution of step "sync_wave" failed: {WORDS}',
+        # The run's failure repeats the step's: not said again. The interrupt's stack is
+        # Dagster's alone.
+        f"2026-12-07 01:09:29 +0000 - dagster - ERROR - __ASSET_JOB - {RUN_ID} - 2841 -"
+        ' RUN_CANCELED - Execution of run for "__ASSET_JOB" canceled.',
+    ]
+    # A crash: its record, its error and its whole stack, as Dagster printed them.
+    assert kept[2:] == HANDLED_LINES[-len(DAGSTER_FRAMES) - 5 :]
+    assert sum('File "' in line for line in kept) == 3
+
+
+def test_once_the_demo_is_stopping_each_record_is_one_line_and_nothing_else_passes():
+    stopping = threading.Event()
+    output = dagster_output.DagsterOutput(stopping=stopping)
+    crash = HANDLED_LINES[-len(DAGSTER_FRAMES) - 5 :]
+    stopping.set()
+    kept = [out for line in crash for out in output.sift(line + "\n")] + output.finish()
+    assert kept == [crash[0] + "\n"]
+    watch_orphans = [
+        "Traceback (most recent call last):",
+        '  File "/v/dagster/_core/execution/scripts/watch_orphans.py", line 38, in watch',
+        "    time.sleep(1)",
+        "KeyboardInterrupt",
+    ]
+    assert [out for line in watch_orphans for out in output.sift(line + "\n")] == []
+
+
+DEV_CRASH = [
+    "\x1b[32m2026-12-07 01:26:17 +0000\x1b[0m - dagster - \x1b[34mERROR\x1b[0m -"
+    " \x1b[31mAn unexpected exception has occurred\x1b[0m",
+    "Traceback (most recent call last):",
+    '  File "/v/dagster/_cli/dev.py", line 304, in dev_command_impl',
+    "    raise Exception(",
+    "Exception: dagster-daemon process shut down unexpectedly with return code -9",
+]
+
+
+def test_a_dead_daemon_is_noted_not_printed_as_dagster_devs_traceback():
+    output = dagster_output.DagsterOutput()
+    assert [out for line in DEV_CRASH for out in output.sift(line + "\n")] == []
+    assert output.service_died == "its dagster-daemon process exited with return code -9"
+    # Any other error of `dagster dev` is passed on whole.
+    other = [*DEV_CRASH[:-1], "Exception: something else"]
+    output = dagster_output.DagsterOutput()
+    kept = [out for line in other for out in output.sift(line + "\n")] + output.finish()
+    assert kept == [line + "\n" for line in other]
+    assert output.service_died is None
+
+
 @pytest.mark.parametrize(
     ("extra", "argv", "threshold"),
     [
@@ -568,10 +670,15 @@ def test_supervise_passes_on_what_dagster_output_keeps_on_the_same_stream():
     result = subprocess.run(
         [sys.executable, "-c", RELAYED, NOISY], capture_output=True, text=True, timeout=60
     )
-    assert result.returncode == 0, result.stderr
     stamp = "2026-12-06 00:12:14 +0000 - dagster"
-    assert result.stdout.splitlines() == [f"{stamp} - WARNING - out warned"]
+    assert result.stdout.splitlines() == [
+        f"{stamp} - WARNING - out warned",
+        # Dagster stopping unasked is news.
+        "rastro demo: Dagster stopped on its own (exit code 0), and the UI with it:"
+        " `rastro demo` starts it again",
+    ]
     assert result.stderr.splitlines() == [f"{stamp} - ERROR - err failed"]
+    assert result.returncode == 1
 
 
 def test_an_unchanged_progress_line_is_not_repeated_at_every_look(

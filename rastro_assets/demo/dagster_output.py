@@ -34,6 +34,15 @@ COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 ALARM = re.compile(
     r"^(Traceback \(most recent call last\)|\S*(Error|Exception|Warning)\b|\S+\.py:\d+: )"
 )
+# `dagster dev` stops when its daemon or webserver dies, and says so with a traceback of its
+# own frames under this record; the demo says it in one line instead.
+SERVICE_CRASH = "An unexpected exception has occurred"
+SERVICE_DIED = re.compile(
+    r"^Exception: (?P<service>dagster-daemon|dagster-webserver) process shut down"
+    r" unexpectedly with return code (?P<code>-?\d+)"
+)
+# A crash record's lines held back at most: a traceback this long is passed on as it is.
+CRASH_LINES = 200
 # The events whose record goes on with the error that ended the step or the run.
 ERROR_EVENT = re.compile(r" - (?P<event>STEP_FAILURE|RUN_FAILURE|RUN_CANCELED) - ")
 # Errors raised on purpose, whose stack is only Dagster's frames between the op and the
@@ -70,6 +79,10 @@ class DagsterOutput:
         """A failure's record, held until its error's first line says whether it was meant."""
         self.words = False
         """Passing on the further lines of a handled failure's words."""
+        self.crash: list[str] | None = None
+        """`dagster dev`'s crash record and its traceback so far, held until its last line."""
+        self.service_died: str | None = None
+        """Which of `dagster dev`'s services died, and how, once it said so."""
 
     def sift(self, line: str) -> list[str]:
         """The lines to pass on now that `line` came: none, `line`, or a held one first."""
@@ -77,6 +90,19 @@ class DagsterOutput:
         record = LOG_RECORD.match(plain)
         if self.stopping.is_set():
             return self._while_stopping(line, record)
+        if self.crash is not None:
+            if record is None and len(self.crash) < CRASH_LINES:
+                died = SERVICE_DIED.match(plain)
+                if died is None:
+                    self.crash.append(line)
+                    return []
+                self.crash = None
+                self.service_died = (
+                    f"its {died['service']} process exited with return code {died['code']}"
+                )
+                return []
+            crash, self.crash = self.crash, None
+            return [*crash, *self.sift(line)]
         before: list[str] = []
         if self.held is not None:
             if record is None and not plain.strip():
@@ -98,6 +124,9 @@ class DagsterOutput:
                 return before
             if ERROR_EVENT.search(record["message"]):
                 self.held = line
+                return before
+            if record["message"].startswith(SERVICE_CRASH):
+                self.crash = [line]
                 return before
             return [*before, line]
         if self.words:
@@ -122,7 +151,8 @@ class DagsterOutput:
     def finish(self) -> list[str]:
         """What is still held when the stream ends."""
         held, self.held = self.held, None
-        return [] if held is None else [held]
+        crash, self.crash = self.crash or [], None
+        return [*([] if held is None else [held]), *crash]
 
 
 def _one_line(record: str, words: str) -> list[str]:

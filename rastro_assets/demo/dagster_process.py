@@ -61,7 +61,8 @@ def supervise(
         stderr=piped,
     )
     quieting = threading.Event()
-    relays = _start_relays(child, output, quieting) if output is not None else []
+    sifters = [DagsterOutput(output.threshold, quieting) for _ in range(2)] if output else []
+    relays = _start_relays(child, sifters)
     signals: list[int] = []
 
     def note(signum: int, _frame) -> None:
@@ -81,17 +82,24 @@ def supervise(
             thread.join(max(drained_by - time.monotonic(), 0))
     if signals:
         say("stopped")
+    else:
+        why = next((s.service_died for s in sifters if s.service_died), None)
+        say(
+            f"Dagster stopped on its own ({why or f'exit code {code}'}), and the UI with it:"
+            " `rastro demo` starts it again"
+        )
+        code = code or 1
     return 128 - code if code < 0 else code
 
 
 def _start_relays(
-    child: subprocess.Popen, output: DagsterOutput, stopping: threading.Event
+    child: subprocess.Popen, sifters: list[DagsterOutput]
 ) -> list[threading.Thread]:
-    """A thread for each of the child's stdout and stderr, each sifting its lines on its own,
-    both quieter once `stopping` is set."""
+    """A thread for each of the child's stdout and stderr, each sifting its lines with its
+    own of `sifters` (none: the child's streams are the demo's own)."""
     relays = []
-    for source, sink in ((child.stdout, sys.stdout), (child.stderr, sys.stderr)):
-        sifter = DagsterOutput(output.threshold, stopping)
+    streams = ((child.stdout, sys.stdout), (child.stderr, sys.stderr))
+    for (source, sink), sifter in zip(streams, sifters, strict=False):
         # Daemon threads: a run worker that outlives Dagster may hold the pipe open.
         thread = threading.Thread(target=relay, args=(source, sink, sifter), daemon=True)
         thread.start()
