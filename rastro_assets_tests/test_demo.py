@@ -681,6 +681,20 @@ def test_supervise_passes_on_what_dagster_output_keeps_on_the_same_stream():
     assert result.returncode == 1
 
 
+def test_a_dagster_that_stopped_on_its_own_is_said_in_one_line():
+    """`dagster dev` after its daemon was killed: it prints why with a traceback, and exits 0."""
+    dies = f"import sys\nfor line in {DEV_CRASH!r}:\n    print(line, file=sys.stderr)\n"
+    result = subprocess.run(
+        [sys.executable, "-c", RELAYED, dies], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1
+    assert result.stderr == ""
+    assert result.stdout.splitlines() == [
+        "rastro demo: Dagster stopped on its own (its dagster-daemon process exited with return"
+        " code -9), and the UI with it: `rastro demo` starts it again"
+    ]
+
+
 def test_an_unchanged_progress_line_is_not_repeated_at_every_look(
     paths: DemoPaths, monkeypatch, capsys
 ):
