@@ -118,3 +118,9 @@ def error_code(error: str | None) -> str | None:
 def guide_reference(codes: list[str]) -> str:
     """Where the guide says what to do about `codes`: its page and their sections."""
     return ", ".join([ERRORS_GUIDE, *(f'"{code}"' for code in dict.fromkeys(codes))])
+
+
+def with_guide(error: str) -> str:
+    """`error` followed by where the guide says what to do about it, when it names a code."""
+    code = error_code(error)
+    return f"{error} ({guide_reference([code])})" if code else error
