@@ -680,6 +680,7 @@ def test_with_3000_taken_the_ui_printed_is_dagsters_and_ctrl_c_cancels_the_runs_
         text[-8000:]
     )
     assert after[-1] == "rastro demo: stopped", after
+    assert any(line.endswith("canceled: stopped by the user") for line in after), after
     statuses = runs_by_status(home)
     assert "FAILURE" not in statuses.values(), statuses
     ended = {statuses[run] for run in in_flight}
