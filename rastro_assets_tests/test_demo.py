@@ -447,6 +447,17 @@ def session_members(sid: int) -> list[int]:
     return found
 
 
+def test_ctrl_c_before_dagster_starts_says_stopped_not_a_traceback(
+    paths: DemoPaths, monkeypatch, capsys
+):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "prepare", interrupted)
+    assert demo.run(paths.root, ["--port", str(demo.free_port())], environ={}) == 130
+    assert capsys.readouterr().out.splitlines() == ["rastro demo: stopped"]
+
+
 def test_run_outside_the_repo_root(tmp_path: Path, capsys):
     assert demo.run(tmp_path, [], environ={}) == 2
     assert "repo root" in capsys.readouterr().err
