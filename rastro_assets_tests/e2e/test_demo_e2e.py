@@ -597,20 +597,24 @@ def test_the_demos_dagster_files_are_private_under_umask_000(tmp_path):
 
 UI_AT = re.compile(r"^rastro demo: UI at http://127\.0\.0\.1:(\d+) ", re.M)
 IN_FLIGHT = ("STARTING", "STARTED")
+# The first backfill's run: long enough to be in flight still when the demo cancels it.
+BACKFILL_JOB = "__ASSET_JOB"
 
 
-def runs_by_status(home: Path) -> dict[str, str]:
-    """Each run's status in the Dagster home's run storage (empty before Dagster made it)."""
+def runs_by_status(home: Path, job: str | None = None) -> dict[str, str]:
+    """Each run's status in the Dagster home's run storage (empty before Dagster made it),
+    of one job if given."""
     runs_db = home / "storage" / "history" / "runs.db"
     if not runs_db.exists():
         return {}
     con = sqlite3.connect(f"file:{runs_db}?mode=ro", uri=True, timeout=10)
     try:
-        return dict(con.execute("SELECT run_id, status FROM runs").fetchall())
+        rows = con.execute("SELECT run_id, status, pipeline_name FROM runs").fetchall()
     except sqlite3.OperationalError:  # its tables not made yet
         return {}
     finally:
         con.close()
+    return {run: status for run, status, name in rows if job in (None, name)}
 
 
 def answers_as_dagster(port: int) -> bool:
@@ -656,8 +660,12 @@ def test_with_3000_taken_the_ui_printed_is_dagsters_and_ctrl_c_cancels_the_runs_
             assert "rastro demo: port 3000 is in use: the UI takes port" in log.read_text()
 
             in_flight = wait_for(
-                "a run in flight",
-                lambda: [run for run, state in runs_by_status(home).items() if state in IN_FLIGHT],
+                "the first backfill's run in flight",
+                lambda: [
+                    run
+                    for run, state in runs_by_status(home, BACKFILL_JOB).items()
+                    if state in IN_FLIGHT
+                ],
                 150,
             )
             before = log.read_text(errors="replace").splitlines()
