@@ -621,6 +621,29 @@ def test_once_the_demo_is_stopping_each_record_is_one_line_and_nothing_else_pass
     assert [out for line in watch_orphans for out in output.sift(line + "\n")] == []
 
 
+def test_a_handled_failures_words_over_several_lines_pass_once_without_the_stack():
+    owing = [
+        HANDLED_LINES[0].replace("meta_sync_wave", "__ASSET_JOB"),
+        "",
+        "dagster._core.definitions.events.Failure: 1 of this run's accounts still owe days:",
+        'act_1001: META_TOKEN_INVALID: expired (docs/errors.md, "META_TOKEN_INVALID")',
+        "",
+        *DAGSTER_FRAMES,
+        f"2026-12-07 01:07:22 +0000 - dagster - ERROR - __ASSET_JOB - {RUN_ID} - 28215 -"
+        " RUN_FAILURE - Execution of run for \"__ASSET_JOB\" failed.",
+        "",
+        "dagster._core.definitions.events.Failure: 1 of this run's accounts still owe days:",
+        'act_1001: META_TOKEN_INVALID: expired (docs/errors.md, "META_TOKEN_INVALID")',
+        "",
+        *DAGSTER_FRAMES,
+    ]
+    kept = sift(owing)
+    assert kept == [
+        owing[0].removesuffix(".") + ": 1 of this run's accounts still owe days:",
+        owing[3],
+    ]
+
+
 DEV_CRASH = [
     "\x1b[32m2026-12-07 01:26:17 +0000\x1b[0m - dagster - \x1b[34mERROR\x1b[0m -"
     " \x1b[31mAn unexpected exception has occurred\x1b[0m",

@@ -112,8 +112,10 @@ class DagsterOutput:
                 handled = HANDLED_ERROR.match(plain)
                 if handled is None:
                     return [held, line]  # a crash: its traceback follows as Dagster wrote it
-                self.hiding, self.words = True, True
-                return _one_line(held, handled["words"].strip())
+                shown = _one_line(held, handled["words"].strip())
+                # The words' further lines go with the step's line, not with a repeat.
+                self.hiding, self.words = True, bool(shown)
+                return shown
             before = [held]
         if record is not None:
             level = logging.getLevelName(record["level"])
@@ -140,7 +142,8 @@ class DagsterOutput:
 
     def _while_stopping(self, line: str, record: re.Match | None) -> list[str]:
         held, self.held = self.held, None
-        before = [] if held is None else [held]
+        crash, self.crash = self.crash, None
+        before = [first for first in (held, crash and crash[0]) if first]
         if record is None:
             return before
         level = logging.getLevelName(record["level"])
