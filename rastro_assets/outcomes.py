@@ -100,3 +100,27 @@ def coded(code: str, message: str | None, default: str) -> str:
     if message and _CODE_PREFIX.match(message):
         return message
     return f"{code}: {message or default}"
+
+
+ERRORS_GUIDE = "docs/errors.md"
+"""The guide's page of error codes: a section for each, named after it."""
+
+GUIDED_CODES = frozenset({*ERROR_CODES.values(), "META_TRUNCATED", "RUN_TIMEOUT"})
+"""The codes `ERRORS_GUIDE` has a section for."""
+
+
+def error_code(error: str | None) -> str | None:
+    """The code of a `CODE: message` line the guide explains; None for any other line."""
+    code = (error or "").split(":", 1)[0]
+    return code if code in GUIDED_CODES else None
+
+
+def guide_reference(codes: list[str]) -> str:
+    """Where the guide says what to do about `codes`: its page and their sections."""
+    return ", ".join([ERRORS_GUIDE, *(f'"{code}"' for code in dict.fromkeys(codes))])
+
+
+def with_guide(error: str) -> str:
+    """`error` followed by where the guide says what to do about it, when it names a code."""
+    code = error_code(error)
+    return f"{error} ({guide_reference([code])})" if code else error

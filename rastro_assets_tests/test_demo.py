@@ -6,10 +6,15 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from datetime import date, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -156,31 +161,39 @@ def test_a_paused_demo_connection_is_revived(paths: DemoPaths, now):
         assert registry.get_connection(con, demo.DEMO_CONNECTION).status == ConnectionStatus.ACTIVE
 
 
-def test_run_prepares_then_supervises_dagster_dev(paths: DemoPaths, monkeypatch, capsys):
+def handed_to_supervise(monkeypatch) -> list[tuple]:
+    """What `demo.run` hands `supervise`, which returns at once."""
     handed = []
 
-    def supervise(argv, env, watcher, output):
+    def supervise(argv, env, watcher, output, stop_runs):
         handed.append((argv, env, watcher, output))
+        assert stop_runs == demo.STOP_RUNS
         return 0
 
     monkeypatch.setattr(demo, "supervise", supervise)
+    return handed
+
+
+def test_run_prepares_then_supervises_dagster_dev(paths: DemoPaths, monkeypatch, capsys):
+    handed = handed_to_supervise(monkeypatch)
     monkeypatch.chdir(REPO)
     environ = {"KEEP": "me", "PYTHONWARNINGS": "error::ResourceWarning"}
-    assert demo.run(paths.root, ["--port", "3001"], environ=environ) == 0
+    port = str(demo.free_port())
+    assert demo.run(paths.root, ["--port", port], environ=environ) == 0
     [(argv, env, watcher, output)] = handed
     assert Path(argv[0]).name == "dagster"
-    assert argv[1:] == ["dev", "-w", "workspace.yaml", "--port", "3001", "--log-level", "warning"]
+    assert argv[1:] == ["dev", "-w", "workspace.yaml", "--port", port, "--log-level", "warning"]
     assert output.threshold == logging.WARNING
     assert env["KEEP"] == "me"
     assert env["DAGSTER_HOME"] == str(paths.root.resolve() / "data" / "dagster_home")
     assert env[ENV_VAR] == paths.key_file.read_text().strip()
     assert env["PYTHONWARNINGS"].split(",")[0] == "error::ResourceWarning"
     assert Path.cwd() == paths.root.resolve()
-    assert (watcher.port, watcher.analytics_path) == ("3001", paths.data / "analytics.duckdb")
+    assert (watcher.port, watcher.analytics_path) == (port, paths.data / "analytics.duckdb")
     lines = capsys.readouterr().out.splitlines()
     assert all(line.startswith("rastro demo: ") for line in lines)
     assert lines[0].startswith("rastro demo: data in ")
-    assert "http://127.0.0.1:3001" in lines[0]
+    assert f"http://127.0.0.1:{port} " in lines[0] + " "
     world = FakeWorld.demo()
     for account in ("act_1001", "act_1002", "act_1003"):
         fake = world.accounts[account]
@@ -190,6 +203,104 @@ def test_run_prepares_then_supervises_dagster_dev(paths: DemoPaths, monkeypatch,
     home = paths.root.resolve() / "data" / "dagster_home"
     assert any(f"{home}/dagster.yaml (DAGSTER_HOME)" in line for line in lines)
     assert any("only warnings and errors follow" in line for line in lines)
+
+
+@contextmanager
+def port_3000_held() -> Iterator[None]:
+    """Port 3000 held by a server that is not Dagster's: this one, unless another holds it."""
+    server = None
+    with suppress(OSError):
+        server = socket.create_server(("127.0.0.1", demo.DEFAULT_UI_PORT))
+    try:
+        assert demo.port_in_use(demo.DEFAULT_UI_PORT)
+        yield
+    finally:
+        if server is not None:
+            server.close()
+
+
+def test_with_3000_taken_the_demo_hands_dagster_a_free_port_and_says_so(
+    paths: DemoPaths, monkeypatch, capsys
+):
+    handed = handed_to_supervise(monkeypatch)
+    monkeypatch.chdir(REPO)
+    with port_3000_held():
+        assert demo.run(paths.root, [], environ={}) == 0
+    [(argv, _env, watcher, _output)] = handed
+    port = argv[argv.index("--port") + 1]
+    assert port != "3000" and watcher.port == port
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (
+        f"rastro demo: port 3000 is in use: the UI takes port {port} instead"
+        " (`rastro demo --port N` chooses one)"
+    )
+    assert f"on http://127.0.0.1:{port}" in lines[1]
+
+
+def test_a_port_asked_for_that_is_taken_is_refused_in_one_line(
+    paths: DemoPaths, monkeypatch, capsys
+):
+    handed = handed_to_supervise(monkeypatch)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert demo.run(paths.root, ["--port", str(port)], environ={}) == 2
+    assert handed == []
+    assert capsys.readouterr().err.splitlines() == [
+        f"rastro: error: port {port} is in use: choose a free one with `rastro demo --port N`"
+    ]
+    assert not paths.data.exists()
+
+
+class Answering(BaseHTTPRequestHandler):
+    """A loopback server answering every GET with `self.server.body`."""
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        body = self.server.body
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@contextmanager
+def answering(body: bytes) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answering)
+    server.body = body
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield str(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_ui_is_up_once_dagsters_webserver_answers_not_any_server():
+    with answering(b"<html>Grafana</html>") as port:
+        assert not watch.ui_up(port)
+    with answering(b'{"dagster_webserver_version": "1.13.0"}') as port:
+        assert watch.ui_up(port)
+    assert not watch.ui_up(str(demo.free_port()))
+
+
+def test_ready_waits_for_the_uis_address(paths: DemoPaths, monkeypatch, capsys):
+    """On a restart the snapshot is ready at once and the UI answers seconds later."""
+    clock = Clock()
+    monkeypatch.setattr(watch, "read_progress", lambda path: watch.Progress(3, 3, 270, 270))
+    monkeypatch.setattr(watch, "snapshot_ready", lambda path, accounts: True)
+    up = iter([False, False, False, True])
+    monkeypatch.setattr(watch, "ui_up", lambda port: next(up, True))
+    watcher = watch.Watcher(paths, "3001", paths.data / "analytics.duckdb", "rastro", clock)
+    for at in (0, 2, 4, 6, 8):
+        clock.now = at
+        watcher.tick()
+    assert capsys.readouterr().out.splitlines() == [
+        "rastro demo: UI at http://127.0.0.1:3001 (Ctrl-C stops the demo)",
+        f'rastro demo: ready: try rastro sql "{watch.SAMPLE_QUERY}"',
+    ]
 
 
 QUIET_PROBE = """
@@ -338,6 +449,17 @@ def session_members(sid: int) -> list[int]:
     return found
 
 
+def test_ctrl_c_before_dagster_starts_says_stopped_not_a_traceback(
+    paths: DemoPaths, monkeypatch, capsys
+):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "prepare", interrupted)
+    assert demo.run(paths.root, ["--port", str(demo.free_port())], environ={}) == 130
+    assert capsys.readouterr().out.splitlines() == ["rastro demo: stopped"]
+
+
 def test_run_outside_the_repo_root(tmp_path: Path, capsys):
     assert demo.run(tmp_path, [], environ={}) == 2
     assert "repo root" in capsys.readouterr().err
@@ -395,7 +517,8 @@ DAGSTER_LINES = [
 
 def sift(lines: list[str], threshold: int = logging.WARNING) -> list[str]:
     output = dagster_output.DagsterOutput(threshold)
-    return [line for line in lines if output.keep(line + "\n")]
+    kept = [out for line in lines for out in output.sift(line + "\n")] + output.finish()
+    return [line.removesuffix("\n") for line in kept]
 
 
 def test_of_dagsters_lines_warnings_errors_and_what_is_no_record_pass():
@@ -418,6 +541,131 @@ def test_a_log_level_asked_for_shows_more_but_never_the_explained_warning():
     assert DAGSTER_LINES[1] in kept and "- spend_backfill: {act_1003, act_1001, act_1002}" in kept
     assert not any("DEBUG" in line for line in kept)
     assert not any("Found a dagster instance" in line for line in sift(DAGSTER_LINES, 0))
+
+
+# A wave failing on purpose, as its run worker printed it (frames shortened), then a crash.
+RUN_ID = "330ee463-4930-4ea1-97a9-c772c4b3263d"
+WORDS = (
+    "every account of the wave failed (3): META_TOKEN_INVALID on act_1001, act_1002, act_1003"
+    ' (docs/errors.md, "META_TOKEN_INVALID")'
+)
+DAGSTER_FRAMES = [
+    "Stack Trace:",
+    '  File "/v/dagster/_core/execution/plan/execute_plan.py", line 243, in dagster_event_seq',
+    "    yield from check.generator(step_events)",
+    '  File "/v/dagster/_core/execution/plan/compute_generator.py", line 116, in invoke_compute',
+    "    return fn(context, **args_to_pass) if context_arg_provided else fn(**args_to_pass)",
+    "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+    '  File "/r/rastro_assets/defs/cadence/wave.py", line 193, in sync_wave',
+    "    raise dg.Failure(description=all_failed(outcomes), allow_retries=False)",
+    "",
+]
+HANDLED_LINES = [
+    f"\x1b[32m2026-12-07 01:07:22 +0000\x1b[0m - dagster - \x1b[34mERROR\x1b[0m -"
+    f" meta_sync_wave - {RUN_ID} - 28215 - sync_wave - STEP_FAILURE -"
+    ' Execution of step "sync_wave" failed.',
+    "",
+    f"dagster._core.definitions.events.Failure: {WORDS}",
+    "",
+    *DAGSTER_FRAMES,
+    f"2026-12-07 01:07:22 +0000 - dagster - ERROR - meta_sync_wave - {RUN_ID} - 28215 -"
+    ' RUN_FAILURE - Execution of run for "meta_sync_wave" failed. Steps failed: [\'sync_wave\'].',
+    "",
+    f"dagster._core.definitions.events.Failure: {WORDS}",
+    "",
+    *DAGSTER_FRAMES,
+    f"2026-12-07 01:09:29 +0000 - dagster - ERROR - __ASSET_JOB - {RUN_ID} - 2841 - RUN_CANCELED"
+    " - Execution of run for \"__ASSET_JOB\" canceled.",
+    "",
+    "dagster._core.errors.DagsterExecutionInterruptedError",
+    "",
+    *DAGSTER_FRAMES,
+    f"2026-12-07 01:21:20 +0000 - dagster - ERROR - publish_analytics_snapshot - {RUN_ID} - 27588"
+    ' - analytics_snapshot - STEP_FAILURE - Execution of step "analytics_snapshot" failed.',
+    "dagster._core.errors.DagsterExecutionStepExecutionError: Error occurred while executing op"
+    ' "analytics_snapshot"::',
+    "",
+    "RuntimeError: Query interrupted",
+    "",
+    *DAGSTER_FRAMES,
+]
+
+
+def test_a_failure_raised_on_purpose_is_one_line_and_a_crash_keeps_its_traceback():
+    kept = sift(HANDLED_LINES)
+    assert kept[:2] == [
+        f"\x1b[32m2026-12-07 01:07:22 +0000\x1b[0m - dagster - \x1b[34mERROR\x1b[0m -"
+        f" meta_sync_wave - {RUN_ID} - 28215 - sync_wave - STEP_FAILURE -"
+        f' Execution of step "sync_wave" failed: {WORDS}',
+        # The run's failure repeats the step's: not said again. The interrupt's stack is
+        # Dagster's alone.
+        f"2026-12-07 01:09:29 +0000 - dagster - ERROR - __ASSET_JOB - {RUN_ID} - 2841 -"
+        ' RUN_CANCELED - Execution of run for "__ASSET_JOB" canceled.',
+    ]
+    # A crash: its record, its error and its whole stack, as Dagster printed them.
+    assert kept[2:] == HANDLED_LINES[-len(DAGSTER_FRAMES) - 5 :]
+    assert sum('File "' in line for line in kept) == 3
+
+
+def test_once_the_demo_is_stopping_each_record_is_one_line_and_nothing_else_passes():
+    stopping = threading.Event()
+    output = dagster_output.DagsterOutput(stopping=stopping)
+    crash = HANDLED_LINES[-len(DAGSTER_FRAMES) - 5 :]
+    stopping.set()
+    kept = [out for line in crash for out in output.sift(line + "\n")] + output.finish()
+    assert kept == [crash[0] + "\n"]
+    watch_orphans = [
+        "Traceback (most recent call last):",
+        '  File "/v/dagster/_core/execution/scripts/watch_orphans.py", line 38, in watch',
+        "    time.sleep(1)",
+        "KeyboardInterrupt",
+    ]
+    assert [out for line in watch_orphans for out in output.sift(line + "\n")] == []
+
+
+def test_a_handled_failures_words_over_several_lines_pass_once_without_the_stack():
+    owing = [
+        HANDLED_LINES[0].replace("meta_sync_wave", "__ASSET_JOB"),
+        "",
+        "dagster._core.definitions.events.Failure: 1 of this run's accounts still owe days:",
+        'act_1001: META_TOKEN_INVALID: expired (docs/errors.md, "META_TOKEN_INVALID")',
+        "",
+        *DAGSTER_FRAMES,
+        f"2026-12-07 01:07:22 +0000 - dagster - ERROR - __ASSET_JOB - {RUN_ID} - 28215 -"
+        " RUN_FAILURE - Execution of run for \"__ASSET_JOB\" failed.",
+        "",
+        "dagster._core.definitions.events.Failure: 1 of this run's accounts still owe days:",
+        'act_1001: META_TOKEN_INVALID: expired (docs/errors.md, "META_TOKEN_INVALID")',
+        "",
+        *DAGSTER_FRAMES,
+    ]
+    kept = sift(owing)
+    assert kept == [
+        owing[0].removesuffix(".") + ": 1 of this run's accounts still owe days:",
+        owing[3],
+    ]
+
+
+DEV_CRASH = [
+    "\x1b[32m2026-12-07 01:26:17 +0000\x1b[0m - dagster - \x1b[34mERROR\x1b[0m -"
+    " \x1b[31mAn unexpected exception has occurred\x1b[0m",
+    "Traceback (most recent call last):",
+    '  File "/v/dagster/_cli/dev.py", line 304, in dev_command_impl',
+    "    raise Exception(",
+    "Exception: dagster-daemon process shut down unexpectedly with return code -9",
+]
+
+
+def test_a_dead_daemon_is_noted_not_printed_as_dagster_devs_traceback():
+    output = dagster_output.DagsterOutput()
+    assert [out for line in DEV_CRASH for out in output.sift(line + "\n")] == []
+    assert output.service_died == "its dagster-daemon process exited with return code -9"
+    # Any other error of `dagster dev` is passed on whole.
+    other = [*DEV_CRASH[:-1], "Exception: something else"]
+    output = dagster_output.DagsterOutput()
+    kept = [out for line in other for out in output.sift(line + "\n")] + output.finish()
+    assert kept == [line + "\n" for line in other]
+    assert output.service_died is None
 
 
 @pytest.mark.parametrize(
@@ -458,10 +706,29 @@ def test_supervise_passes_on_what_dagster_output_keeps_on_the_same_stream():
     result = subprocess.run(
         [sys.executable, "-c", RELAYED, NOISY], capture_output=True, text=True, timeout=60
     )
-    assert result.returncode == 0, result.stderr
     stamp = "2026-12-06 00:12:14 +0000 - dagster"
-    assert result.stdout.splitlines() == [f"{stamp} - WARNING - out warned"]
+    assert result.stdout.splitlines() == [
+        f"{stamp} - WARNING - out warned",
+        # Dagster stopping unasked is news.
+        "rastro demo: Dagster stopped on its own (exit code 0), and the UI with it:"
+        " `rastro demo` starts it again",
+    ]
     assert result.stderr.splitlines() == [f"{stamp} - ERROR - err failed"]
+    assert result.returncode == 1
+
+
+def test_a_dagster_that_stopped_on_its_own_is_said_in_one_line():
+    """`dagster dev` after its daemon was killed: it prints why with a traceback, and exits 0."""
+    dies = f"import sys\nfor line in {DEV_CRASH!r}:\n    print(line, file=sys.stderr)\n"
+    result = subprocess.run(
+        [sys.executable, "-c", RELAYED, dies], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1
+    assert result.stderr == ""
+    assert result.stdout.splitlines() == [
+        "rastro demo: Dagster stopped on its own (its dagster-daemon process exited with return"
+        " code -9), and the UI with it: `rastro demo` starts it again"
+    ]
 
 
 def test_an_unchanged_progress_line_is_not_repeated_at_every_look(

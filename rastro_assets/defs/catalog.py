@@ -36,6 +36,7 @@ from rastro_assets.defs.metadata import (
 from rastro_assets.defs.partitions import account_partitions, not_linked
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
+from rastro_assets.outcomes import with_guide
 from rastro_assets.sync.types import CatalogRefused
 
 GROUP = "meta_catalog"
@@ -69,7 +70,7 @@ def _succeeded(account: str, sync: Callable[[], Outcome]) -> Outcome:
     except CatalogRefused:  # the catalog refuses an account only when no site links it
         raise dg.Failure(description=not_linked(account)) from None
     if not outcome.ok:
-        raise dg.Failure(description=outcome.error)
+        raise dg.Failure(description=with_guide(outcome.error or "the read failed"))
     return outcome
 
 

@@ -30,9 +30,12 @@ Graph it serves its processes from a thread, where `rastro demo trouble` stages 
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
+import signal
+import socket
 import sys
 from collections.abc import Mapping
 from datetime import UTC, date, datetime
@@ -67,6 +70,10 @@ PLANNED_SUBSET_VARIABLE = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
 # A throttle is told after a minute, not the two hours an operator waits out at Meta: in the
 # demo a throttle is one staged to rehearse its alert (`rastro demo trouble throttle`).
 DEMO_ALERT_SETTINGS = {"RASTRO_ALERT_RATE_LIMITED_MINUTES": "1"}
+# Where the UI goes unless told: Dagster's own default.
+DEFAULT_UI_PORT = 3000
+# Run when the demo is stopped, before Dagster is: the runs in flight end canceled by the user.
+STOP_RUNS = [sys.executable, "-m", "rastro_assets.instance.runs_in_flight"]
 
 
 def demo_key_file(duckdb_path: str | os.PathLike[str], cwd: Path | None = None) -> Path | None:
@@ -232,16 +239,43 @@ def rastro_command(root: Path) -> str:
 
 def run(root: Path, extra_args: list[str], environ: Mapping[str, str] | None = None) -> int:
     """Prepare the demo, then run `dagster dev` and say how the demo is doing until it stops."""
+    try:
+        return _run(root, extra_args, environ)
+    except KeyboardInterrupt:
+        # Ctrl-C before Dagster started: each step of the preparation is whole or undone.
+        say("stopped")
+        return 128 + signal.SIGINT
+
+
+def _run(root: Path, extra_args: list[str], environ: Mapping[str, str] | None) -> int:
     paths = DemoPaths(root.resolve())
     if not (paths.root / "workspace.yaml").exists():
         print("rastro: error: run `rastro demo` from the repo root", file=sys.stderr)
+        return 2
+    port = _port(extra_args)
+    if port is not None and port_in_use(port):
+        print(
+            f"rastro: error: port {port} is in use: choose a free one with"
+            " `rastro demo --port N`",
+            file=sys.stderr,
+        )
         return 2
     base = dict(os.environ if environ is None else environ)
     env = {**base, **prepare(paths, environ=base)}
     env["PYTHONWARNINGS"] = quiet_warnings(base)
     os.chdir(paths.root)
     dagster = shutil.which("dagster", path=str(Path(sys.executable).parent)) or "dagster"
-    port = _port(extra_args)
+    if port is None:
+        # Chosen here and handed to Dagster: left to choose, it would serve elsewhere when the
+        # port is taken, and the address said here would be another server's.
+        port = DEFAULT_UI_PORT
+        if port_in_use(port):
+            port = free_port()
+            say(
+                f"port {DEFAULT_UI_PORT} is in use: the UI takes port {port} instead"
+                " (`rastro demo --port N` chooses one)"
+            )
+        extra_args = ["--port", str(port), *extra_args]
     say(f"data in {paths.data}; starting Dagster (UI and daemon) on http://127.0.0.1:{port}")
     for line in linked_lines(paths):
         say(line)
@@ -259,7 +293,7 @@ def run(root: Path, extra_args: list[str], environ: Mapping[str, str] | None = N
         )
     watcher = Watcher(
         paths,
-        port,
+        str(port),
         Path(Settings.from_env(env).snapshot_path),
         rastro_command(paths.root),
     )
@@ -272,11 +306,35 @@ def run(root: Path, extra_args: list[str], environ: Mapping[str, str] | None = N
             + (f"; {' and '.join(aside)} from the environment set aside" if aside else "")
         )
         env = graph_server.graph_environment(env, graph)
-        return supervise(argv, env, watcher, DagsterOutput(threshold))
+        return supervise(argv, env, watcher, DagsterOutput(threshold), STOP_RUNS)
 
 
-def _port(extra_args: list[str]) -> str:
-    for flag in ("--port", "-p"):
-        if flag in extra_args[:-1]:
-            return extra_args[extra_args.index(flag) + 1]
-    return "3000"
+def _port(extra_args: list[str]) -> int | None:
+    """The UI's port given to `dagster dev` among `extra_args`, if any."""
+    for index, arg in enumerate(extra_args):
+        if arg in ("--port", "-p") and index + 1 < len(extra_args):
+            value = extra_args[index + 1]
+        elif arg.startswith("--port="):
+            value = arg.split("=", 1)[1]
+        else:
+            continue
+        return int(value) if value.isdigit() else None
+    return None
+
+
+def port_in_use(port: int) -> bool:
+    """Whether the UI could not listen on loopback's `port`, as Dagster's webserver tries it."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def free_port() -> int:
+    """A loopback port free now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

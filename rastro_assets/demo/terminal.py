@@ -21,20 +21,27 @@ def say(line: str) -> None:
 
 
 def relay(source: IO[bytes], sink: IO[str], output: DagsterOutput) -> None:
-    """Pass `source`'s lines that `output` keeps on to `sink`, until every writer closes it."""
+    """Pass `source`'s lines as `output` sifts them on to `sink`, until every writer closes
+    it."""
     with source:
         for raw in iter(source.readline, b""):
-            if not output.keep(raw.decode(errors="replace")):
-                continue
-            whole = raw if raw.endswith(b"\n") else raw + b"\n"
-            with _OUTPUT, suppress(OSError, ValueError):
-                sink.flush()
-                # As Dagster wrote them: no encoding of the terminal's may mangle or drop them.
-                binary = getattr(sink, "buffer", None)
-                if binary is not None:
-                    binary.write(whole)
-                    binary.flush()
-                else:
-                    sink.write(whole.decode(errors="replace"))
-                    sink.flush()
+            # Undecodable bytes survive the round trip: written as Dagster wrote them.
+            for line in output.sift(raw.decode(errors="surrogateescape")):
+                _write(sink, line.encode(errors="surrogateescape"))
+        for line in output.finish():
+            _write(sink, line.encode(errors="surrogateescape"))
+
+
+def _write(sink: IO[str], line: bytes) -> None:
+    whole = line if line.endswith(b"\n") else line + b"\n"
+    with _OUTPUT, suppress(OSError, ValueError):
+        sink.flush()
+        # As Dagster wrote them: no encoding of the terminal's may mangle or drop them.
+        binary = getattr(sink, "buffer", None)
+        if binary is not None:
+            binary.write(whole)
+            binary.flush()
+        else:
+            sink.write(whole.decode(errors="replace"))
+            sink.flush()
 

@@ -1,10 +1,12 @@
-"""What the demo says while Dagster runs: where the UI is, how far the first backfills are,
-and "ready" once the analytics snapshot holds them."""
+"""What the demo says while Dagster runs: where the UI is, once Dagster's webserver answers
+there, how far the first backfills are, and "ready" once the analytics snapshot holds them."""
 
 from __future__ import annotations
 
-import socket
+import json
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -85,17 +87,28 @@ def snapshot_ready(analytics_path: Path, accounts: int) -> bool:
     return rows is not None and rows[0] >= accounts and rows[1] == 0
 
 
+# A look at the UI's port gives up this soon: the next tick looks again.
+UI_LOOK_SECONDS = 1.0
+# Straight to loopback: an HTTP proxy set in the environment never sees the look.
+_LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def ui_up(port: str) -> bool:
+    """Whether Dagster's webserver answers on `port`: anything else listening there (another
+    dev server holding the port) is not the demo's UI."""
     try:
-        with socket.create_connection(("127.0.0.1", int(port)), timeout=0.5):
-            return True
-    except (OSError, ValueError):
+        url = f"http://127.0.0.1:{int(port)}/server_info"
+        with _LOOPBACK.open(url, timeout=UI_LOOK_SECONDS) as answer:
+            info = json.loads(answer.read(64 * 1024))
+    except (OSError, ValueError, urllib.error.URLError):
         return False
+    return isinstance(info, dict) and "dagster_webserver_version" in info
 
 
 class Watcher:
-    """The demo's own lines while Dagster runs: the UI once it answers, then the backfills'
-    progress every `PROGRESS_SECONDS` until the snapshot holds them all, then "ready"."""
+    """The demo's own lines while Dagster runs: the UI once it answers, the backfills'
+    progress every `PROGRESS_SECONDS` until the snapshot holds them all, then "ready", never
+    before the UI's address: on a restart the snapshot is ready long before the UI."""
 
     def __init__(
         self,
@@ -127,7 +140,11 @@ class Watcher:
         if progress is None:
             return  # the writers hold the file: look again next tick
         self.next_look = self.clock() + PROGRESS_SECONDS
-        if progress.finished and snapshot_ready(self.analytics_path, progress.accounts):
+        ready = progress.finished and snapshot_ready(self.analytics_path, progress.accounts)
+        if ready and not self.ui_said:
+            self.next_look = self.clock()  # "ready" follows the UI's address at once
+            return
+        if ready:
             self.ready = True
             if self.last is not None and not self.last.finished:
                 say(progress.line())

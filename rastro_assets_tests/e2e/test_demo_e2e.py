@@ -22,9 +22,12 @@ import json
 import os
 import re
 import signal
+import socket
+import sqlite3
 import stat
 import subprocess
 import time
+import urllib.request
 from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -374,3 +377,105 @@ def test_the_demos_dagster_files_are_private_under_umask_000(tmp_path):
     assert open_to_others(home) == []
     # The demo's data/ holds the home, the key and the warehouse: closed as a whole.
     assert stat.S_IMODE((root / "data").stat().st_mode) == 0o700
+
+
+# Port 3000 taken, then Ctrl-C while runs are in flight ---------------------------
+
+UI_AT = re.compile(r"^rastro demo: UI at http://127\.0\.0\.1:(\d+) ", re.M)
+IN_FLIGHT = ("STARTING", "STARTED")
+# The first backfill's run: long enough to be in flight still when the demo cancels it.
+BACKFILL_JOB = "__ASSET_JOB"
+
+
+def runs_by_status(home: Path, job: str | None = None) -> dict[str, str]:
+    """Each run's status in the Dagster home's run storage (empty before Dagster made it),
+    of one job if given."""
+    runs_db = home / "storage" / "history" / "runs.db"
+    if not runs_db.exists():
+        return {}
+    con = sqlite3.connect(f"file:{runs_db}?mode=ro", uri=True, timeout=10)
+    try:
+        rows = con.execute("SELECT run_id, status, pipeline_name FROM runs").fetchall()
+    except sqlite3.OperationalError:  # its tables not made yet
+        return {}
+    finally:
+        con.close()
+    return {run: status for run, status, name in rows if job in (None, name)}
+
+
+def answers_as_dagster(port: int) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=10) as answer:
+        return "dagster_webserver_version" in json.loads(answer.read())
+
+
+@pytest.mark.timeout(300)
+def test_with_3000_taken_the_ui_printed_is_dagsters_and_ctrl_c_cancels_the_runs_quietly(
+    tmp_path,
+):
+    """The README's command with port 3000 held by a server that is not Dagster's (this
+    test's, or whatever holds it already): the URL the demo prints is the one Dagster's
+    webserver answers on. Ctrl-C while the first backfill's runs are in flight: they end
+    canceled, none failed, and the demo prints no traceback on the way out."""
+    root = tmp_path / "repo"
+    copy_tracked_files(root)
+    copy = Copy(root)
+    home = root / "data" / "dagster_home"
+    log = tmp_path / "demo.log"
+    held = None
+    with suppress(OSError):
+        held = socket.create_server(("127.0.0.1", 3000))
+    try:
+        with log.open("ab") as out:
+            process = subprocess.Popen(
+                [str(RASTRO), *README_COMMAND.split()[1:]],
+                cwd=root,
+                env=copy.demo_env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            said = wait_for(
+                "the demo to say where the UI is",
+                lambda: started(process, log) and UI_AT.search(log.read_text(errors="replace")),
+                180,
+            )
+            port = int(said[1])
+            assert port != 3000
+            assert answers_as_dagster(port)
+            assert "rastro demo: port 3000 is in use: the UI takes port" in log.read_text()
+
+            in_flight = wait_for(
+                "the first backfill's run in flight",
+                lambda: [
+                    run
+                    for run, state in runs_by_status(home, BACKFILL_JOB).items()
+                    if state in IN_FLIGHT
+                ],
+                150,
+            )
+            before = log.read_text(errors="replace").splitlines()
+            stop(process, signal.SIGINT)
+        except BaseException:
+            print(log.read_text(errors="replace")[-8000:])
+            raise
+        finally:
+            if process.poll() is None or session_processes(process.pid):
+                for group in session_groups(process.pid) | {process.pid}:
+                    with suppress(ProcessLookupError):
+                        os.killpg(group, signal.SIGKILL)
+                process.wait()
+    finally:
+        if held is not None:
+            held.close()
+    text = log.read_text(errors="replace")
+    after = text.splitlines()[len(before) :]
+    assert not [line for line in text.splitlines() if "Traceback" in line or 'File "' in line], (
+        text[-8000:]
+    )
+    assert after[-1] == "rastro demo: stopped", after
+    assert any(line.endswith("canceled: stopped by the user") for line in after), after
+    statuses = runs_by_status(home)
+    assert "FAILURE" not in statuses.values(), statuses
+    ended = {statuses[run] for run in in_flight}
+    assert "CANCELED" in ended and ended <= {"CANCELED", "SUCCESS"}, statuses

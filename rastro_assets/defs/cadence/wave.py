@@ -33,6 +33,7 @@ from rastro_assets.defs.partitions import spend_partition_key, spend_shard
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.sum_check import evaluate_sum_checks
+from rastro_assets.outcomes import GUIDED_CODES, error_code, guide_reference
 from rastro_assets.planner import cadence
 from rastro_assets.planner.wave_seal import (
     HAND_KIND,
@@ -190,7 +191,28 @@ def sync_wave(
     _report(context, tally, accounts=len(requests), skipped=len(wave.refused))
     publish_after_writes(context, rastro)
     if outcomes and tally.failed == len(outcomes):
-        raise dg.Failure(description=f"every account of the wave failed ({tally.failed})")
+        raise dg.Failure(description=all_failed(outcomes), allow_retries=False)
+
+
+# Accounts a wave's failure names for each cause; the run's log names every one.
+NAMED_ACCOUNTS = 5
+
+
+def all_failed(outcomes: Sequence[SyncOutcome]) -> str:
+    """One line for a wave whose every account failed: the accounts by cause, and where the
+    guide says what to do."""
+    by_cause: dict[str, list[str]] = {}
+    for outcome in outcomes:
+        cause = error_code(outcome.error) or (outcome.error or "failed").split(":", 1)[0]
+        by_cause.setdefault(cause, []).append(outcome.request.ad_account_id)
+    parts = []
+    for cause, accounts in by_cause.items():
+        named = ", ".join(accounts[:NAMED_ACCOUNTS])
+        more = len(accounts) - NAMED_ACCOUNTS
+        parts.append(f"{cause} on {named}" + (f" and {more} more" if more > 0 else ""))
+    line = f"every account of the wave failed ({len(outcomes)}): {'; '.join(parts)}"
+    codes = [cause for cause in by_cause if cause in GUIDED_CODES]
+    return f"{line} ({guide_reference(codes)})" if codes else line
 
 
 def _not_held(context: dg.OpExecutionContext, requests: list[SyncRequest]) -> list[SyncRequest]:

@@ -40,7 +40,7 @@ from rastro_assets.defs.partitions import (
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.sum_check import evaluate_sum_checks
-from rastro_assets.outcomes import SyncKind
+from rastro_assets.outcomes import SyncKind, with_guide
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.sync.types import SyncOutcome, SyncRefused, SyncRequest
 from rastro_assets.timekeeping import days_between, local_date
@@ -290,7 +290,7 @@ def _sync_partitions(
                 for event in materializations(outcome, shard=shard.index):
                     context.log_event(event)
                 raise dg.Failure(
-                    description=outcome.error,
+                    description=with_guide(outcome.error or outcome.outcome),
                     metadata={"unread_days": ", ".join(map(str, outcome.unread_days))},
                 )
             if outcome.error:

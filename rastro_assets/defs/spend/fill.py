@@ -45,7 +45,7 @@ from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.spend.assets import GROUP
 from rastro_assets.defs.sum_check import evaluate_sum_checks
-from rastro_assets.outcomes import FILL_KINDS
+from rastro_assets.outcomes import FILL_KINDS, with_guide
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.sync.syncer import Syncer
@@ -324,7 +324,9 @@ def _finish(
                 0,
                 f"{len(owing)} of this run's accounts still owe days; the others are "
                 "recorded. Each waits out its own back-off and is started again:\n"
-                + "\n".join(f"{account}: {progress.refused[account]}" for account in owing),
+                + "\n".join(
+                    f"{account}: {with_guide(progress.refused[account])}" for account in owing
+                ),
             )
         raise dg.Failure(
             description="\n".join(parts),
