@@ -148,7 +148,7 @@ def test_the_demo_serves_its_fake_graph_while_dagster_runs(
 ):
     seen = {}
 
-    def supervise(argv, env, watcher, output):
+    def supervise(argv, env, watcher, output, stop_runs=None):
         graph = read_graph_file(checkout.graph_file)
         seen["graph"], seen["env"] = graph, env
         answer = httpx.get(f"{graph.url}/act_1001", params={"fields": "currency"},
