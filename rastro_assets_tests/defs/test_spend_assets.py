@@ -163,37 +163,60 @@ def test_rematerializing_reconciles_changed_and_vanished_rows(
 
 
 @pytest.mark.parametrize(
-    "selection", [[AD_SPEND_DAILY], [SITE_SPEND_DAILY]], ids=["ad_spend_daily", "site_spend_daily"]
+    "selection",
+    [[AD_SPEND_DAILY], [SITE_SPEND_DAILY], [AD_SPEND_DAILY, SITE_SPEND_DAILY]],
+    ids=["ad_spend_daily", "site_spend_daily", "both"],
 )
-def test_a_range_past_local_today_reads_to_today_and_records_the_rest_empty_unread(
+def test_a_range_past_local_today_reads_to_today_and_records_nothing_of_the_day_not_begun(
     instance, rastro, warehouse, linked_world, selection
 ):
     """A backfill of every missing partition asks for the newest date, which an account west
-    of UTC+14 has not reached: the run succeeds and reads nothing for it."""
+    of UTC+14 has not reached: the run succeeds, reads the days begun and records them with
+    their checks, and records nothing at all of the day not begun: it stays missing."""
     tomorrow = TODAY + timedelta(days=1)
+    since = TODAY - timedelta(days=1)
     result = materialize_range(
-        instance, rastro, "act_101", TODAY, tomorrow, selection=selection
+        instance, rastro, "act_101", since, tomorrow, selection=selection
     )
     assert result.success
     with warehouse.connect() as con:
-        assert_equals_truth(con, linked_world, "act_101", TODAY, TODAY)
+        assert_equals_truth(con, linked_world, "act_101", since, TODAY)
         assert con.execute(
             "SELECT count(*) FROM ad_spend_daily WHERE day > ?", [TODAY]
         ).fetchone() == (0,)
         # No sync row claims the day not begun.
         [[until]] = con.execute("SELECT max(until) FROM meta_sync_runs").fetchall()
         assert until == TODAY
+    not_begun = str(spend_partition_key("act_101", tomorrow))
     for asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY):
-        assert materialized_dates(instance, asset_key) == {str(TODAY), str(tomorrow)}
-        [record] = instance.fetch_materializations(
-            dg.AssetRecordsFilter(
-                asset_key=asset_key,
-                asset_partitions=[str(spend_partition_key("act_101", tomorrow))],
-            ),
-            limit=1,
+        assert materialized_dates(instance, asset_key) == {str(since), str(TODAY)}
+        assert not instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[not_begun]), limit=1
         ).records
-        said = record.asset_materialization.metadata["not_begun"].value
-        assert said.startswith(f"{tomorrow} has not begun in America/Sao_Paulo")
+    # Each day read carries its own figures, and the run's summary is on one event.
+    events = spend_events(result)
+    assert sorted((e.asset_key, e.partition) for e in events) == sorted(
+        (asset_key, str(spend_partition_key("act_101", day)))
+        for asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY)
+        for day in (since, TODAY)
+    )
+    truth = linked_world.truth("act_101", TODAY)
+    [today_ad] = [
+        e for e in events if e.asset_key == AD_SPEND_DAILY and e.partition.endswith(str(TODAY))
+    ]
+    assert spend_of(today_ad, "BRL") == sum(row.spend for row in truth)
+    assert len([e for e in events if "run_ranges" in e.metadata]) == 1
+    # The sums of the days read are checked, whichever asset the run selected (an evaluation
+    # kept for the newest day, as a wave keeps it), and the accounts' freshness too.
+    checked = {
+        evaluation.partition: evaluation.passed
+        for evaluation in (
+            event.event_specific_data
+            for event in result.all_events
+            if event.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION
+        )
+    }
+    assert checked == {str(spend_partition_key("act_101", TODAY)): True, None: True}
 
 
 def test_a_failed_read_fails_the_run_and_writes_nothing(instance, rastro, warehouse, linked_world):

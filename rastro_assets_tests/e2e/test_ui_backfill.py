@@ -20,10 +20,11 @@ account's insights read in one Meta call; the warehouse must hold the fake's tru
 account-days with exact site sums, and every one of the 35 partitions must be materialized.
 
 The same dialog picking every account x the newest date (today in UTC+14, where accounts
-further west have not begun their day) must also complete successfully: an account whose
-day has begun reads it and holds the truth, one whose day has not is recorded materialized
-with `not_begun` and nothing read from Meta or written. A sixth account in Honolulu, always
-a day behind UTC+14, keeps one such account there at any hour.
+further west have not begun their day): an account whose day has begun reads it, holds the
+truth and reads as materialized; one whose day has not is read from no one, written nowhere
+and recorded nowhere, so the grid shows it missing, and its run succeeds. Accounts in
+Honolulu and Pago Pago, always behind UTC+14, and one in Kiritimati, always on it, keep both
+kinds there at any hour.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import importlib.util
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -242,10 +244,12 @@ def ui_backfill(
     now: datetime,
     keys: list[str],
     accounts: dict[str, tuple[str, str]] = ACCOUNTS,
+    inspect: Callable[[str, str], None] | None = None,
 ) -> UiBackfill:
     """`accounts` linked and live, then "Materialize..." on `ad_spend_daily`'s page with
     `keys` picked, done through a real webserver's GraphQL; a real daemon then runs the
-    backfill to its end. The Meta calls are counted as it ends."""
+    backfill to its end. The Meta calls are counted as it ends. `inspect` is then called
+    with the webserver's GraphQL URL and the backfill's id, before the webserver stops."""
     started = time.monotonic()
     requests = world.record_requests()
     home = tmp_path / "dagster_home"
@@ -280,6 +284,8 @@ def ui_backfill(
                     BACKFILL_SECONDS,
                 )
                 ended = time.monotonic()
+                if inspect is not None:
+                    inspect(url, backfill_id)
                 insights_calls = Counter(
                     request.account
                     for request in list(requests)
@@ -392,26 +398,74 @@ def test_a_ui_backfill_of_5_accounts_by_7_days_equals_the_truth(tmp_path, secret
 
 
 # Always a day behind UTC+14: the module's five all reach its date between 07:00 (08:00 in
-# winter) and 10:00 UTC, when Los Angeles and Sao Paulo have begun it too.
-BEHIND_ALWAYS = {"act_606": ("Pacific/Honolulu", "USD")}
+# winter) and 10:00 UTC, when Los Angeles and Sao Paulo have begun it too. Pago Pago is two
+# calendar days behind for its first hour.
+BEHIND_ALWAYS = {
+    "act_606": ("Pacific/Honolulu", "USD"),
+    "act_707": ("Pacific/Pago_Pago", "USD"),
+}
+# UTC+14 itself: the newest date is always its today.
+BEGUN_ALWAYS = {"act_808": ("Pacific/Kiritimati", "AUD")}
+
+BACKFILL_AND_PARTITIONS_QUERY = """
+query NewestDate($backfillId: String!, $assetKey: AssetKeyInput!) {
+  partitionBackfillOrError(backfillId: $backfillId) {
+    __typename
+    ... on PartitionBackfill {
+      status
+      assetBackfillData {
+        assetBackfillStatuses {
+          ... on AssetPartitionsStatusCounts {
+            assetKey { path }
+            numPartitionsTargeted numPartitionsInProgress
+            numPartitionsMaterialized numPartitionsFailed
+          }
+        }
+      }
+    }
+  }
+  assetNodeOrError(assetKey: $assetKey) {
+    ... on AssetNode {
+      partitionStats { numMaterialized numFailed numMaterializing }
+      assetPartitionStatuses {
+        ... on MultiPartitionStatuses {
+          primaryDimensionName
+          ranges {
+            primaryDimStartKey primaryDimEndKey
+            secondaryDim {
+              ... on DefaultPartitionStatuses {
+                materializedPartitions failedPartitions
+                unmaterializedPartitions materializingPartitions
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+"""
 
 
-def not_begun_of(instance: dg.DagsterInstance, key: str) -> dict[dg.AssetKey, str | None]:
-    """Each spend asset's `not_begun` text on the partition's latest materialization."""
-    found = {}
-    for asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY):
-        [record] = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[key]), limit=1
-        ).records
-        value = record.asset_materialization.metadata.get("not_begun")
-        found[asset_key] = None if value is None else value.value
-    return found
+def statuses_of_date(answer: dict, day: str) -> dict[str, set[str]]:
+    """The grid's column of `day`, as the asset page's GraphQL gives it: accounts by status."""
+    statuses = answer["assetNodeOrError"]["assetPartitionStatuses"]
+    assert statuses["primaryDimensionName"] == "date", statuses
+    [column] = [
+        each["secondaryDim"]
+        for each in statuses["ranges"]
+        if each["primaryDimStartKey"] <= day <= each["primaryDimEndKey"]
+    ]
+    return {name: set(accounts) for name, accounts in column.items()}
 
 
-def test_a_ui_backfill_of_the_newest_date_records_the_days_not_begun_unread(tmp_path, secrets_key):
-    """Every account x the newest date (today in UTC+14): the accounts whose own day has not
-    begun are recorded `not_begun`, unread; the others read it and equal the truth."""
-    accounts = {**ACCOUNTS, **BEHIND_ALWAYS}
+def test_a_ui_backfill_of_the_newest_date_records_no_day_not_begun(tmp_path, secrets_key):
+    """Every account x the newest date (today in UTC+14), picked in the UI: the accounts whose
+    own day has begun read it and read as materialized; the others are read from no one and
+    stay missing in the grid, and their runs succeed. Dagster's backfill daemon then ends the
+    backfill "Failed", naming just those days: it fails a backfill any of whose targeted
+    partitions its successful runs left unmaterialized (docs/cadence.md, "The date axis")."""
+    accounts = {**ACCOUNTS, **BEHIND_ALWAYS, **BEGUN_ALWAYS}
     now = datetime.now(UTC)
     newest = date.fromisoformat(date_partitions.get_last_partition_key())
     assert newest == local_date(now, "Pacific/Kiritimati")
@@ -419,34 +473,56 @@ def test_a_ui_backfill_of_the_newest_date_records_the_days_not_begun_unread(tmp_
     for account, (timezone, currency) in accounts.items():
         world.add_account(account, timezone=timezone, currency=currency, n_ads=3, token=TOKEN)
     keys = [f"{account}|{newest}" for account in accounts]
+    seen: dict[str, dict] = {}
 
-    done = ui_backfill(tmp_path, secrets_key, world, now, keys, accounts)
+    def read_the_ui(url: str, backfill_id: str) -> None:
+        seen.update(
+            graphql(
+                url,
+                BACKFILL_AND_PARTITIONS_QUERY,
+                {"backfillId": backfill_id, "assetKey": {"path": AD_SPEND_DAILY.path}},
+            )
+        )
+
+    done = ui_backfill(tmp_path, secrets_key, world, now, keys, accounts, inspect=read_the_ui)
     after = datetime.now(UTC)
 
-    assert done.backfill.status.value == "COMPLETED_SUCCESS", done.backfill.status
     assert {run.status for run in done.runs} == {dg.DagsterRunStatus.SUCCESS}
     assert done.every_backfill == [done.backfill.backfill_id]
-    assert done.materialized[AD_SPEND_DAILY] == set(keys)
-    assert done.materialized[SITE_SPEND_DAILY] == set(keys)
 
     # Which accounts had not begun the date is the product's clock's word, bounded by ours:
     # behind at the end, it was behind all along; begun at the start, it was begun all along.
-    with dg.DagsterInstance.from_config(str(tmp_path / "dagster_home")) as instance:
-        texts = {account: not_begun_of(instance, f"{account}|{newest}") for account in accounts}
-    not_begun = {account for account, text in texts.items() if text[AD_SPEND_DAILY]}
+    begun = {key.split("|")[0] for key in done.materialized[AD_SPEND_DAILY]}
+    not_begun = set(accounts) - begun
     behind_at_end = {a for a, (tz, _) in accounts.items() if local_date(after, tz) < newest}
     behind_at_start = {a for a, (tz, _) in accounts.items() if local_date(now, tz) < newest}
-    assert behind_at_end <= not_begun <= behind_at_start, (texts, behind_at_start)
+    assert behind_at_end <= not_begun <= behind_at_start, (begun, behind_at_start)
     assert set(BEHIND_ALWAYS) <= not_begun
-    begun = set(accounts) - not_begun
+    assert set(BEGUN_ALWAYS) <= begun
+    assert done.materialized[SITE_SPEND_DAILY] == done.materialized[AD_SPEND_DAILY]
     print(f"newest date {newest}: not begun in {sorted(not_begun)}, begun in {sorted(begun)}")
 
-    for account in not_begun:
-        timezone = accounts[account][0]
-        for text in texts[account].values():
-            assert text and text.startswith(f"{newest} has not begun in {timezone}"), text
-            assert "Meta has no figures for it, nothing was read" in text, text
-    assert all(text is None for a in begun for text in texts[a].values()), texts
+    # What the UI reads: the grid's column of the newest date, green only where it was read.
+    column = statuses_of_date(seen, str(newest))
+    assert column["materializedPartitions"] == begun, column
+    assert not_begun <= column["unmaterializedPartitions"], column
+    assert not column["failedPartitions"] and not column["materializingPartitions"], column
+    stats = seen["assetNodeOrError"]["partitionStats"]
+    assert stats["numFailed"] == 0 and stats["numMaterializing"] == 0, stats
+
+    # The backfill's page: the days read materialized; Dagster counts the days its runs left
+    # unmaterialized as failed, and the backfill with them.
+    backfill = seen["partitionBackfillOrError"]
+    [counts] = backfill["assetBackfillData"]["assetBackfillStatuses"]
+    assert counts == {
+        "assetKey": {"path": AD_SPEND_DAILY.path},
+        "numPartitionsTargeted": len(accounts),
+        "numPartitionsInProgress": 0,
+        "numPartitionsMaterialized": len(begun),
+        "numPartitionsFailed": len(not_begun),
+    }, counts
+    assert backfill["status"] == "COMPLETED_FAILED", backfill
+    assert done.backfill.status.value == "COMPLETED_FAILED"
 
     # Meta is asked for each begun account's day once, and never for a day not begun.
     assert done.insights_calls == dict.fromkeys(begun, 1), done.insights_calls
