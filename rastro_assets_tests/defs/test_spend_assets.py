@@ -16,8 +16,8 @@ import pytest
 from rastro_assets import shards
 from rastro_assets.defs.dagster_private import AssetGraphSubset, PartitionBackfill
 from rastro_assets.defs.keys import AD_SPEND_DAILY, SITE_SPEND_DAILY
-from rastro_assets.defs.partitions import spend_partition_key
-from rastro_assets.defs.spend.assets import meta_spend
+from rastro_assets.defs.partitions import spend_partition_key, spend_shard
+from rastro_assets.defs.spend.assets import meta_spend, spend_specs
 from rastro_assets.defs.spend.checks import site_spend_equals_ad_sums
 from rastro_assets.warehouse import link_store
 from rastro_assets_tests.conftest import TOKEN
@@ -368,3 +368,78 @@ def test_a_range_run_evaluates_the_sum_check_for_each_of_its_days(instance, rast
     }
     assert descriptions[None] == "3 account-days: the site rows equal the sums of their ad rows"
     assert descriptions[days[0]] == f"{days[0]}: the site rows equal the sums of their ad rows"
+
+
+def overview_of(instance, asset_key) -> dg.AssetMaterialization:
+    """What the asset's overview shows as its metadata: its latest materialization's."""
+    [record] = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=asset_key), limit=1
+    ).records
+    return record.asset_materialization
+
+
+def assert_overview_is_the_tables(instance, warehouse, run_id: str | None) -> None:
+    """Both spend assets' overviews hold their whole table's figures, as their descriptions
+    say, never one account-day's; `run_id`: the backfill's run that reported them."""
+    with warehouse.connect(read_only=True) as con:
+        tables = {
+            asset_key: con.execute(
+                f"SELECT count(*), count(DISTINCT ad_account_id), count(DISTINCT day) FROM {table}"
+            ).fetchone()
+            for asset_key, table in (
+                (AD_SPEND_DAILY, "ad_spend_daily"),
+                (SITE_SPEND_DAILY, "site_spend_daily"),
+            )
+        }
+    for asset_key, (rows, accounts, days) in tables.items():
+        shown = overview_of(instance, asset_key)
+        assert shown.partition is None, shown.partition
+        figures = {label: value.value for label, value in shown.metadata.items()}
+        assert (figures["dagster/row_count"], figures["accounts"], figures["days"]) == (
+            rows, accounts, days,
+        ), figures
+        assert not [label for label in figures if label.startswith("day_")], figures
+        assert "the whole table" in shown.description.lower()
+        assert figures.get("recorded_by_run") == run_id, figures
+        assert "whole table" in spend_specs(spend_shard(0), 1)[0].description
+
+
+def test_the_overview_shows_the_whole_tables_after_a_run_a_backfills_run_and_a_failure(
+    instance, rastro, warehouse, linked_world
+):
+    """The spend assets' descriptions say their overview's figures are the whole table's:
+    after a run outside a backfill, after one of a backfill's runs (whose daemon fails the
+    backfill on an event of no partition from its runs: the figures are reported runless,
+    naming the run) and after a backfill's run that failed once it had written days."""
+    since = TODAY - timedelta(days=2)
+    assert materialize_range(instance, rastro, "act_202", since, TODAY).success
+    assert_overview_is_the_tables(instance, warehouse, None)
+
+    backfill = {"dagster/backfill": "bf1"}
+    result = materialize_range(
+        instance, rastro, "act_101", since, TODAY, tags=backfill, selection=[AD_SPEND_DAILY]
+    )
+    assert result.success
+    assert not [
+        event
+        for event in result.asset_materializations_for_node("meta_spend")
+        if event.asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY) and event.partition is None
+    ]
+    assert_overview_is_the_tables(instance, warehouse, result.run_id)
+
+    # act_101's days are read, then act_202's read fails: the run fails after writing.
+    linked_world.fail("insights", "permission", account="act_202")
+    failed = dg.materialize(
+        [meta_spend, site_spend_equals_ad_sums],
+        instance=instance,
+        resources={"rastro": rastro},
+        selection=[AD_SPEND_DAILY],
+        tags={
+            "dagster/asset_partition_range_start": str(spend_partition_key("act_101", TODAY)),
+            "dagster/asset_partition_range_end": str(spend_partition_key("act_202", TODAY)),
+            **backfill,
+        },
+        raise_on_error=False,
+    )
+    assert not failed.success
+    assert_overview_is_the_tables(instance, warehouse, failed.run_id)

@@ -326,19 +326,28 @@ def ui_backfill(
 def materialized_by_runs(
     instance: dg.DagsterInstance, asset_key: dg.AssetKey, runs: list[dg.DagsterRun]
 ) -> set[str]:
-    """The partitions of `asset_key` that `runs` recorded. Any other materialization must be
-    `meta_records`' own, runless and from the warehouse: the linked accounts' 90 days are
-    stored as read, and the sensor records them beside the backfill."""
+    """The partitions of `asset_key` that `runs` recorded. Any other materialization is
+    runless: the whole table's figures that each of `runs` reports (the backfill daemon
+    fails a backfill on its runs' events of no partition), or `meta_records`' own from the
+    warehouse (the linked accounts' 90 days are stored as read, and the sensor records
+    them beside the backfill)."""
     run_ids = {run.run_id for run in runs}
     records = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=asset_key), limit=10_000
     ).records
     assert len(records) < 10_000, "more materializations than one fetch returns"
+    tables = set()
     for record in records:
         if record.run_id not in run_ids:
             metadata = record.asset_materialization.metadata
             assert record.run_id == "", record.run_id
-            assert metadata["recorded_from"].value == "warehouse", metadata
+            if record.partition_key is None:
+                tables.add(metadata["recorded_by_run"].value)
+            else:
+                assert metadata["recorded_from"].value == "warehouse", metadata
+        else:
+            assert record.partition_key is not None, record
+    assert tables == run_ids, (tables, run_ids)
     return {record.partition_key for record in records if record.run_id in run_ids}
 
 

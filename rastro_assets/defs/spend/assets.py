@@ -7,7 +7,7 @@ CLI, `dg launch`, the UI): it still writes both tables, so it records the
 other asset's partitions as materialized too.
 """
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from datetime import date, timedelta
 
 import dagster as dg
@@ -24,6 +24,7 @@ from rastro_assets.defs.metadata import (
     catalog_materializations,
     day_metadata,
     materializations,
+    record_table_events,
     run_summary,
     table_materializations,
     table_metadata,
@@ -50,9 +51,12 @@ GROUP = "meta_spend"
 
 FIGURES_NOTE = (
     " The row count and Metadata on this overview are the whole table's (rows, accounts, "
-    "days, spend per currency): each run ends with a materialization of no partition that "
-    "holds them. A partition's own event carries only its account-day's "
-    "`day_spend_<CURRENCY>` and `day_ad_rows`.\n\n"
+    "days, spend per currency): each run that records partitions ends with a materialization "
+    "of no partition that holds them (a backfill's runs report it runless, naming the run in "
+    "`recorded_by_run`). A partition's own event carries only its account-day's "
+    "`day_spend_<CURRENCY>` and `day_ad_rows`; one the `meta_records` sensor recorded from "
+    "the warehouse after a crash carries `recorded_from` instead, and shows here until the "
+    "next run's figures.\n\n"
     "Missing counts every empty date, owed or not: one date axis serves accounts with "
     "different windows and local todays. An account's days before its window (the 90 days up "
     "to its link) are read only when asked for; the newest date is today in UTC+14, and an "
@@ -134,11 +138,16 @@ def build_meta_spend(index: int, shard_count: int) -> dg.AssetsDefinition:
                 _record_tables_after_failure(context, rastro, shard.index, shard_count, outcomes)
             publish_after_writes(context, rastro)
             raise
-        yield from _record(context, rastro, outcomes, shard, not_begun)
-        for event in table_materializations(
-            rastro, shard.index, shard_count, outcomes, in_backfill=_in_backfill(context)
-        ):
-            context.log_event(event)
+        unchecked, days = yield from _record(context, rastro, outcomes, shard, not_begun)
+        record_table_events(
+            context,
+            table_materializations(rastro, shard.index, shard_count, outcomes),
+            _backfill_targets(context, shard),
+        )
+        # After the tables' figures: a check's evaluation older than its asset's latest
+        # materialization reads "not evaluated" in the UI.
+        if days and unchecked:
+            _evaluate_checks_of(context, rastro, shard, unchecked, days)
         publish_after_writes(context, rastro)
 
     return meta_spend
@@ -147,8 +156,9 @@ def build_meta_spend(index: int, shard_count: int) -> dg.AssetsDefinition:
 meta_spend = build_meta_spend(0, SHARD_COUNT)
 
 
-def _in_backfill(context: dg.AssetExecutionContext) -> bool:
-    return BACKFILL_ID_TAG in context.run.tags
+def _backfill_targets(context: dg.AssetExecutionContext, shard: SpendShard) -> list[dg.AssetKey]:
+    """The spend pair, when the run is one of a backfill (which may target either)."""
+    return list(shard.keys) if BACKFILL_ID_TAG in context.run.tags else []
 
 
 def _record_tables_after_failure(
@@ -159,14 +169,14 @@ def _record_tables_after_failure(
     outcomes: list[SyncOutcome],
 ) -> None:
     try:
-        events = table_materializations(
-            rastro, shard, shard_count, outcomes, in_backfill=_in_backfill(context)
-        )
+        events = table_materializations(rastro, shard, shard_count, outcomes)
     except Exception as exc:  # the run's own failure is what it reports
         context.log.warning(f"the tables' figures could not be read after the failure: {exc}")
         return
-    for event in events:
-        context.log_event(event)
+    record_table_events(context, events, _backfill_targets(context, spend_shard(shard)))
+
+
+AccountDay = tuple[str, date]
 
 
 def _record(
@@ -175,8 +185,9 @@ def _record(
     outcomes: list[SyncOutcome],
     shard: SpendShard,
     not_begun: set[dg.MultiPartitionKey],
-) -> Iterator[dg.MaterializeResult]:
+) -> Generator[dg.MaterializeResult, None, tuple[list[dg.AssetKey], list[AccountDay]]]:
     """Each partition's own figures, and the run's summary once: on its last event.
+    Returns the assets whose checks the run must evaluate itself, and the days to check.
 
     The writer wrote both tables whatever the run selected, and Dagster takes a
     result only for a selected asset: the other one's partitions are logged as
@@ -206,14 +217,12 @@ def _record(
                 context.log_event(
                     dg.AssetMaterialization(asset_key=asset_key, partition=key, metadata=metadata)
                 )
-    # Dagster evaluates a selected asset's checks only after its result: without one,
-    # they are evaluated here, as for the asset the run wrote without selecting it.
-    unchecked = [asset_key for asset_key in shard.keys if asset_key not in results]
-    if keys and unchecked:
-        days = [(by_key[key][0].request.ad_account_id, by_key[key][1]) for key in keys]
-        _evaluate_checks_of(context, rastro, shard, unchecked, days)
     for asset_key in results:
         yield dg.MaterializeResult(asset_key=asset_key)
+    # Dagster evaluates a selected asset's checks only after its result: without one, they
+    # are the run's to evaluate, as for the asset the run wrote without selecting it.
+    unchecked = [asset_key for asset_key in shard.keys if asset_key not in results]
+    return unchecked, [(by_key[key][0].request.ad_account_id, by_key[key][1]) for key in keys]
 
 
 def _evaluate_checks_of(
