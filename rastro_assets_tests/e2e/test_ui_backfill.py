@@ -406,9 +406,10 @@ def test_a_ui_backfill_of_5_accounts_by_7_days_equals_the_truth(tmp_path, secret
     assert materialized[SITE_SPEND_DAILY] == set(keys)
 
 
-# Behind UTC+14 all day but the hour each begins the new date (10:00 and 11:00 UTC): the
-# module's five all reach its date between 07:00 (08:00 in winter) and 10:00 UTC, when Los
-# Angeles and Sao Paulo have begun it too.
+# Always behind the newest date: the module's five all reach it between 07:00 (08:00 in
+# winter) and 10:00 UTC, when Los Angeles and Sao Paulo have begun it too. A test that spans
+# 10:00 UTC (the axis moves on) sees Honolulu begin the date it picked; Pago Pago begins it
+# at 11:00.
 BEHIND_ALWAYS = {
     "act_606": ("Pacific/Honolulu", "USD"),
     "act_707": ("Pacific/Pago_Pago", "USD"),
@@ -506,7 +507,7 @@ def test_a_ui_backfill_of_the_newest_date_records_no_day_not_begun(tmp_path, sec
     behind_at_end = {a for a, (tz, _) in accounts.items() if local_date(after, tz) < newest}
     behind_at_start = {a for a, (tz, _) in accounts.items() if local_date(now, tz) < newest}
     assert behind_at_end <= not_begun <= behind_at_start, (begun, behind_at_start)
-    # Honolulu begins the date at 10:00 UTC, Pago Pago at 11:00: no test spans both.
+    # Honolulu begins the picked date at 10:00 UTC, Pago Pago at 11:00: no test spans both.
     assert set(BEHIND_ALWAYS) & not_begun
     assert set(BEGUN_ALWAYS) <= begun
     assert done.materialized[SITE_SPEND_DAILY] == done.materialized[AD_SPEND_DAILY]
