@@ -26,11 +26,12 @@ own runs, its waves and first-data runs, go before all of them (`CADENCE_PRIORIT
 backfill's runs are queued all at once, and a live wave queued behind a backfill of every
 partition would wait for hundreds of them. The same rank orders the `meta_api` pool's slots.
 
-A one-account run whose range ends on a day not begun in its account's zone (the date axis
-ends on today in UTC+14) is held queued until that day begins: `defs/cadence/held.py` says
-how, and `meta_cadence` releases it. The account's zone is read briefly, read-only, from
-the warehouse, only for a range ending on a day not begun somewhere on Earth; when it cannot
-be read the run goes as any other, and reads and records only the days begun.
+A spend run whose range ends on a day not begun in the zone of one of its accounts (the date
+axis ends on today in UTC+14) is held queued until that day begins there:
+`defs/cadence/held.py` says how, and `meta_cadence` releases it. The accounts' zones are
+read briefly, read-only, from the warehouse, only for a range ending on a day not begun
+somewhere on Earth; when they cannot be read the run goes as any other, and reads and
+records only the days begun.
 
 Loaded, it also takes group and other permissions off the directories that hold the
 instance's local files (its root, SQLite storage and compute logs). Dagster creates them
@@ -56,6 +57,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from rastro_assets.defs.cadence.busy import run_accounts
 from rastro_assets.defs.cadence.held import (
     HELD,
     HOLD_TAG,
@@ -141,20 +143,24 @@ def last_day(tags) -> date | None:
         return None
 
 
-def account_timezone(account: str, log: logging.Logger) -> str | None:
-    """The account's zone, from the warehouse of the process's environment; None when no
-    site links it or the warehouse cannot be read now (said in the process's log)."""
+def account_zones(accounts: Iterable[str], log: logging.Logger) -> dict[str, str]:
+    """The zone of each of `accounts` a site links, from the warehouse of the process's
+    environment; none when the warehouse cannot be read now (said in the process's log)."""
+    zones = {}
     try:
         warehouse = RastroResource().warehouse()
         if not warehouse.exists():
-            return None
+            return {}
         warehouse.lock_wait_seconds = TIMEZONE_WAIT_SECONDS
         with warehouse.connect(read_only=True) as con:
-            linked = registry.get_account(con, account)
+            for account in sorted(accounts):
+                linked = registry.get_account(con, account)
+                if linked is not None:
+                    zones[account] = linked.timezone
     except Exception as exc:  # the run is not refused for it: it records only the days begun
-        log.warning(f"{account}'s zone could not be read, so its run is not held: {exc}")
-        return None
-    return linked.timezone if linked else None
+        log.warning(f"the accounts' zones could not be read, so the run is not held: {exc}")
+        return {}
+    return zones
 
 
 def local_directories(instance: dg.DagsterInstance) -> Iterator[Path]:
@@ -219,7 +225,7 @@ class AccountRunCoordinator(dg.QueuedRunCoordinator):
         tags = {}
         if account and run.tags.get(ACCOUNT_TAG) != account:
             tags[ACCOUNT_TAG] = account
-        hold = self._day_hold(run.tags, account)
+        hold = self._day_hold(run.tags)
         if hold:
             tags.update(hold)
         elif run.tags.get(HOLD_TAG) == HELD:  # a copy of a held run's tags: a re-execution
@@ -237,12 +243,12 @@ class AccountRunCoordinator(dg.QueuedRunCoordinator):
             self._instance.report_engine_event(held_message(hold), run)
         return super().submit_run(context)
 
-    def _day_hold(self, tags, account: str | None) -> dict[str, str] | None:
-        """The tags that hold a one-account run until the last day of its range begins in the
-        account's zone; None for any other run."""
+    def _day_hold(self, tags) -> dict[str, str] | None:
+        """The tags that hold a spend run until the last day of its range has begun in the zone
+        of each of its accounts; None for any other run."""
         day = last_day(tags)
         now = self.clock()
-        if not account or day is None or begun_everywhere(day, now):
+        if day is None or begun_everywhere(day, now):
             return None
-        timezone = account_timezone(account, self._logger)
-        return hold_tags(account, day, timezone, now) if timezone else None
+        zones = account_zones(run_accounts(self._instance, tags), self._logger)
+        return hold_tags(day, zones, now)

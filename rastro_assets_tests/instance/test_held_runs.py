@@ -25,6 +25,7 @@ from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
     QueuedRunCoordinatorDaemon,
 )
 
+from rastro_assets import shards
 from rastro_assets.definitions import defs
 from rastro_assets.defs.cadence.busy import busy_accounts, in_flight
 from rastro_assets.defs.cadence.held import BEGINS_AT_TAG, HOLD_TAG, WAITS_FOR_TAG
@@ -115,6 +116,12 @@ def test_the_queue_holds_a_run_until_its_last_day_begins_in_its_accounts_zone(in
         instance, {"dagster/partition/account": "act_606", "dagster/partition/date": str(NEWEST)}
     )
     unlinked = submit(instance, spend_range("act_999", "2026-11-09", NEWEST))
+    # The newest date picked for both accounts in the UI: one run over both, which waits for
+    # Honolulu's day.
+    instance.add_dynamic_partitions(shards.accounts_name(0), list(ACCOUNTS))
+    rectangle = submit(
+        instance, {RANGE_START_TAG: f"act_606|{NEWEST}", RANGE_END_TAG: f"act_808|{NEWEST}"}
+    )
 
     assert held.status == dg.DagsterRunStatus.QUEUED
     assert held.tags[ACCOUNT_TAG] == "act_606"
@@ -129,12 +136,16 @@ def test_the_queue_holds_a_run_until_its_last_day_begins_in_its_accounts_zone(in
         for message in run_log(instance, held.run_id)
     )
     assert by_hand.tags[HOLD_TAG] == "begins"
+    assert rectangle.tags[BEGINS_AT_TAG] == HONOLULU_BEGINS.isoformat()
+    assert rectangle.tags[WAITS_FOR_TAG] == (
+        f"{held.tags[WAITS_FOR_TAG]}; the run's 1 other account wait with it"
+    )
     for run in (begun, older, unlinked):
         assert HOLD_TAG not in run.tags, run.tags
 
     # The queue launches every other run, not the held ones: one run of act_606 at a time.
     launchable = dequeued(instance)
-    assert held.run_id not in launchable and by_hand.run_id not in launchable
+    assert not {held.run_id, by_hand.run_id, rectangle.run_id} & launchable
     assert {begun.run_id, older.run_id, unlinked.run_id} <= launchable
 
     # Queued, they hold nothing: the account's live syncs go on.
@@ -143,7 +154,7 @@ def test_the_queue_holds_a_run_until_its_last_day_begins_in_its_accounts_zone(in
     # Cancelled from the queue, a held run leaves nothing waiting.
     assert instance.run_coordinator.cancel_run(by_hand.run_id)
     assert instance.get_run_by_id(by_hand.run_id).status == dg.DagsterRunStatus.CANCELED
-    assert held_runs(instance) == {held.run_id}
+    assert held_runs(instance) == {held.run_id, rectangle.run_id}
 
 
 def held_runs(instance: dg.DagsterInstance) -> set[str]:

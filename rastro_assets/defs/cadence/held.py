@@ -7,17 +7,20 @@ partition it targets without a status "Failed". The run queue (`instance/run_que
 such a run instead: `HOLD_TAG` set to `HELD`, which the instance's limit of 0 runs for that
 value (`dagster.yaml`) keeps queued, and when and why in `BEGINS_AT_TAG` and `WAITS_FOR_TAG`.
 A queued run is no finished one, so its backfill stays in progress; it holds no account, pool
-slot or lease. `meta_cadence` calls `release_begun` every tick: each held run whose day has
-begun gets `RELEASED`, and the queue launches it as any other.
+slot or lease. A run over several accounts (one date picked for many in the UI) waits for
+the one whose day begins last. `meta_cadence` calls `release_begun` every tick: each held run
+whose day has begun gets `RELEASED`, and the queue launches it as any other.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, date, datetime, timedelta
 
 import dagster as dg
 
 from rastro_assets.timekeeping import local_date, local_midnight
+from rastro_assets.words import counted
 
 HOLD_TAG = "rastro/waits_for_day"
 HELD = "begins"
@@ -35,19 +38,27 @@ def begun_everywhere(day: date, now: datetime) -> bool:
     return day <= local_date(now, WESTERNMOST)
 
 
-def hold_tags(account: str, day: date, timezone: str, now: datetime) -> dict[str, str] | None:
-    """The tags that hold a run of `account` whose range ends on `day` until `day` begins in
-    `timezone`; None once it has begun."""
-    begins = local_midnight(day, timezone)
-    if begins <= now:
+def hold_tags(day: date, zones: Mapping[str, str], now: datetime) -> dict[str, str] | None:
+    """The tags that hold a run whose range ends on `day` until `day` has begun in the zone
+    of each of its accounts (`zones`: account -> timezone); None once it has everywhere.
+
+    A range the UI cuts over several accounts (one date picked for many) is one run: it
+    waits for the account whose day begins last, and reads every account then."""
+    if not zones:
         return None
-    utc = begins.astimezone(UTC)
+    begins = {account: local_midnight(day, timezone) for account, timezone in zones.items()}
+    last = max(begins, key=lambda account: (begins[account], account))
+    if begins[last] <= now:
+        return None
+    local, utc = begins[last], begins[last].astimezone(UTC)
+    others = sum(1 for account in begins if account != last)
     return {
         HOLD_TAG: HELD,
         BEGINS_AT_TAG: utc.isoformat(timespec="seconds"),
         WAITS_FOR_TAG: (
-            f"{account}'s {day} begins at {begins:%Y-%m-%d %H:%M} {timezone}, "
+            f"{last}'s {day} begins at {local:%Y-%m-%d %H:%M} {zones[last]}, "
             f"{utc:%Y-%m-%d %H:%M} UTC: Meta has no figures for it before"
+            + (f"; the run's {counted(others, 'other account')} wait with it" if others else "")
         ),
     }
 
