@@ -20,11 +20,11 @@ account's insights read in one Meta call; the warehouse must hold the fake's tru
 account-days with exact site sums, and every one of the 35 partitions must be materialized.
 
 The same dialog picking every account x the newest date (today in UTC+14, where accounts
-further west have not begun their day): an account whose day has begun reads it, holds the
-truth and reads as materialized; one whose day has not is read from no one, written nowhere
-and recorded nowhere, so the grid shows it missing, and its run succeeds. Accounts in
-Honolulu and Pago Pago, always behind UTC+14, and one in Kiritimati, always on it, keep both
-kinds there at any hour.
+further west have not begun their day): Dagster cuts the column into one run over every
+account, which the run queue holds until the date begins in the zone of the last of them, an
+account in Pago Pago (always behind UTC+14); one in Honolulu is too, one in Kiritimati never
+is. Nothing is read or recorded meanwhile, and the backfill is in progress, not failed;
+cancelled, it leaves nothing held.
 """
 
 from __future__ import annotations
