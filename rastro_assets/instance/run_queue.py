@@ -78,7 +78,7 @@ from rastro_assets.defs.keys import (
 )
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.instance.daemon_logs import summarise_backfill_logs
-from rastro_assets.timekeeping import Clock, system_clock
+from rastro_assets.timekeeping import Clock, system_clock, zone
 from rastro_assets.warehouse import registry
 
 DIMENSION_TAG_PREFIX = "dagster/partition/"
@@ -156,7 +156,7 @@ def account_zones(accounts: Iterable[str], log: logging.Logger) -> dict[str, str
             for account in sorted(accounts):
                 linked = registry.get_account(con, account)
                 if linked is not None:
-                    zones[account] = linked.timezone
+                    zones[account] = zone(linked.timezone).key
     except Exception as exc:  # the run is not refused for it: it records only the days begun
         log.warning(f"the accounts' zones could not be read, so the run is not held: {exc}")
         return {}
