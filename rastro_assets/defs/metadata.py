@@ -13,10 +13,11 @@ count) as the asset's, whatever partition it names (ui-core's
 observation). So a run that records partitions of a table ends with one
 materialization of no partition that holds the whole table's figures
 (`table_materialization`): the overview shows the table, each partition's
-page its own figures.
+page its own figures. A backfill's runs report theirs as runless events
+(`record_table_events`).
 """
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from datetime import date
 from decimal import Decimal
 from functools import cache
@@ -130,18 +131,13 @@ def spend_key(currency: str | None) -> str:
     return f"spend_{currency}" if currency else "spend"
 
 
-def table_materialization(
-    asset_key: dg.AssetKey, figures: TableFigures, *, observed: bool = False
-) -> dg.AssetMaterialization | dg.AssetObservation:
+def table_materialization(asset_key: dg.AssetKey, figures: TableFigures) -> dg.AssetMaterialization:
     """The spend table's own figures, as the run's last event of the asset, of no partition.
 
     Of no partition, so no partition's status or figures change; last, so the
     overview's Row count and Metadata are the table's (the module's docstring).
-    `observed`: an observation instead, for a backfill's runs (see
-    `spend.assets.table_materializations`).
     """
-    event = dg.AssetObservation if observed else dg.AssetMaterialization
-    return event(
+    return dg.AssetMaterialization(
         asset_key=asset_key,
         description=TABLE_DESCRIPTION,
         metadata={
@@ -281,16 +277,12 @@ def table_materializations(
     shard: int,
     shard_count: int = SHARD_COUNT,
     outcomes: Iterable[SyncOutcome] = (),
-    *,
-    in_backfill: bool = False,
-) -> list[dg.AssetMaterialization | dg.AssetObservation]:
+) -> list[dg.AssetMaterialization]:
     """The whole-table events a run ends with: the spend pair's, and the catalog's and
-    thumbnails' when `outcomes` recorded account events of them. Once per run.
+    thumbnails' when `outcomes` recorded account events of them. Once per run, recorded
+    by `record_table_events`.
 
     With several shards each pair holds its own accounts, so its figures are theirs.
-    `in_backfill`: the run is one of a partition backfill, whose daemon fails the whole
-    backfill on a materialization of a target asset with no partition, so the spend
-    pair's figures are observations there (the overview shows them from the next wave).
     """
     only = None if shard_count == 1 and shard == 0 else shard
     catalog = {
@@ -299,12 +291,42 @@ def table_materializations(
     with rastro.warehouse().connect(read_only=True) as con:
         return [
             *(
-                table_materialization(
-                    asset_key, spend_table_figures(con, table, only), observed=in_backfill
-                )
+                table_materialization(asset_key, spend_table_figures(con, table, only))
                 for asset_key, table in zip(
                     spend_shard(shard).keys, ("ad_spend_daily", "site_spend_daily"), strict=True
                 )
             ),
             *catalog_table_materializations(con, catalog),
         ]
+
+
+RECORDED_BY_RUN = "recorded_by_run"
+
+
+def record_table_events(
+    context: dg.OpExecutionContext | dg.AssetExecutionContext,
+    events: Iterable[dg.AssetMaterialization],
+    backfill_targets: Collection[dg.AssetKey] = (),
+) -> None:
+    """Record a run's whole-table events: in the run, but runless for `backfill_targets`.
+
+    The backfill daemon fails the whole backfill on a materialization of no partition of
+    an asset it targets from one of its runs (`DagsterBackfillFailedError`), and reads
+    only its runs' events. Reported runless, with the run named in its metadata, the
+    table's figures stay the asset's latest materialization there too, so the overview
+    shows the table's after a backfill's run as after any other run.
+    """
+    for event in events:
+        if event.asset_key not in backfill_targets:
+            context.log_event(event)
+            continue
+        context.instance.report_runless_asset_event(
+            dg.AssetMaterialization(
+                asset_key=event.asset_key,
+                description=event.description,
+                metadata={
+                    **event.metadata,
+                    RECORDED_BY_RUN: dg.MetadataValue.text(context.run_id),
+                },
+            )
+        )

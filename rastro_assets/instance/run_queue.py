@@ -26,6 +26,13 @@ own runs, its waves and first-data runs, go before all of them (`CADENCE_PRIORIT
 backfill's runs are queued all at once, and a live wave queued behind a backfill of every
 partition would wait for hundreds of them. The same rank orders the `meta_api` pool's slots.
 
+A spend run whose range ends on a day not begun in the zone of one of its accounts (the date
+axis ends on today in UTC+14) is held queued until that day begins there:
+`defs/cadence/held.py` says how, and `meta_cadence` releases it. The accounts' zones are
+read briefly, read-only, from the warehouse, only for a range ending on a day not begun
+somewhere on Earth; when they cannot be read the run goes as any other, and reads and
+records only the days begun.
+
 Loaded, it also takes group and other permissions off the directories that hold the
 instance's local files (its root, SQLite storage and compute logs). Dagster creates them
 and everything in them with the process umask, and an operator may start `dagster dev` or
@@ -40,6 +47,7 @@ instance.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from collections.abc import Iterable, Iterator
@@ -49,6 +57,15 @@ from pathlib import Path
 
 import dagster as dg
 
+from rastro_assets.defs.cadence.busy import run_accounts
+from rastro_assets.defs.cadence.held import (
+    HELD,
+    HOLD_TAG,
+    RELEASED,
+    begun_everywhere,
+    held_message,
+    hold_tags,
+)
 from rastro_assets.defs.keys import (
     ACCOUNT_DIMENSION_TAG,
     ACCOUNT_TAG,
@@ -59,9 +76,16 @@ from rastro_assets.defs.keys import (
     RANGE_START_TAG,
     WAVE_TAG,
 )
+from rastro_assets.defs.resources import RastroResource
 from rastro_assets.instance.daemon_logs import summarise_backfill_logs
+from rastro_assets.timekeeping import Clock, system_clock, zone
+from rastro_assets.warehouse import registry
 
 DIMENSION_TAG_PREFIX = "dagster/partition/"
+DATE_DIMENSION_TAG = f"{DIMENSION_TAG_PREFIX}date"
+TIMEZONE_WAIT_SECONDS = 5.0
+"""How long the queue waits for the warehouse to read an account's zone before it lets the run
+go unheld."""
 CADENCE_PRIORITY = 1
 """The rank of the cadence's waves and first-data runs in the queue: above every other run."""
 
@@ -106,6 +130,39 @@ def range_priority(tags, today: date) -> int | None:
     return -(max((today - last).days, 0) // MAX_DAYS_PER_RUN)
 
 
+def last_day(tags) -> date | None:
+    """The last day a run's spend partitions cover (its range's end, else its one partition's
+    date), or None."""
+    end = tags.get(RANGE_END_TAG)
+    text = end.split("|", 1)[1] if end and "|" in end else None
+    if not end:
+        text = tags.get(DATE_DIMENSION_TAG)
+    try:
+        return date.fromisoformat(text) if text else None
+    except ValueError:
+        return None
+
+
+def account_zones(accounts: Iterable[str], log: logging.Logger) -> dict[str, str]:
+    """The zone of each of `accounts` a site links, from the warehouse of the process's
+    environment; none when the warehouse cannot be read now (said in the process's log)."""
+    zones = {}
+    try:
+        warehouse = RastroResource().warehouse()
+        if not warehouse.exists():
+            return {}
+        warehouse.lock_wait_seconds = TIMEZONE_WAIT_SECONDS
+        with warehouse.connect(read_only=True) as con:
+            for account in sorted(accounts):
+                linked = registry.get_account(con, account)
+                if linked is not None:
+                    zones[account] = zone(linked.timezone).key
+    except Exception as exc:  # the run is not refused for it: it records only the days begun
+        log.warning(f"the accounts' zones could not be read, so the run is not held: {exc}")
+        return {}
+    return zones
+
+
 def local_directories(instance: dg.DagsterInstance) -> Iterator[Path]:
     """The directories the instance keeps local files in: its root, and each configured
     `base_dir` (SQLite storage, compute logs), relative ones from the working directory
@@ -146,6 +203,7 @@ class AccountRunCoordinator(dg.QueuedRunCoordinator):
         super().__init__(*args, **kwargs)
         # The daemon builds its instance's coordinator: the one hook there for its log.
         summarise_backfill_logs()
+        self.clock: Clock = system_clock
 
     def register_instance(self, instance: dg.DagsterInstance) -> None:
         super().register_instance(instance)
@@ -167,6 +225,11 @@ class AccountRunCoordinator(dg.QueuedRunCoordinator):
         tags = {}
         if account and run.tags.get(ACCOUNT_TAG) != account:
             tags[ACCOUNT_TAG] = account
+        hold = self._day_hold(run.tags)
+        if hold:
+            tags.update(hold)
+        elif run.tags.get(HOLD_TAG) == HELD:  # a copy of a held run's tags: a re-execution
+            tags[HOLD_TAG] = RELEASED
         priority = range_priority(run.tags, datetime.now(UTC).date())
         if run.tags.get(WAVE_TAG) == "true" or run.tags.get(FIRST_DATA_TAG):
             priority = CADENCE_PRIORITY
@@ -176,4 +239,16 @@ class AccountRunCoordinator(dg.QueuedRunCoordinator):
             self._instance.add_run_tags(run.run_id, tags)
             run = self._instance.get_run_by_id(run.run_id) or run
             context = dg.SubmitRunContext(run, context.workspace)
+        if hold:
+            self._instance.report_engine_event(held_message(hold), run)
         return super().submit_run(context)
+
+    def _day_hold(self, tags) -> dict[str, str] | None:
+        """The tags that hold a spend run until the last day of its range has begun in the zone
+        of each of its accounts; None for any other run."""
+        day = last_day(tags)
+        now = self.clock()
+        if day is None or begun_everywhere(day, now):
+            return None
+        zones = account_zones(run_accounts(self._instance, tags), self._logger)
+        return hold_tags(day, zones, now)

@@ -16,8 +16,8 @@ import pytest
 from rastro_assets import shards
 from rastro_assets.defs.dagster_private import AssetGraphSubset, PartitionBackfill
 from rastro_assets.defs.keys import AD_SPEND_DAILY, SITE_SPEND_DAILY
-from rastro_assets.defs.partitions import spend_partition_key
-from rastro_assets.defs.spend.assets import meta_spend
+from rastro_assets.defs.partitions import spend_partition_key, spend_shard
+from rastro_assets.defs.spend.assets import meta_spend, spend_specs
 from rastro_assets.defs.spend.checks import site_spend_equals_ad_sums
 from rastro_assets.warehouse import link_store
 from rastro_assets_tests.conftest import TOKEN
@@ -163,37 +163,60 @@ def test_rematerializing_reconciles_changed_and_vanished_rows(
 
 
 @pytest.mark.parametrize(
-    "selection", [[AD_SPEND_DAILY], [SITE_SPEND_DAILY]], ids=["ad_spend_daily", "site_spend_daily"]
+    "selection",
+    [[AD_SPEND_DAILY], [SITE_SPEND_DAILY], [AD_SPEND_DAILY, SITE_SPEND_DAILY]],
+    ids=["ad_spend_daily", "site_spend_daily", "both"],
 )
-def test_a_range_past_local_today_reads_to_today_and_records_the_rest_empty_unread(
+def test_a_range_past_local_today_reads_to_today_and_records_nothing_of_the_day_not_begun(
     instance, rastro, warehouse, linked_world, selection
 ):
     """A backfill of every missing partition asks for the newest date, which an account west
-    of UTC+14 has not reached: the run succeeds and reads nothing for it."""
+    of UTC+14 has not reached: the run succeeds, reads the days begun and records them with
+    their checks, and records nothing at all of the day not begun: it stays missing."""
     tomorrow = TODAY + timedelta(days=1)
+    since = TODAY - timedelta(days=1)
     result = materialize_range(
-        instance, rastro, "act_101", TODAY, tomorrow, selection=selection
+        instance, rastro, "act_101", since, tomorrow, selection=selection
     )
     assert result.success
     with warehouse.connect() as con:
-        assert_equals_truth(con, linked_world, "act_101", TODAY, TODAY)
+        assert_equals_truth(con, linked_world, "act_101", since, TODAY)
         assert con.execute(
             "SELECT count(*) FROM ad_spend_daily WHERE day > ?", [TODAY]
         ).fetchone() == (0,)
         # No sync row claims the day not begun.
         [[until]] = con.execute("SELECT max(until) FROM meta_sync_runs").fetchall()
         assert until == TODAY
+    not_begun = str(spend_partition_key("act_101", tomorrow))
     for asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY):
-        assert materialized_dates(instance, asset_key) == {str(TODAY), str(tomorrow)}
-        [record] = instance.fetch_materializations(
-            dg.AssetRecordsFilter(
-                asset_key=asset_key,
-                asset_partitions=[str(spend_partition_key("act_101", tomorrow))],
-            ),
-            limit=1,
+        assert materialized_dates(instance, asset_key) == {str(since), str(TODAY)}
+        assert not instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[not_begun]), limit=1
         ).records
-        said = record.asset_materialization.metadata["not_begun"].value
-        assert said.startswith(f"{tomorrow} has not begun in America/Sao_Paulo")
+    # Each day read carries its own figures, and the run's summary is on one event.
+    events = spend_events(result)
+    assert sorted((e.asset_key, e.partition) for e in events) == sorted(
+        (asset_key, str(spend_partition_key("act_101", day)))
+        for asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY)
+        for day in (since, TODAY)
+    )
+    truth = linked_world.truth("act_101", TODAY)
+    [today_ad] = [
+        e for e in events if e.asset_key == AD_SPEND_DAILY and e.partition.endswith(str(TODAY))
+    ]
+    assert spend_of(today_ad, "BRL") == sum(row.spend for row in truth)
+    assert len([e for e in events if "run_ranges" in e.metadata]) == 1
+    # The sums of the days read are checked, whichever asset the run selected (an evaluation
+    # kept for the newest day, as a wave keeps it), and the accounts' freshness too.
+    checked = {
+        evaluation.partition: evaluation.passed
+        for evaluation in (
+            event.event_specific_data
+            for event in result.all_events
+            if event.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION
+        )
+    }
+    assert checked == {str(spend_partition_key("act_101", TODAY)): True, None: True}
 
 
 def test_a_failed_read_fails_the_run_and_writes_nothing(instance, rastro, warehouse, linked_world):
@@ -345,3 +368,78 @@ def test_a_range_run_evaluates_the_sum_check_for_each_of_its_days(instance, rast
     }
     assert descriptions[None] == "3 account-days: the site rows equal the sums of their ad rows"
     assert descriptions[days[0]] == f"{days[0]}: the site rows equal the sums of their ad rows"
+
+
+def overview_of(instance, asset_key) -> dg.AssetMaterialization:
+    """What the asset's overview shows as its metadata: its latest materialization's."""
+    [record] = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=asset_key), limit=1
+    ).records
+    return record.asset_materialization
+
+
+def assert_overview_is_the_tables(instance, warehouse, run_id: str | None) -> None:
+    """Both spend assets' overviews hold their whole table's figures, as their descriptions
+    say, never one account-day's; `run_id`: the backfill's run that reported them."""
+    with warehouse.connect(read_only=True) as con:
+        tables = {
+            asset_key: con.execute(
+                f"SELECT count(*), count(DISTINCT ad_account_id), count(DISTINCT day) FROM {table}"
+            ).fetchone()
+            for asset_key, table in (
+                (AD_SPEND_DAILY, "ad_spend_daily"),
+                (SITE_SPEND_DAILY, "site_spend_daily"),
+            )
+        }
+    for asset_key, (rows, accounts, days) in tables.items():
+        shown = overview_of(instance, asset_key)
+        assert shown.partition is None, shown.partition
+        figures = {label: value.value for label, value in shown.metadata.items()}
+        assert (figures["dagster/row_count"], figures["accounts"], figures["days"]) == (
+            rows, accounts, days,
+        ), figures
+        assert not [label for label in figures if label.startswith("day_")], figures
+        assert "the whole table" in shown.description.lower()
+        assert figures.get("recorded_by_run") == run_id, figures
+        assert "whole table" in spend_specs(spend_shard(0), 1)[0].description
+
+
+def test_the_overview_shows_the_whole_tables_after_a_run_a_backfills_run_and_a_failure(
+    instance, rastro, warehouse, linked_world
+):
+    """The spend assets' descriptions say their overview's figures are the whole table's:
+    after a run outside a backfill, after one of a backfill's runs (whose daemon fails the
+    backfill on an event of no partition from its runs: the figures are reported runless,
+    naming the run) and after a backfill's run that failed once it had written days."""
+    since = TODAY - timedelta(days=2)
+    assert materialize_range(instance, rastro, "act_202", since, TODAY).success
+    assert_overview_is_the_tables(instance, warehouse, None)
+
+    backfill = {"dagster/backfill": "bf1"}
+    result = materialize_range(
+        instance, rastro, "act_101", since, TODAY, tags=backfill, selection=[AD_SPEND_DAILY]
+    )
+    assert result.success
+    assert not [
+        event
+        for event in result.asset_materializations_for_node("meta_spend")
+        if event.asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY) and event.partition is None
+    ]
+    assert_overview_is_the_tables(instance, warehouse, result.run_id)
+
+    # act_101's days are read, then act_202's read fails: the run fails after writing.
+    linked_world.fail("insights", "permission", account="act_202")
+    failed = dg.materialize(
+        [meta_spend, site_spend_equals_ad_sums],
+        instance=instance,
+        resources={"rastro": rastro},
+        selection=[AD_SPEND_DAILY],
+        tags={
+            "dagster/asset_partition_range_start": str(spend_partition_key("act_101", TODAY)),
+            "dagster/asset_partition_range_end": str(spend_partition_key("act_202", TODAY)),
+            **backfill,
+        },
+        raise_on_error=False,
+    )
+    assert not failed.success
+    assert_overview_is_the_tables(instance, warehouse, failed.run_id)

@@ -125,6 +125,11 @@ def _runs_in_flight(instance: dg.DagsterInstance, queued: bool) -> list[dg.RunRe
     ]
 
 
+def run_accounts(instance: dg.DagsterInstance, tags) -> set[str]:
+    """The accounts a run with `tags` writes."""
+    return _run_accounts(instance, tags, {})
+
+
 def _run_accounts(
     instance: dg.DagsterInstance, tags, accounts_of_shard: dict[int, list[str]]
 ) -> set[str]:

@@ -34,6 +34,7 @@ from rastro_assets.defs.cadence.health import (
     health_materialization,
     meta_account_health_job,
 )
+from rastro_assets.defs.cadence.held import WAITS_FOR_TAG, release_begun
 from rastro_assets.defs.cadence.records import latest_unrecorded
 from rastro_assets.defs.cadence.wave import sealed_wave_config, sync_wave_job
 from rastro_assets.defs.ended_runs import close_syncs_of_ended_runs
@@ -209,6 +210,8 @@ def build_meta_cadence_sensor(shard_count: int) -> dg.SensorDefinition:
         description="Every tick, asks the planner about every account and starts one wave run "
         "for all live (45 min), daily (04:00 local, 7 days + catalog) and weekly (28 days) "
         "syncs that are due (the other jobs it names hold the assets a wave records). "
+        "It releases each spend run the queue holds for a day not begun in its account's zone "
+        "once that day begins. "
         "It reports the accounts_fresh check when the accounts it names change, and "
         "records meta_account_health (every account's state) when a state changes and "
         "every 30 minutes; its cursor lists, per shard, the stale and paused accounts and "
@@ -223,6 +226,8 @@ def build_meta_cadence_sensor(shard_count: int) -> dg.SensorDefinition:
 def _meta_cadence_tick(
     context: dg.SensorEvaluationContext, rastro: RastroResource, shard_count: int
 ):
+    for run in release_begun(context.instance, rastro.clock()()):
+        context.log.info(f"released run {run.run_id}: {run.tags.get(WAITS_FOR_TAG)}")
     busy = in_flight(context.instance)
     if busy.wave:
         return dg.SkipReason("the previous wave is still running")

@@ -7,7 +7,7 @@ CLI, `dg launch`, the UI): it still writes both tables, so it records the
 other asset's partitions as materialized too.
 """
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from datetime import date, timedelta
 
 import dagster as dg
@@ -20,11 +20,11 @@ from rastro_assets.defs.keys import (
     OWNERS,
 )
 from rastro_assets.defs.metadata import (
-    DAY_ROWS_KEY,
     WAREHOUSE_KIND,
     catalog_materializations,
     day_metadata,
     materializations,
+    record_table_events,
     run_summary,
     table_materializations,
     table_metadata,
@@ -51,14 +51,17 @@ GROUP = "meta_spend"
 
 FIGURES_NOTE = (
     " The row count and Metadata on this overview are the whole table's (rows, accounts, "
-    "days, spend per currency): each run ends with a materialization of no partition that "
-    "holds them. A partition's own event carries only its account-day's "
-    "`day_spend_<CURRENCY>` and `day_ad_rows`.\n\n"
+    "days, spend per currency): each run that records partitions ends with a materialization "
+    "of no partition that holds them (a backfill's runs report it runless, naming the run in "
+    "`recorded_by_run`). A partition's own event carries only its account-day's "
+    "`day_spend_<CURRENCY>` and `day_ad_rows`; one the `meta_records` sensor recorded from "
+    "the warehouse after a crash carries `recorded_from` instead, and shows here until the "
+    "next run's figures.\n\n"
     "Missing counts every empty date, owed or not: one date axis serves accounts with "
     "different windows and local todays. An account's days before its window (the 90 days up "
     "to its link) are read only when asked for; the newest date is today in UTC+14, and an "
-    "account further west records it empty, unread, when asked before its own day begins. "
-    "See "
+    "account further west leaves it missing until its own day begins: a day not begun is "
+    "never read nor recorded, even when a backfill asks for it. See "
     'docs/cadence.md, "The date axis".'
 )
 
@@ -125,7 +128,7 @@ def build_meta_spend(index: int, shard_count: int) -> dg.AssetsDefinition:
     def meta_spend(context: dg.AssetExecutionContext, rastro: RastroResource):
         """Reads Meta for the run's account-days and replaces them in the warehouse."""
         outcomes: list[SyncOutcome] = []
-        not_begun: dict[str, str] = {}
+        not_begun: set[dg.MultiPartitionKey] = set()
         try:
             _sync_partitions(context, rastro, shard, outcomes, not_begun)
         except BaseException:
@@ -135,11 +138,16 @@ def build_meta_spend(index: int, shard_count: int) -> dg.AssetsDefinition:
                 _record_tables_after_failure(context, rastro, shard.index, shard_count, outcomes)
             publish_after_writes(context, rastro)
             raise
-        yield from _record(context, rastro, outcomes, shard, not_begun)
-        for event in table_materializations(
-            rastro, shard.index, shard_count, outcomes, in_backfill=_in_backfill(context)
-        ):
-            context.log_event(event)
+        unchecked, days = yield from _record(context, rastro, outcomes, shard, not_begun)
+        record_table_events(
+            context,
+            table_materializations(rastro, shard.index, shard_count, outcomes),
+            _backfill_targets(context, shard),
+        )
+        # After the tables' figures: a check's evaluation older than its asset's latest
+        # materialization reads "not evaluated" in the UI.
+        if days and unchecked:
+            _evaluate_checks_of(context, rastro, shard, unchecked, days)
         publish_after_writes(context, rastro)
 
     return meta_spend
@@ -148,8 +156,9 @@ def build_meta_spend(index: int, shard_count: int) -> dg.AssetsDefinition:
 meta_spend = build_meta_spend(0, SHARD_COUNT)
 
 
-def _in_backfill(context: dg.AssetExecutionContext) -> bool:
-    return BACKFILL_ID_TAG in context.run.tags
+def _backfill_targets(context: dg.AssetExecutionContext, shard: SpendShard) -> list[dg.AssetKey]:
+    """The spend pair, when the run is one of a backfill (which may target either)."""
+    return list(shard.keys) if BACKFILL_ID_TAG in context.run.tags else []
 
 
 def _record_tables_after_failure(
@@ -160,14 +169,14 @@ def _record_tables_after_failure(
     outcomes: list[SyncOutcome],
 ) -> None:
     try:
-        events = table_materializations(
-            rastro, shard, shard_count, outcomes, in_backfill=_in_backfill(context)
-        )
+        events = table_materializations(rastro, shard, shard_count, outcomes)
     except Exception as exc:  # the run's own failure is what it reports
         context.log.warning(f"the tables' figures could not be read after the failure: {exc}")
         return
-    for event in events:
-        context.log_event(event)
+    record_table_events(context, events, _backfill_targets(context, spend_shard(shard)))
+
+
+AccountDay = tuple[str, date]
 
 
 def _record(
@@ -175,13 +184,18 @@ def _record(
     rastro: RastroResource,
     outcomes: list[SyncOutcome],
     shard: SpendShard,
-    not_begun: dict[str, str],
-) -> Iterator[dg.MaterializeResult]:
+    not_begun: set[dg.MultiPartitionKey],
+) -> Generator[dg.MaterializeResult, None, tuple[list[dg.AssetKey], list[AccountDay]]]:
     """Each partition's own figures, and the run's summary once: on its last event.
+    Returns the assets whose checks the run must evaluate itself, and the days to check.
 
     The writer wrote both tables whatever the run selected, and Dagster takes a
     result only for a selected asset: the other one's partitions are logged as
     materializations of their own.
+
+    A day not begun in the account's zone is recorded as nothing at all: a result
+    would record every partition of the run's range, that day's too, so a run that
+    holds one logs the days it read as events of their own and returns no result.
     """
     by_key = {
         spend_partition_key(outcome.request.ad_account_id, day): (outcome, day)
@@ -190,41 +204,25 @@ def _record(
     }
     keys = [key for key in context.partition_keys if key in by_key]
     selected = [asset_key for asset_key in shard.keys if asset_key in context.selected_asset_keys]
+    results = [] if any(key in not_begun for key in context.partition_keys) else selected
     for asset_key in shard.keys:
         for key in keys:
             outcome, day = by_key[key]
             metadata = day_metadata(outcome, day, row_count=asset_key == shard.ad_key)
-            if asset_key not in selected:
-                context.log_event(
-                    dg.AssetMaterialization(asset_key=asset_key, partition=key, metadata=metadata)
-                )
-                continue
-            if asset_key == selected[-1] and key == keys[-1]:
+            if selected and asset_key == selected[-1] and key == keys[-1]:
                 metadata = {**metadata, **run_summary(outcomes)}
-            context.add_asset_metadata(metadata, asset_key=asset_key, partition_key=key)
-    # A day not begun is recorded as what it is, an empty day Meta has nothing for: a
-    # backfill of every missing partition asks for them, and it succeeds without a read.
-    empty = [key for key in context.partition_keys if key in not_begun]
-    for asset_key in shard.keys:
-        for key in empty:
-            metadata = {"not_begun": dg.MetadataValue.text(not_begun[key])}
-            if asset_key == shard.ad_key:
-                metadata[DAY_ROWS_KEY] = dg.MetadataValue.int(0)
-            if asset_key in selected:
+            if asset_key in results:
                 context.add_asset_metadata(metadata, asset_key=asset_key, partition_key=key)
             else:
                 context.log_event(
                     dg.AssetMaterialization(asset_key=asset_key, partition=key, metadata=metadata)
                 )
-    unselected = [asset_key for asset_key in shard.keys if asset_key not in selected]
-    if (keys or empty) and unselected:
-        days = [(by_key[key][0].request.ad_account_id, by_key[key][1]) for key in keys] + [
-            (account, date.fromisoformat(day))
-            for account, day in (str(key).split("|") for key in empty)
-        ]
-        _evaluate_checks_of(context, rastro, shard, unselected, days)
-    for asset_key in selected:
+    for asset_key in results:
         yield dg.MaterializeResult(asset_key=asset_key)
+    # Dagster evaluates a selected asset's checks only after its result: without one, they
+    # are the run's to evaluate, as for the asset the run wrote without selecting it.
+    unchecked = [asset_key for asset_key in shard.keys if asset_key not in results]
+    return unchecked, [(by_key[key][0].request.ad_account_id, by_key[key][1]) for key in keys]
 
 
 def _evaluate_checks_of(
@@ -250,24 +248,24 @@ def _sync_partitions(
     rastro: RastroResource,
     shard: SpendShard,
     outcomes: list[SyncOutcome],
-    not_begun: dict[str, str],
+    not_begun: set[dg.MultiPartitionKey],
 ) -> None:
     """Syncs the run's ranges, each outcome appended to `outcomes` as it comes (a failure
     raises after its range's complete days are recorded). Days the account's own clock has
-    not reached are read from no one: each goes into `not_begun` with why."""
+    not reached are read from no one and go into `not_begun`."""
     syncer = rastro.syncer()
     for account, ranges in account_date_ranges(context.partition_keys).items():
         today = _local_today(rastro, account)
         for since, until in ranges:
             if today is not None and until > today[0]:
                 first = max(since, today[0] + timedelta(days=1))
-                for day in days_between(first, until):
-                    not_begun[spend_partition_key(account, day)] = (
-                        f"{day} has not begun in {today[1]} (today there is {today[0]}): "
-                        "Meta has no figures for it, nothing was read"
-                    )
+                not_begun.update(
+                    spend_partition_key(account, day) for day in days_between(first, until)
+                )
                 context.log.info(
-                    f"{account}: {first} .. {until} not begun in {today[1]}: nothing to read"
+                    f"{account}: {first} .. {until} not begun in {today[1]} (today there is "
+                    f"{today[0]}): nothing to read, so nothing is recorded; the live syncs "
+                    "read it once it begins"
                 )
                 if since > today[0]:
                     continue

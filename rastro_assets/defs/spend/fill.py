@@ -28,7 +28,6 @@ from rastro_assets import shards
 from rastro_assets.defs.account_health import freshness_evaluation
 from rastro_assets.defs.ended_runs import close_syncs_of_ended_runs
 from rastro_assets.defs.keys import (
-    BACKFILL_ID_TAG,
     FILL_ACCOUNTS_PER_RUN,
     FILL_NAME,
     OWNERS,
@@ -38,6 +37,7 @@ from rastro_assets.defs.metadata import (
     WAREHOUSE_KIND,
     catalog_materializations,
     materializations,
+    record_table_events,
     table_materializations,
 )
 from rastro_assets.defs.partitions import not_linked, reachable_fill, shard_account_partitions
@@ -158,7 +158,7 @@ def fill_accounts(
     else:
         _, finished = _next_blocks(context, rastro, accounts, progress, shard_of, read=False)
         yield from finished
-    yield from _finish(context, rastro, shard, progress, checked, shard_of)
+    _finish(context, rastro, shard, progress, checked, shard_of)
 
 
 def _next_blocks(
@@ -287,13 +287,19 @@ def _finish(
     progress: _Progress,
     checked: list[tuple[str, date]],
     shard_of: dict[str, int],
-) -> Iterator[dg.AssetMaterialization | dg.AssetObservation]:
-    """The sum checks of the days written, the snapshot, the tables' figures, and the
+) -> None:
+    """The tables' figures, the sum checks of the days written, the snapshot, and the
     run's failure when an account is left owing.
 
-    The checks and the publish log their events; the figures are yielded after them, which
-    has Dagster store those events too before a failure ends the run.
+    Each is logged as it comes, so Dagster has stored them all before a failure ends the
+    run. The figures go first: they are the spend pair's latest materialization, which the
+    checks' evaluations must not be older than ("not evaluated" in the UI otherwise). The
+    spend pair is no target of the fill's backfill, so they are the run's own events.
     """
+    if progress.outcomes:
+        record_table_events(
+            context, table_materializations(rastro, shard, outcomes=progress.outcomes)
+        )
     if checked:
         evaluate_sum_checks(context, rastro, checked, shard_of)
     if progress.outcomes:
@@ -303,16 +309,6 @@ def _finish(
             members = [a for a in planned_accounts(con) if a.shard == shard]
         context.log_event(freshness_evaluation(members, rastro.clock()(), shard))
     publish_after_writes(context, rastro)
-    if progress.outcomes:
-        # Observations in a backfill, as the spend pair's own backfill runs give them: a
-        # materialization of no partition after the sum checks would leave the check's
-        # latest evaluation behind its asset's latest materialization ("not evaluated").
-        yield from table_materializations(
-            rastro,
-            shard,
-            outcomes=progress.outcomes,
-            in_backfill=BACKFILL_ID_TAG in context.run.tags,
-        )
     context.log.info(
         f"{len(progress.done)} accounts hold every owed day; {len(progress.refused)} left owing"
     )
