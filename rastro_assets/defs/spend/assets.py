@@ -240,7 +240,12 @@ def _evaluate_checks_of(
     if shard.ad_key in unselected:
         with rastro.warehouse().connect(read_only=True) as con:
             members = [a for a in planned_accounts(con) if a.shard == shard.index]
-        context.log_event(freshness_evaluation(members, rastro.clock()(), shard.index))
+        # Named: in a backfill the table's figures are its latest materialization, recorded
+        # outside the run, and an evaluation that names none belongs to the run's own.
+        [latest] = context.instance.fetch_materializations(shard.ad_key, limit=1).records or [None]
+        context.log_event(
+            freshness_evaluation(members, rastro.clock()(), shard.index, target=latest)
+        )
 
 
 def _sync_partitions(
