@@ -4,6 +4,7 @@ to check its usage errors."""
 from __future__ import annotations
 
 import io
+import shutil
 from collections.abc import Callable, Collection, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -11,18 +12,33 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from rastro_assets import cli
+from rastro_assets import cli, demo
 from rastro_assets.cli.context import Context
+from rastro_assets.demo.paths import DemoPaths
 from rastro_assets.timekeeping import fixed_clock
 from rastro_assets.warehouse import engines
 
 Rastro = Callable[..., tuple[int, str, str]]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def rastro_environ(duckdb_path: Path) -> Mapping[str, str]:
     """The environment every run sees (a module overrides this fixture to change it)."""
     return {"RASTRO_DUCKDB_PATH": str(duckdb_path)}
+
+
+@pytest.fixture
+def checkout(tmp_path: Path, now: datetime, monkeypatch: pytest.MonkeyPatch) -> DemoPaths:
+    """A checkout where `rastro demo` has prepared data/, as the working directory."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    for name in ("dagster.yaml", "workspace.yaml"):
+        shutil.copy(REPO / name, root / name)
+    paths = DemoPaths(root)
+    demo.prepare(paths, now=now, environ={})
+    monkeypatch.chdir(root)
+    return paths
 
 
 @pytest.fixture

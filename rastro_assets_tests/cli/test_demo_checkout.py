@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -51,19 +50,6 @@ def rastro_environ() -> Mapping[str, str]:
 @pytest.fixture
 def never_printed() -> list[str]:
     return [TOKEN]
-
-
-@pytest.fixture
-def checkout(tmp_path: Path, now: datetime, monkeypatch: pytest.MonkeyPatch) -> DemoPaths:
-    """A checkout where `rastro demo` has prepared data/, as the working directory."""
-    root = tmp_path / "repo"
-    root.mkdir()
-    for name in ("dagster.yaml", "workspace.yaml"):
-        shutil.copy(REPO / name, root / name)
-    paths = DemoPaths(root)
-    demo.prepare(paths, now=now, environ={})
-    monkeypatch.chdir(root)
-    return paths
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -30,19 +29,6 @@ LINKED = ("act_1001", "act_1002", "act_1003")
 def rastro_environ() -> Mapping[str, str]:
     """No variable names a file: the demo's are found from the working directory."""
     return {}
-
-
-@pytest.fixture
-def checkout(tmp_path: Path, now: datetime, monkeypatch: pytest.MonkeyPatch) -> DemoPaths:
-    """A checkout where `rastro demo` has prepared data/, as the working directory."""
-    root = tmp_path / "repo"
-    root.mkdir()
-    for name in ("dagster.yaml", "workspace.yaml"):
-        shutil.copy(REPO / name, root / name)
-    paths = DemoPaths(root)
-    demo.prepare(paths, now=now, environ={})
-    monkeypatch.chdir(root)
-    return paths
 
 
 @pytest.fixture

@@ -201,8 +201,16 @@ def running_demo(copy: Copy, log: Path) -> Iterator[subprocess.Popen]:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    try:
+    with reaped(process, log):
         yield process
+
+
+@contextmanager
+def reaped(process: subprocess.Popen, log: Path) -> Iterator[None]:
+    """The demo's log tail printed if the block fails, and whatever is left of the demo's
+    session killed as it ends: no Dagster process outlives its test."""
+    try:
+        yield
     except BaseException:
         print(log.read_text(errors="replace")[-8000:])
         raise

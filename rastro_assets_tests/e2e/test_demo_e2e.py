@@ -43,9 +43,8 @@ from rastro_assets_tests.e2e.demo_harness import (
     copy_tracked_files,
     free_port,
     read,
+    reaped,
     running_demo,
-    session_groups,
-    session_processes,
     stop,
     wait_for,
 )
@@ -354,20 +353,11 @@ def test_the_demos_dagster_files_are_private_under_umask_000(tmp_path):
             start_new_session=True,
             preexec_fn=lambda: os.umask(0),
         )
-    try:
+    with reaped(process, log):
         wait_for("`rastro demo` to prepare data/", lambda: started(process, log), 60)
         wait_for("a finished run step", lambda: finished_step_logs(home), 150)
         print(f"\nfirst step done after {time.monotonic() - began:.0f} s")
         stop(process, signal.SIGTERM)
-    except BaseException:
-        print(log.read_text(errors="replace")[-8000:])
-        raise
-    finally:
-        if process.poll() is None or session_processes(process.pid):
-            for group in session_groups(process.pid) | {process.pid}:
-                with suppress(ProcessLookupError):
-                    os.killpg(group, signal.SIGKILL)
-            process.wait()
     made = {str(path.relative_to(home)) for path in home.rglob("*")}
     expected = {"storage/schedules/schedules.db", "storage/history/runs.db", "logs"}
     assert expected <= made, sorted(made)
@@ -434,7 +424,7 @@ def test_with_3000_taken_the_ui_printed_is_dagsters_and_ctrl_c_cancels_the_runs_
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        try:
+        with reaped(process, log):
             said = wait_for(
                 "the demo to say where the UI is",
                 lambda: started(process, log) and UI_AT.search(log.read_text(errors="replace")),
@@ -456,15 +446,6 @@ def test_with_3000_taken_the_ui_printed_is_dagsters_and_ctrl_c_cancels_the_runs_
             )
             before = log.read_text(errors="replace").splitlines()
             stop(process, signal.SIGINT)
-        except BaseException:
-            print(log.read_text(errors="replace")[-8000:])
-            raise
-        finally:
-            if process.poll() is None or session_processes(process.pid):
-                for group in session_groups(process.pid) | {process.pid}:
-                    with suppress(ProcessLookupError):
-                        os.killpg(group, signal.SIGKILL)
-                process.wait()
     finally:
         if held is not None:
             held.close()
