@@ -25,7 +25,7 @@ from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.engines import AnyWarehouse
 from rastro_assets.warehouse.postgres import PostgresWarehouse
-from rastro_assets_tests.conftest import TOKEN
+from rastro_assets_tests.conftest import TOKEN, record_sync_run
 from rastro_assets_tests.truth import assert_equals_truth
 from rastro_fake_graph.server import serve
 from rastro_fake_graph.world import FakeWorld, MutableClock
@@ -273,6 +273,20 @@ def wave_outcome_after(warehouse: AnyWarehouse, instant: datetime) -> str | None
             [instant],
         ).fetchone()
     return row[0] if row else None
+
+
+def backfilled(warehouse: AnyWarehouse) -> None:
+    """The account's 90-day backfill recorded as done (with the catalog) and a sync asked for,
+    so the daemon's first look starts a live wave instead of a backfill: Dagster's backfill
+    daemon looks at a new partition backfill only every 30 s."""
+    now = datetime.now(UTC)
+    today = local_date(now, TIMEZONE)
+    with warehouse.connect() as con:
+        record_sync_run(
+            con, "seeded-backfill", ACCOUNT, "backfill", today - timedelta(days=89), today,
+            now - timedelta(minutes=1), catalog=True,
+        )
+        registry.request_sync(con, ACCOUNT, now)
 
 
 def sync_now(warehouse: AnyWarehouse) -> datetime:

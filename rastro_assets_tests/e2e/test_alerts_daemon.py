@@ -15,21 +15,19 @@ test's time for nothing it checks. The daemon's own live waves are the syncs her
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from rastro_assets.timekeeping import local_date
-from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.alerts.receivers import WEBHOOK_SECRET_PATH, webhook_receiver
-from rastro_assets_tests.conftest import TOKEN, record_sync_run
+from rastro_assets_tests.conftest import TOKEN
 from rastro_assets_tests.e2e.daemon_harness import (
     ACCOUNT,
     SENSOR_INTERVAL_SECONDS,
-    TIMEZONE,
+    backfilled,
     instance_yaml,
     linked_world,
     one_account_world,
@@ -52,18 +50,6 @@ QUIET_TICKS = 1
 MARK_POLL_SECONDS = 0.25
 NOTICE_POLL_SECONDS = 0.05
 
-
-def backfilled(warehouse: Warehouse) -> None:
-    """The account's 90-day backfill recorded as done (with the catalog) and a sync asked
-    for, so the daemon's first look starts a live wave instead of a backfill."""
-    now = datetime.now(UTC)
-    today = local_date(now, TIMEZONE)
-    with warehouse.connect() as con:
-        record_sync_run(
-            con, "seeded-backfill", ACCOUNT, "backfill", today - timedelta(days=89), today,
-            now - timedelta(minutes=1), catalog=True,
-        )
-        registry.request_sync(con, ACCOUNT, now)
 
 
 @pytest.fixture

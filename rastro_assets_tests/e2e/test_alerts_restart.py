@@ -11,21 +11,17 @@ restarted daemon's checks run past the grace after its start; no notice comes.
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from rastro_assets.timekeeping import local_date
-from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.alerts.receivers import webhook_receiver
-from rastro_assets_tests.conftest import record_sync_run
 from rastro_assets_tests.e2e.daemon_harness import (
-    ACCOUNT,
     SENSOR_INTERVAL_SECONDS,
-    TIMEZONE,
+    backfilled,
     instance_yaml,
     linked_world,
     one_account_world,
@@ -40,18 +36,6 @@ GRACE_SECONDS = 2 * SENSOR_INTERVAL_SECONDS + 15
 CADENCE_SENSORS = ("meta_accounts", "meta_cadence")
 INCIDENTS_SENSOR = "meta_incidents"
 
-
-def backfilled(warehouse: Warehouse) -> None:
-    """The account's backfill recorded as done and a sync asked for: the daemon's first look
-    starts a live wave, not a 90-day backfill."""
-    now = datetime.now(UTC)
-    today = local_date(now, TIMEZONE)
-    with warehouse.connect() as con:
-        record_sync_run(
-            con, "seeded-backfill", ACCOUNT, "backfill", today - timedelta(days=89), today,
-            now - timedelta(minutes=1), catalog=True,
-        )
-        registry.request_sync(con, ACCOUNT, now)
 
 
 def checked(warehouse: Warehouse) -> bool:
