@@ -40,13 +40,16 @@ from __future__ import annotations
 
 import ast
 import shutil
+import tomllib
 from pathlib import Path
 
 import pytest
+import setuptools
 
 ROOT = Path(__file__).resolve().parents[1]
 PRODUCT = "rastro_assets"
 FAKE = "rastro_fake_graph"
+TESTS = "rastro_assets_tests"
 
 LEAVES = {
     PRODUCT,
@@ -316,6 +319,16 @@ def fake_reached_from_the_product(root: Path) -> set[tuple[str, str]]:
     }
 
 
+def product_imports_of_the_tests(root: Path) -> set[tuple[str, str]]:
+    """Imports of the test package from the product or the fake: the wheel does not ship it."""
+    return {
+        (module, name)
+        for module, names in external_imports(root).items()
+        for name in names
+        if is_in(name, TESTS)
+    }
+
+
 def import_circles(root: Path) -> list[set[str]]:
     edges = graph(root)
     circles: list[set[str]] = []
@@ -387,6 +400,17 @@ def test_every_dynamic_import_names_its_module():
 
 def test_only_the_demo_the_cli_and_make_client_reach_the_fake_graph():
     assert fake_reached_from_the_product(ROOT) == set()
+
+
+def test_neither_the_product_nor_the_fake_imports_the_tests():
+    assert product_imports_of_the_tests(ROOT) == set()
+
+
+def test_the_wheel_ships_the_product_and_the_fake_but_not_the_tests():
+    found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    shipped = set(setuptools.find_packages(str(ROOT), **found["packages"]["find"]))
+    assert {PRODUCT, f"{PRODUCT}.meta", FAKE} <= shipped
+    assert not {package for package in shipped if is_in(package, TESTS)}
 
 
 def test_the_syncer_alone_chains_the_catalog_after_the_spend():
@@ -490,6 +514,15 @@ def test_a_planted_reach_for_the_fake_fails(tree_copy: Path):
     plant(tree_copy, "rastro_assets/sync/syncer.py", "from rastro_fake_graph import FakeWorld")
     assert fake_reached_from_the_product(tree_copy) == {
         ("rastro_assets.sync.syncer", "rastro_fake_graph")
+    }
+
+
+def test_a_planted_import_of_a_test_helper_fails(tree_copy: Path):
+    helper = "from rastro_assets_tests.truth import assert_equals_truth"
+    plant(tree_copy, "rastro_assets/planner/rules.py", helper)
+    assert product_imports_of_the_tests(tree_copy) == {
+        ("rastro_assets.planner.rules", "rastro_assets_tests.truth"),
+        ("rastro_assets.planner.rules", "rastro_assets_tests.truth.assert_equals_truth"),
     }
 
 
