@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import subprocess
 import sys
 import time
@@ -109,6 +110,12 @@ def postgres_world(tmp_path, secrets_key, monkeypatch):
     with postgres_server() as server:
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
+        # A pod's image holds its launcher's module, as a Kubernetes image holds dagster-k8s;
+        # this launcher is a test module, which the wheel does not ship: its checkout is the
+        # image's path, for the daemon and each run it starts.
+        monkeypatch.setenv(
+            "PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        )
         warehouse_url = new_database(server, WAREHOUSE_DB)
         world = one_account_world()
         for account, (timezone, currency) in LINKED_LATER.items():
