@@ -1,9 +1,10 @@
-"""The product's shared vocabulary: how a sync ended, what it read, and its error line.
+"""The product's shared vocabulary: how a sync ended, what it read, its error line, a count.
 
 The contract names these values (`meta_sync_runs.outcome`, `.kind`, the
 `CODE: message` error codes, `rastro status`'s states, `rastro plan`'s
 kinds); the sync, the planner, the catalog sync and the CLI all speak them,
-so they are written once, here. Each enum is a `StrEnum`: its members are the
+so they are written once, here, with how the product says a count in words
+(the CLI and the UI's checks). Each enum is a `StrEnum`: its members are the
 contract's strings, as stored in DuckDB and printed in JSON.
 """
 
@@ -124,3 +125,8 @@ def with_guide(error: str) -> str:
     """`error` followed by where the guide says what to do about it, when it names a code."""
     code = error_code(error)
     return f"{error} ({guide_reference([code])})" if code else error
+
+
+def counted(count: int, noun: str) -> str:
+    """`1 account`, `2 accounts`: the count with its noun in the right number."""
+    return f"{count} {noun if count == 1 else noun + 's'}"

@@ -56,8 +56,8 @@ LEAVES = {
     *(
         f"{PRODUCT}.{leaf}"
         for leaf in (
-            "settings", "process_settings", "timekeeping", "vault", "outcomes", "accounts",
-            "spend_schema", "tokens", "shards", "words", "instance.moved",
+            "settings", "process_settings", "timekeeping", "vault", "outcomes", "account_ids",
+            "spend_schema", "tokens", "shards", "instance.moved",
         )
     ),
 }

@@ -26,7 +26,7 @@ import unicodedata
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from rastro_assets.accounts import normalize_account_id
+from rastro_assets.account_ids import normalize_account_id
 from rastro_assets.cli.context import (
     EXIT_OK,
     EXIT_USAGE,
@@ -39,12 +39,12 @@ from rastro_assets.cli.context import (
 from rastro_assets.cli.id_file import read_ids
 from rastro_assets.cli.output import say_table
 from rastro_assets.meta.errors import ErrorKind, MetaError
+from rastro_assets.outcomes import counted
 from rastro_assets.shards import crowded_warning
 from rastro_assets.warehouse import link_store, registry, shard_store
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.link_store import AccountToLink
 from rastro_assets.warehouse.registry import LinkedAccount, RegistryError
-from rastro_assets.words import counted
 
 if TYPE_CHECKING:
     from rastro_assets.meta.client import MetaClient

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from rastro_assets import shards
-from rastro_assets.accounts import normalize_account_id
+from rastro_assets.account_ids import normalize_account_id
 from rastro_assets.cli.check import status_check
 from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
 from rastro_assets.cli.output import no_warehouse, say_no_warehouse, say_table

@@ -21,10 +21,10 @@ from rastro_assets.alerts.incidents import DAEMON_KINDS, MAX_NAMED, Incident, In
 from rastro_assets.alerts.look import warehouse_incidents
 from rastro_assets.analytics.publish import Publisher
 from rastro_assets.cli.context import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Context
+from rastro_assets.outcomes import counted
 from rastro_assets.settings import AlertThresholds, SettingsError
 from rastro_assets.warehouse import incidents as store
 from rastro_assets.warehouse.connection import WarehouseError, WarehouseLocked
-from rastro_assets.words import counted
 
 EXIT_CANNOT_TELL = EXIT_USAGE
 CHECK_LOCK_WAIT_SECONDS = 10.0

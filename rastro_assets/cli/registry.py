@@ -14,12 +14,12 @@ import json
 from datetime import UTC
 from typing import TYPE_CHECKING
 
-from rastro_assets.accounts import normalize_account_id
+from rastro_assets.account_ids import normalize_account_id
 from rastro_assets.cli.cadence import NO_VALUE
 from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
 from rastro_assets.cli.output import existing_warehouse, no_warehouse, say_no_warehouse, say_table
 from rastro_assets.meta.errors import ErrorKind, MetaError
-from rastro_assets.outcomes import ConnectionStatus
+from rastro_assets.outcomes import ConnectionStatus, counted
 from rastro_assets.shards import crowded_warning
 from rastro_assets.tokens import token_problem
 from rastro_assets.vault import generate_key
@@ -27,7 +27,6 @@ from rastro_assets.warehouse import link_store, registry, shard_store, site_stor
 from rastro_assets.warehouse.engines import AnyWarehouse
 from rastro_assets.warehouse.link_store import LinkResult
 from rastro_assets.warehouse.registry import RegistryError
-from rastro_assets.words import counted
 
 if TYPE_CHECKING:
     from rastro_assets.meta.models import AdAccount

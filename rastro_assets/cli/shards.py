@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from rastro_assets import shards
 from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
 from rastro_assets.cli.output import existing_warehouse, say_no_warehouse, say_table
+from rastro_assets.outcomes import counted
 from rastro_assets.warehouse import registry, shard_store
-from rastro_assets.words import counted
 
 ACCOUNTS_SHOWN = 10
 """Accounts a shard's line names before it says how many more; `--json` names them all."""

@@ -25,11 +25,11 @@ from rastro_assets.cli.context import (
     UsageError,
     command,
 )
+from rastro_assets.outcomes import counted
 from rastro_assets.settings import project_root
 from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault
 from rastro_assets.warehouse.connection import Connection, transaction
-from rastro_assets.warehouse.sealed_tokens import sealed_tokens, store_resealed_tokens
-from rastro_assets.words import counted
+from rastro_assets.warehouse.registry import sealed_tokens, store_resealed_tokens
 
 # rotate-key -----------------------------------------------------------------
 

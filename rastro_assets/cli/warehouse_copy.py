@@ -23,6 +23,7 @@ from rastro_assets.cli.context import (
     UsageError,
     command,
 )
+from rastro_assets.outcomes import counted
 from rastro_assets.warehouse import copying
 from rastro_assets.warehouse.connection import Warehouse, WarehouseLocked
 from rastro_assets.warehouse.postgres import (
@@ -31,7 +32,6 @@ from rastro_assets.warehouse.postgres import (
     is_postgres_url,
     redacted,
 )
-from rastro_assets.words import counted
 
 TARGET_SETTING = "RASTRO_WAREHOUSE_URL"
 SOURCE_LOCK_WAIT_SECONDS = 5.0

@@ -14,9 +14,9 @@ import dagster as dg
 
 from rastro_assets.defs.dagster_private import AssetCheckEvaluationTargetMaterializationData
 from rastro_assets.defs.keys import ACCOUNTS_FRESH, ad_spend_key
+from rastro_assets.outcomes import counted
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount
-from rastro_assets.words import counted
 
 MAX_HEALTH_ROWS = 200
 """Accounts shown in the health table, the least healthy first: the rest are counted."""

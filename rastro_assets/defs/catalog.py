@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import dagster as dg
 
-from rastro_assets.accounts import normalize_account_id
+from rastro_assets.account_ids import normalize_account_id
 from rastro_assets.defs.keys import (
     AD_CATALOG,
     AD_SPEND_DAILY,

@@ -36,7 +36,7 @@ from functools import cache
 import dagster as dg
 
 from rastro_assets import shards
-from rastro_assets.accounts import normalize_account_id
+from rastro_assets.account_ids import normalize_account_id
 from rastro_assets.defs.keys import ad_spend_key, site_spend_key
 from rastro_assets.meta.insights import META_INSIGHTS_MONTHS
 from rastro_assets.planner import cadence

@@ -17,8 +17,8 @@ from rastro_assets.defs.dagster_private import (
 from rastro_assets.defs.keys import SUM_CHECK, sum_check_key
 from rastro_assets.defs.partitions import spend_partition_key, spend_shard
 from rastro_assets.defs.resources import RastroResource
+from rastro_assets.outcomes import counted
 from rastro_assets.warehouse.audit import site_spend_mismatches
-from rastro_assets.words import counted
 
 MAX_SHOWN_MISMATCHES = 20
 FAILURES_LOOKED_AT = 1000

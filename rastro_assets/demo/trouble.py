@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from rastro_assets.accounts import normalize_account_id
+from rastro_assets.account_ids import normalize_account_id
 from rastro_assets.demo import DEMO_CONNECTION
 from rastro_assets.demo.graph import CONTROL_HEADER, DemoGraph, read_graph_file
 from rastro_assets.demo.paths import DemoPaths

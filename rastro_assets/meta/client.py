@@ -16,7 +16,7 @@ from datetime import date
 
 import httpx
 
-from rastro_assets.accounts import normalize_account_id
+from rastro_assets.account_ids import normalize_account_id
 from rastro_assets.meta.bounds import ReadBounds
 from rastro_assets.meta.errors import UNKNOWN_ALIAS_CODE, MetaError
 from rastro_assets.meta.insights import (

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rastro_assets.accounts import normalize_account_id
+from rastro_assets.account_ids import normalize_account_id
 from rastro_assets.meta.errors import MalformedResponse
 from rastro_assets.meta.models import Ad, AdAccount, CreativeType
 from rastro_assets.meta.values import int_or_none, text

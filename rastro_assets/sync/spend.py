@@ -31,8 +31,8 @@ from rastro_assets.sync.types import (
 from rastro_assets.timekeeping import local_date, months_before
 from rastro_assets.vault import SecretsKeyError
 from rastro_assets.warehouse import registry
-from rastro_assets.warehouse.busiest_days import most_ad_rows_in_a_day
 from rastro_assets.warehouse.connection import Connection, transaction
+from rastro_assets.warehouse.figures import most_ad_rows_in_a_day
 from rastro_assets.warehouse.runs import (
     SyncKey,
     SyncRunEnd,

@@ -1,5 +1,6 @@
 """A table's own figures: a spend table's rows, accounts, days and spend per currency; the
-catalog's and thumbnails' rows and accounts.
+catalog's and thumbnails' rows and accounts; each account's busiest day of ad rows lately,
+which sizes the next read of its insights.
 
 The Dagster UI shows an asset's row count from its events; a partition's
 event can only speak for its account-day (or account), so these whole-table
@@ -8,12 +9,14 @@ figures are reported beside it once per run.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
 
 import duckdb
 
+from rastro_assets.warehouse.connection import Connection
 from rastro_assets.warehouse.shard_store import SHARD, SHARD_JOIN
 
 SPEND_TABLES = ("ad_spend_daily", "site_spend_daily")
@@ -77,3 +80,24 @@ def catalog_table_figures(con: duckdb.DuckDBPyConnection) -> dict[str, CatalogFi
         "ad_catalog": CatalogFigures(ads, ad_accounts),
         "ad_thumbnails": CatalogFigures(pictures, picture_accounts),
     }
+
+
+def most_ad_rows_in_a_day(
+    con: Connection, ad_account_ids: Sequence[str], since: date
+) -> dict[str, int]:
+    """The most `ad_spend_daily` rows one day of each account holds, from `since` on.
+
+    One statement whatever the accounts' number. An account with no row from `since` on
+    is absent.
+    """
+    if not ad_account_ids:
+        return {}
+    found = con.execute(
+        "SELECT ad_account_id, max(n) FROM ("
+        " SELECT ad_account_id, day, count(*) AS n FROM ad_spend_daily"
+        " WHERE day >= ? AND ad_account_id IN (SELECT unnest(?::VARCHAR[]))"
+        " GROUP BY ad_account_id, day"
+        ") AS daily GROUP BY ad_account_id",
+        [since, list(ad_account_ids)],
+    ).fetchall()
+    return {account: int(rows) for account, rows in found}

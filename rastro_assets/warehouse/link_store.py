@@ -15,7 +15,7 @@ from enum import StrEnum
 
 import duckdb
 
-from rastro_assets.accounts import normalize_account_id
+from rastro_assets.account_ids import normalize_account_id
 from rastro_assets.settings import DEFAULT_SHARD_ACCOUNTS
 from rastro_assets.warehouse.connection import transaction
 from rastro_assets.warehouse.names import normalize_currency, validate_timezone

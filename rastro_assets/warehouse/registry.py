@@ -1,6 +1,7 @@
 """Meta connections (sealed tokens) and the linked accounts the syncs read; the error every
 registry change the current state refuses raises. Sites live in `site_store`, the links
-between sites and accounts in `link_store`.
+between sites and accounts in `link_store`. Every sealed token at once, read and stored
+back, is what a key rotation reseals.
 
 Every function takes an open connection. Each mutating one runs in its own
 transaction, or joins the caller's when one is already open on `con`.
@@ -9,7 +10,7 @@ transaction, or joins the caller's when one is already open on `con`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -256,3 +257,28 @@ def _linked_account(row: tuple) -> LinkedAccount:
         connection_sealed_at=row[9],
         shard=int(row[10]),
     )
+
+
+def sealed_tokens(con: duckdb.DuckDBPyConnection) -> list[tuple[str, bytes]]:
+    """(connection_id, sealed token) of every connection that holds a token, by id."""
+    rows = con.execute(
+        "SELECT connection_id, sealed_token FROM meta_connections"
+        " WHERE sealed_token IS NOT NULL ORDER BY connection_id"
+    ).fetchall()
+    return [(connection_id, bytes(sealed)) for connection_id, sealed in rows]
+
+
+def store_resealed_tokens(
+    con: duckdb.DuckDBPyConnection, resealed: Sequence[tuple[str, bytes]], now: datetime
+) -> None:
+    """Replace each connection's sealed token by the one given (in the caller's transaction).
+
+    `sealed_at` stays: it is the token's version, not the ciphertext's, and the token is
+    the same, so runs holding it still count as current.
+    """
+    for connection_id, sealed in resealed:
+        con.execute(
+            "UPDATE meta_connections SET sealed_token = ?, updated_at = ?"
+            " WHERE connection_id = ?",
+            [sealed, now, connection_id],
+        )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import date
 
-from rastro_assets.warehouse.busiest_days import most_ad_rows_in_a_day
+from rastro_assets.warehouse.figures import most_ad_rows_in_a_day
 from rastro_assets_tests.conftest import NOW
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from rastro_assets.warehouse import registry
-from rastro_assets.warehouse.sealed_tokens import sealed_tokens, store_resealed_tokens
+from rastro_assets.warehouse.registry import sealed_tokens, store_resealed_tokens
 from rastro_assets_tests.conftest import NOW
 
 

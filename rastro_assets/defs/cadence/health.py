@@ -31,10 +31,10 @@ from rastro_assets.defs.cadence.records import UNRECORDED, stored_not_recorded
 from rastro_assets.defs.keys import META_ACCOUNT_HEALTH
 from rastro_assets.defs.partitions import SHARD_COUNT
 from rastro_assets.defs.resources import RastroResource
+from rastro_assets.outcomes import counted
 from rastro_assets.planner.cadence import AccountStatus
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
 from rastro_assets.warehouse import shard_store
-from rastro_assets.words import counted
 
 HEALTH_REFRESH_MINUTES = 30
 HEALTH_JOB = "meta_account_health_refresh"

@@ -19,8 +19,8 @@ from datetime import UTC, date, datetime, timedelta
 
 import dagster as dg
 
+from rastro_assets.outcomes import counted
 from rastro_assets.timekeeping import local_date, local_midnight
-from rastro_assets.words import counted
 
 HOLD_TAG = "rastro/waits_for_day"
 HELD = "begins"

@@ -20,7 +20,7 @@ from datetime import date, datetime
 
 import dagster as dg
 
-from rastro_assets.accounts import normalize_account_id
+from rastro_assets.account_ids import normalize_account_id
 from rastro_assets.defs.cadence.busy import busy_accounts
 from rastro_assets.defs.dagster_private import log_materialization_batches
 from rastro_assets.defs.keys import MAX_RUNTIME_TAG, WAVE_TAG

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rastro_assets.accounts import normalize_account_id
+from rastro_assets.account_ids import normalize_account_id
 
 
 @pytest.mark.parametrize(
