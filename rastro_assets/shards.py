@@ -1,4 +1,4 @@
-"""Shards of the account axis: names and sizes, shared by the Dagster definitions and the CLI.
+"""Shards (leaf layer): the account axis's shards, names and sizes, for Dagster and the CLI.
 
 Dagster's cost of a partitioned asset follows the materialized keys of that one
 asset (its status cache is read, rebuilt after every link and rewritten after every

@@ -1,12 +1,15 @@
-"""The operator's guide (docs/*.md) and the scaled instance config say true, working things."""
+"""The operator's guide (docs/*.md) and the scaled instance config say true, working things;
+the README's layout names every module, and a module sharing a file name says its layer."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import io
 import re
 import shlex
+import shutil
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -478,3 +481,150 @@ def test_the_docs_say_which_duckdb_opens_the_snapshot():
         "v1.0.0"
     )
     assert "duckdb-cli" in (REPO / "pyproject.toml").read_text()
+
+
+# The layer each package is, in the words a module's first line says when another module
+# shares its file name: the same idea at another layer, said so where a reader looks first.
+LAYER_WORDS = {
+    "rastro_assets": "leaf layer",
+    "rastro_assets/meta": "Meta layer",
+    "rastro_assets/warehouse": "warehouse layer",
+    "rastro_assets/planner": "planner layer",
+    "rastro_assets/sync": "sync layer",
+    "rastro_assets/analytics": "analytics layer",
+    "rastro_assets/alerts": "alerts layer",
+    "rastro_assets/defs": "definitions layer",
+    "rastro_assets/instance": "instance layer",
+    "rastro_assets/cli": "CLI layer",
+    "rastro_assets/demo": "demo layer",
+    "rastro_fake_graph": "fake Graph",
+}
+SHIPPED = ("rastro_assets", "rastro_fake_graph")
+PACKAGE_FILES = ("__init__.py", "__main__.py")
+
+
+def layer_words(module: str) -> str | None:
+    """The words of a module's layer: its package's, a sub-package's being its parent's."""
+    parts = module.split("/")
+    return LAYER_WORDS.get("/".join(parts[:2]) if len(parts) > 2 else parts[0])
+
+
+def first_line(path: Path) -> str:
+    docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return docstring.splitlines()[0] if docstring else ""
+
+
+def names_without_their_layer(root: Path) -> list[str]:
+    """Modules sharing a file name whose first line does not say their layer, or whose layers
+    are the same (two ideas under one name)."""
+    by_name: dict[str, list[str]] = {}
+    for package in SHIPPED:
+        for path in sorted((root / package).rglob("*.py")):
+            if path.name not in PACKAGE_FILES:
+                by_name.setdefault(path.name, []).append(path.relative_to(root).as_posix())
+    found = []
+    for modules in by_name.values():
+        if len(modules) < 2:
+            continue
+        words = [layer_words(module) for module in modules]
+        if len(set(words)) < len(words):
+            found.append(f"{', '.join(modules)}: one file name at one layer; rename one")
+        for module, said in zip(modules, words, strict=True):
+            if said is None or f"({said})" not in first_line(root / module):
+                found.append(f"{module}: its first line must say `({said})`")
+    return found
+
+
+def test_a_shared_module_name_says_its_layer():
+    assert names_without_their_layer(REPO) == []
+
+
+@pytest.mark.parametrize(
+    ("planted", "docstring", "named"),
+    [
+        ("rastro_assets/cli/figures.py", "`rastro figures`: a table's figures.", "cli/figures.py"),
+        (
+            "rastro_assets/defs/cadence/catalog.py",
+            "The ad catalog (definitions layer): its sensor.",
+            "one file name at one layer",
+        ),
+        (
+            "rastro_assets/cli/catalog.py",
+            "The ad catalog (warehouse layer): `rastro catalog`.",
+            "rastro_assets/cli/catalog.py: its first line must say `(CLI layer)`",
+        ),
+    ],
+)
+def test_a_planted_shared_name_without_its_layer_fails(
+    tmp_path: Path, planted: str, docstring: str, named: str
+):
+    for package in SHIPPED:
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("*.pyc"))
+    (tmp_path / planted).write_text(f'"""{docstring}"""\n')
+    assert any(named in line for line in names_without_their_layer(tmp_path))
+
+
+# Where a layout entry's name ends: a deeper indentation is its description going on.
+LAYOUT_NAME_COLUMN = 8
+
+
+def layout_block(readme: str) -> str:
+    return readme.split("\n## Layout\n", 1)[1].split("```", 2)[1]
+
+
+def layout_names(block: str) -> set[str]:
+    """Every module and package the README's layout names, as a path from the checkout.
+
+    An entry (`meta/`, `vault.py`) sits under the entry above it at a shallower indentation;
+    a `name.py` in a description is a module of the entry's package (`alerts/channels.py`
+    from the top names `rastro_assets/alerts/channels.py`).
+    """
+    names: set[str] = set()
+    parents: list[tuple[int, str]] = []
+    package = ""
+    for line in block.splitlines():
+        text = line.lstrip()
+        indent = len(line) - len(text)
+        entry = text.split(" ", 1)[0]
+        if text and indent <= LAYOUT_NAME_COLUMN and entry.endswith(("/", ".py")):
+            while parents and parents[-1][0] >= indent:
+                parents.pop()
+            path = (parents[-1][1] if parents else "") + entry
+            names.add(path.rstrip("/"))
+            if entry.endswith("/"):
+                parents.append((indent, path))
+            package = path if entry.endswith("/") else path.rsplit("/", 1)[0] + "/"
+            text = text[len(entry):]
+        for module in re.findall(r"(?<![\w./-])([\w/]+\.py)\b", text):
+            names.add(package + module)
+    return names
+
+
+def layout_gaps(block: str, root: Path) -> list[str]:
+    """What the layout misses of `rastro_assets`, and what it names that is not there."""
+    product = root / "rastro_assets"
+    there = {
+        path.relative_to(root).as_posix()
+        for path in product.rglob("*.py")
+        if path.name != "__init__.py"
+    } | {path.parent.relative_to(root).as_posix() for path in product.rglob("__init__.py")}
+    named = {name for name in layout_names(block) if name.split("/")[0] == "rastro_assets"}
+    return [f"missing from the layout: {name}" for name in sorted(there - named)] + [
+        f"named by the layout, not there: {name}" for name in sorted(named - there)
+    ]
+
+
+def test_the_readmes_layout_names_every_module_and_only_those():
+    assert layout_gaps(layout_block(README.read_text()), REPO) == []
+
+
+def test_a_layout_that_misses_or_invents_a_module_fails():
+    block = layout_block(README.read_text())
+    assert "timekeeping.py" in block and "pacing.py" in block
+    missed = block.replace("  timekeeping.py      clocks and account-local dates\n", "")
+    invented = block.replace("pacing.py (", "pacer.py (")
+    assert layout_gaps(missed, REPO) == ["missing from the layout: rastro_assets/timekeeping.py"]
+    assert layout_gaps(invented, REPO) == [
+        "missing from the layout: rastro_assets/meta/pacing.py",
+        "named by the layout, not there: rastro_assets/meta/pacer.py",
+    ]

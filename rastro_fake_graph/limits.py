@@ -1,4 +1,4 @@
-"""Meta's rate limits as the fake Graph keeps them: the model chosen, and what was spent.
+"""Rate limits (fake Graph): Meta's, as the fake keeps them: the model chosen, what was spent.
 
 The model follows the facts page (`meta-graph-api.md`, "Rate limits: what each one
 counts, and what binds"); each limit can be switched off (`LimitModel.off`):

@@ -1,4 +1,4 @@
-"""Trouble staged by hand in a served world, as a demo rehearses a bad day, and taken away.
+"""Trouble (fake Graph): staged by hand in a served world, as a demo rehearses a bad day, and gone.
 
 Each kind is what Meta does on such a day (the facts page's answers):
 - `dead-token`: the demo token dies, 190 / 463 "Session has expired" on every call;

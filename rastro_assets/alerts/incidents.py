@@ -1,5 +1,5 @@
-"""Which conditions need a person now, grouped by cause: a dead token is one incident for
-every account it pauses, not one per account.
+"""Incidents (alerts layer): which conditions need a person now, grouped by cause: a dead
+token is one incident for every account it pauses, not one per account.
 
 Pure: it reads the planner's view of each account (`PlannedAccount`) and what the caller
 found elsewhere (the snapshot's publish state, Dagster's runs and ticks), and opens nothing

@@ -1,4 +1,4 @@
-"""`rastro accounts`, and `rastro link` for many accounts at once (`--all`, `--from-file`).
+"""Accounts (CLI layer): `rastro accounts`, and `rastro link` of many (`--all`, `--from-file`).
 
 Both read Meta's `/me/adaccounts` once, every page, with the connection's token:
 `accounts` shows it beside what is linked; a many-account `link` takes each

@@ -1,4 +1,4 @@
-"""`rastro sync-now`, `rastro status` and `rastro plan`: the cadence, seen from a shell.
+"""The cadence (CLI layer): `rastro sync-now`, `rastro status` and `rastro plan`, from a shell.
 
 All three ask the planner the sensors use (`rastro_assets.planner`), over the
 same state (`planner.history.planned_accounts`), so what they print is what the

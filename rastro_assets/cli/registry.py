@@ -1,4 +1,4 @@
-"""`rastro keygen`, `site`, `connect`, `link` and `unlink`: keys, sites, connections, links.
+"""The registry (CLI layer): `rastro keygen`, `site`, `connect`, `link` and `unlink`.
 
 `connect` reads the token from stdin or a named environment variable, never
 argv, and seals it with the secrets key; `link` asks Meta for the account's

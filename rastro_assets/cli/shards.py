@@ -1,4 +1,4 @@
-"""`rastro shard`: which accounts each shard holds, and `shard move` to spread them.
+"""Shards (CLI layer): `rastro shard`, which accounts each holds, and `shard move` to spread them.
 
 `rastro shard` (or `shard list`) shows every shard `RASTRO_ACCOUNT_SHARDS` declares,
 and any shard still holding accounts beyond them: its spend assets, its partitions and

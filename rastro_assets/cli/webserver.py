@@ -1,4 +1,4 @@
-"""`rastro webserver`: Dagster's UI on a Unix socket, reachable by no other local user.
+"""The webserver (CLI layer): `rastro webserver`, Dagster's UI on a socket no other user reaches.
 
 `dagster-webserver` listens on TCP only, and any local user can open 127.0.0.1: Dagster
 OSS has no login, so they could launch runs and read every run's logs. This command

@@ -1,4 +1,4 @@
-"""`ad_catalog` and `ad_thumbnails`: one ad account per partition.
+"""The ad catalog (definitions layer): `ad_catalog` and `ad_thumbnails`, an account a partition.
 
 A hand materialization of `ad_catalog` reads the account's whole catalog,
 every status; `ad_thumbnails` copies every picture missing or stale since it

@@ -1,4 +1,4 @@
-"""`rastro demo trouble`: trouble staged in the running demo's fake Graph, and taken away.
+"""Trouble (demo layer): `rastro demo trouble`, staged in the running demo's fake Graph, and gone.
 
 The running demo names its fake Graph in `data/fake-graph.json` (`demo.graph`); this asks
 that server's control route, with the key the file holds, to stage or take away one kind of

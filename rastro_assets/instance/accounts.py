@@ -1,4 +1,4 @@
-"""What the `rastro` command asks of the Dagster instance at DAGSTER_HOME.
+"""Accounts (instance layer): what the `rastro` command asks of the Dagster instance.
 
 The command imports this module only when DAGSTER_HOME is set, so no other
 command loads Dagster.

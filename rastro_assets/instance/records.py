@@ -1,5 +1,6 @@
-"""What `rastro status --check` asks of the Dagster instance at DAGSTER_HOME: the account-days
-the warehouse holds from a complete read that the spend assets do not show as materialized.
+"""Records (instance layer): what `rastro status --check` asks of the Dagster instance: the
+account-days the warehouse holds from a complete read that the spend assets do not show as
+materialized.
 
 The command imports this module only when it checks, so no other command loads Dagster.
 """

@@ -1,4 +1,4 @@
-"""Dagster's webserver app, served on a socket `rastro webserver` has bound.
+"""The webserver (instance layer): Dagster's app, served on a socket `rastro webserver` bound.
 
 What `dagster-webserver` does (dagster_webserver/cli.py): the instance at DAGSTER_HOME
 tuned for a long-running server, a `WorkspaceProcessContext` over the workspace file

@@ -1,4 +1,4 @@
-"""Meta failures, classified as the facts page's table says.
+"""Errors (Meta layer): Meta's failures, classified as the facts page's table says.
 
 No message built here ever contains a token: the token travels in a header
 and is never passed to this module (the client passes `classify_error` a

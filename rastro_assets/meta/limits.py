@@ -1,4 +1,4 @@
-"""The names of Meta's rate limits, as the product records and shows which one holds an account.
+"""Rate limits (Meta layer): their names, as the product records which one holds an account.
 
 Each is one row of the facts page's table ("Rate limits: what each one counts, and what
 binds"). A name is stored in `meta_sync_runs.rate_limit` and shown by `rastro status`,

@@ -1,4 +1,4 @@
-"""Copying ad thumbnails from Meta's CDN, with their own safety rules.
+"""Thumbnails (Meta layer): copying them from Meta's CDN, with their own safety rules.
 
 The URL is signed and expires; no token is sent with it. Messages name the
 URL without its query string, which holds the signature.

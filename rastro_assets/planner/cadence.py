@@ -1,4 +1,4 @@
-"""The cadence planner: what an account reads from Meta next, and when.
+"""The cadence (planner layer): what an account reads from Meta next, and when.
 
 Pure on purpose: the sensors, `rastro plan` and `rastro status` all ask the
 same questions with an injected instant, and a test can pin that instant.

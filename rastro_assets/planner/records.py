@@ -1,4 +1,4 @@
-"""Which stored account-days Dagster should show as materialized, and which accounts' fill.
+"""Records (planner layer): the stored account-days Dagster should show, and which accounts' fill.
 
 Pure: the warehouse says which days finished ok syncs read completely
 (`warehouse.complete_reads`); this module keeps those that are partitions (from the date

@@ -1,4 +1,4 @@
-"""`meta_sync_runs` rows (`warehouse.run_history`) as the planner's `SyncRun`s."""
+"""Sync runs (planner layer): `meta_sync_runs` rows (`warehouse.run_history`) as `SyncRun`s."""
 
 from __future__ import annotations
 

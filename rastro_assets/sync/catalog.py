@@ -1,4 +1,4 @@
-"""The ad catalog and thumbnails of one account: read Meta, write the warehouse.
+"""The ad catalog (sync layer): one account's catalog and thumbnails, read from Meta, written.
 
 The `ad_catalog` and `ad_thumbnails` assets and `Syncer` (after a spend
 sync) call it the same way. The token is opened from the vault inside each

@@ -1,4 +1,4 @@
-"""One account's spend sync, in the steps a caller chains: start, read, end.
+"""Spend (sync layer): one account's spend sync, in the steps a caller chains: start, read, end.
 
 `start` checks requests and opens their runs' leases in one statement; `read`
 returns Meta's answer as batches, read as they are asked for, and never

@@ -1,4 +1,4 @@
-"""The ad catalog: set-based writers and the queries that feed the catalog sync.
+"""The ad catalog (warehouse layer): set-based writers and the queries that feed its sync.
 
 Every writer takes a batch (an Arrow table registered for one statement),
 runs in its own transaction or joins the caller's, and refuses to write for

@@ -1,4 +1,4 @@
-"""The warehouse writers' refusals, and the checks every writer shares.
+"""Errors (warehouse layer): the writers' refusals, and the checks every writer shares.
 
 A refused write wrote nothing. `AccountNotLinked` is any writer's: the unlink
 purge may have run meanwhile, and a late write would leave orphans nobody

@@ -1,4 +1,4 @@
-"""The stored incidents, the notices owed to each channel, and the daemon's last check.
+"""Incidents (warehouse layer): the stored ones, the notices owed each channel, the last check.
 
 A file made before these tables existed and opened read-only (`rastro status --check` on
 an install not yet upgraded by the daemon) reads as holding none.

@@ -1,7 +1,7 @@
-"""Meta connections (sealed tokens) and the linked accounts the syncs read; the error every
-registry change the current state refuses raises. Sites live in `site_store`, the links
-between sites and accounts in `link_store`. Every sealed token at once, read and stored
-back, is what a key rotation reseals.
+"""The registry (warehouse layer): Meta connections (sealed tokens) and the linked accounts the
+syncs read; the error every registry change the current state refuses raises. Sites live in
+`site_store`, the links between sites and accounts in `link_store`. Every sealed token at
+once, read and stored back, is what a key rotation reseals.
 
 Every function takes an open connection. Each mutating one runs in its own
 transaction, or joins the caller's when one is already open on `con`.

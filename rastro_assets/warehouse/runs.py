@@ -1,4 +1,4 @@
-"""`meta_sync_runs`: one row per account sync, the planner's only state.
+"""Sync runs (warehouse layer): `meta_sync_runs`, one row per account sync, the planner's state.
 
 A row is written when a sync starts (finished_at NULL: the lease) and
 completed when it ends, so a run that dies is visible as an unfinished row.

@@ -1,4 +1,4 @@
-"""The spend writer: replace accounts' days in `ad_spend_daily`, keep sites in step.
+"""The spend writer (warehouse layer): replace accounts' days in `ad_spend_daily`, sites in step.
 
 One writer, `write_spend_many`, for one account or hundreds: a batch is one
 transaction and one set of set-based statements over the reads' Arrow

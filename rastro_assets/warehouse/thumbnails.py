@@ -1,4 +1,4 @@
-"""Ad thumbnails: which pictures to copy, storing them, and showing the latest.
+"""Thumbnails (warehouse layer): which pictures to copy, storing them, showing the latest.
 
 Bytes are stored exactly as Meta's CDN served them, one row per ad, tagged
 with the creative they picture; an ad whose creative changed wants a new

@@ -1,4 +1,4 @@
-"""`meta_incidents`: the daemon's look at what needs a person, and who hears of it.
+"""Incidents (definitions layer): `meta_incidents`, the daemon's look, and who hears of it.
 
 Each tick finds the incidents (`alerts.incidents`): from the warehouse, each connection's
 dead token, lost permissions, long throttles, Meta failing every try, stuck backfills and

@@ -1,4 +1,4 @@
-"""Dagster's record of the spend grid against the warehouse: what the instance lacks.
+"""Records (definitions layer): Dagster's spend grid against the warehouse: what it lacks.
 
 A run records each account-day it wrote as a materialization once the rows are committed.
 A worker killed between the two leaves days the warehouse holds, read completely, that
