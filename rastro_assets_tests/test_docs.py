@@ -498,6 +498,13 @@ LAYER_WORDS = {
     "rastro_assets/cli": "CLI layer",
     "rastro_assets/demo": "demo layer",
     "rastro_fake_graph": "fake Graph",
+    "rastro_assets/definitions.py": "code location",
+}
+# Dagster's model projects give each domain under `defs/` the same rooms by kind: one such
+# name in several domains is each domain's room of that kind, not two ideas under one name.
+DOMAIN_ROOMS = {
+    "assets.py", "checks.py", "sensors.py", "schedules.py", "jobs.py", "partitions.py",
+    "resources.py", "definitions.py", "defs.py",
 }
 SHIPPED = ("rastro_assets", "rastro_fake_graph")
 PACKAGE_FILES = ("__init__.py", "__main__.py")
@@ -506,6 +513,8 @@ PACKAGE_FILES = ("__init__.py", "__main__.py")
 def layer_words(module: str) -> str | None:
     """The words of a module's layer: its package's, a sub-package's being its parent's."""
     parts = module.split("/")
+    if module in LAYER_WORDS:
+        return LAYER_WORDS[module]
     return LAYER_WORDS.get("/".join(parts[:2]) if len(parts) > 2 else parts[0])
 
 
@@ -523,14 +532,20 @@ def names_without_their_layer(root: Path) -> list[str]:
             if path.name not in PACKAGE_FILES:
                 by_name.setdefault(path.name, []).append(path.relative_to(root).as_posix())
     found = []
-    for modules in by_name.values():
-        if len(modules) < 2:
+    for name, modules in by_name.items():
+        rooms = [m for m in modules if name in DOMAIN_ROOMS and m.startswith("rastro_assets/defs/")]
+        if len(modules) < 2 or len(rooms) == len(modules):
             continue
-        words = [layer_words(module) for module in modules]
+        # The domains' rooms of one kind count as one module at their layer.
+        words = [layer_words(module) for module in modules if module not in rooms]
+        words += [layer_words(room) for room in rooms[:1]]
         if len(set(words)) < len(words):
             found.append(f"{', '.join(modules)}: one file name at one layer; rename one")
-        for module, said in zip(modules, words, strict=True):
-            if said is None or f"({said})" not in first_line(root / module):
+        for module in modules:
+            said = layer_words(module)
+            if said is None:
+                found.append(f"{module}: its package has no words in LAYER_WORDS")
+            elif f"({said})" not in first_line(root / module):
                 found.append(f"{module}: its first line must say `({said})`")
     return found
 
@@ -552,6 +567,11 @@ def test_a_shared_module_name_says_its_layer():
             "rastro_assets/cli/catalog.py",
             "The ad catalog (warehouse layer): `rastro catalog`.",
             "rastro_assets/cli/catalog.py: its first line must say `(CLI layer)`",
+        ),
+        (
+            "rastro_assets/cli/sensors.py",
+            "`rastro sensors`: the sensors' ticks.",
+            "rastro_assets/defs/cadence/sensors.py: its first line must say `(definitions layer)`",
         ),
     ],
 )
@@ -628,3 +648,12 @@ def test_a_layout_that_misses_or_invents_a_module_fails():
         "missing from the layout: rastro_assets/meta/pacing.py",
         "named by the layout, not there: rastro_assets/meta/pacer.py",
     ]
+
+
+def test_a_room_of_one_kind_in_each_defs_domain_is_no_shared_name(tmp_path: Path):
+    for package in SHIPPED:
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("*.pyc"))
+    (tmp_path / "rastro_assets/defs/spend/sensors.py").write_text('"""The spend sensors."""\n')
+    (tmp_path / "rastro_assets/defs/spend/jobs.py").write_text('"""The spend jobs."""\n')
+    (tmp_path / "rastro_assets/defs/cadence/jobs.py").write_text('"""The cadence jobs."""\n')
+    assert names_without_their_layer(tmp_path) == []
