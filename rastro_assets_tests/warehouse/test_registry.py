@@ -341,3 +341,20 @@ def test_registry_calls_join_an_outer_transaction(con, now):
         raise RuntimeError("abandon the whole unit")
     for table in ("sites", "meta_connections", "meta_ad_accounts", "site_ad_accounts"):
         assert count(con, table) == 0
+
+
+def test_sealed_tokens_are_read_by_connection_and_stored_back(con, now):
+    registry.save_connection(con, "c2", b"two", now)
+    registry.save_connection(con, "c1", b"one", now)
+    assert registry.sealed_tokens(con) == [("c1", b"one"), ("c2", b"two")]
+
+    later = now + timedelta(hours=1)
+    registry.store_resealed_tokens(con, [("c2", b"TWO")], later)
+
+    assert registry.sealed_tokens(con) == [("c1", b"one"), ("c2", b"TWO")]
+    resealed = registry.get_connection(con, "c2")
+    assert resealed.sealed_at == now  # the token's version: the same token
+    updated = con.execute(
+        "SELECT connection_id, updated_at FROM meta_connections ORDER BY connection_id"
+    ).fetchall()
+    assert updated == [("c1", now), ("c2", later)]
