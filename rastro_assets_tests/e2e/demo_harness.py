@@ -28,7 +28,11 @@ REPO = Path(__file__).resolve().parents[2]
 # install step covers `pip install -e '.[test]'`): reuse its `rastro` rather
 # than build a new venv for the copy.
 RASTRO = Path(sys.executable).parent / "rastro"
-STOP_SECONDS = 30
+# At least the demo's own stop budget: its runs swept, then `dagster dev` stopped, then its
+# leftovers given time, each bounded in demo/dagster_process.py. On a loaded machine each
+# bound runs out (loading Dagster to sweep the runs takes most of the first), and their sum
+# is what the demo may take.
+STOP_SECONDS = 75
 POLL_SECONDS = 2.0
 LOCK_WAIT_SECONDS = 60.0
 T = TypeVar("T")
