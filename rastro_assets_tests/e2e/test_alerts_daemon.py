@@ -134,6 +134,15 @@ def looks_after(home: Path, instant: float) -> list[dg.InstigatorTick]:
     ]
 
 
+def failed_ticks(home: Path) -> list[str]:
+    """The `meta_incidents` ticks that failed, each as when and why."""
+    return [
+        f"{tick.timestamp:.0f}: {tick.error.to_string() if tick.error else '?'}"
+        for tick in ticks(home, INCIDENTS_SENSOR)
+        if tick.status.value == "FAILURE"
+    ]
+
+
 def move_back(home: Path, warehouse: Warehouse, by: timedelta) -> None:
     """What a daemon stopped `by` ago left: its sensors' ticks and its last incident check."""
     seconds = by.total_seconds()
@@ -198,7 +207,7 @@ def a_daemon_restart_with_no_trouble_sends_no_notice(
         f"{time.monotonic() - started:.0f} s in all"
     )
     assert hook.bodies == [] and hook.refused == [], "a restart with no trouble told something"
-    assert [t for t in ticks(home, INCIDENTS_SENSOR) if t.status.value == "FAILURE"] == []
+    assert failed_ticks(home) == []
     assert all(ticks(home, name)[0].timestamp > restarted for name in CADENCE_SENSORS)
 
 
@@ -259,7 +268,7 @@ def a_dead_token_is_told_to_the_webhook_once_within_two_ticks(
     assert ACCOUNT in text
     assert "rastro connect c1" in text
     assert hook.refused == []
-    assert [tick for tick in incident_ticks(home) if tick.status.value == "FAILURE"] == []
+    assert failed_ticks(home) == []
 
 
 def test_a_restart_tells_nothing_then_a_dead_token_is_told_once_within_two_ticks(
