@@ -191,8 +191,11 @@ class Copy:
 
 
 @contextmanager
-def running_demo(copy: Copy, log: Path) -> Iterator[subprocess.Popen]:
-    """`rastro demo --port P` in the copy's root, in a session of its own.
+def running_demo(
+    copy: Copy, log: Path, umask: int | None = None
+) -> Iterator[subprocess.Popen]:
+    """`rastro demo --port P` in the copy's root, in a session of its own, under `umask` if
+    given (else the test's).
 
     Killed (SIGKILL to the session) if the test leaves it running.
     """
@@ -204,6 +207,7 @@ def running_demo(copy: Copy, log: Path) -> Iterator[subprocess.Popen]:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=None if umask is None else lambda: os.umask(umask),
         )
     with reaped(process, log):
         yield process
