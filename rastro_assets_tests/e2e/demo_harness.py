@@ -28,7 +28,11 @@ REPO = Path(__file__).resolve().parents[2]
 # install step covers `pip install -e '.[test]'`): reuse its `rastro` rather
 # than build a new venv for the copy.
 RASTRO = Path(sys.executable).parent / "rastro"
-STOP_SECONDS = 30
+# At least the demo's own stop budget: its runs swept, then `dagster dev` stopped, then its
+# leftovers given time, each bounded in demo/dagster_process.py. On a loaded machine each
+# bound runs out (loading Dagster to sweep the runs takes most of the first), and their sum
+# is what the demo may take.
+STOP_SECONDS = 75
 POLL_SECONDS = 2.0
 LOCK_WAIT_SECONDS = 60.0
 T = TypeVar("T")
@@ -187,8 +191,11 @@ class Copy:
 
 
 @contextmanager
-def running_demo(copy: Copy, log: Path) -> Iterator[subprocess.Popen]:
-    """`rastro demo --port P` in the copy's root, in a session of its own.
+def running_demo(
+    copy: Copy, log: Path, umask: int | None = None
+) -> Iterator[subprocess.Popen]:
+    """`rastro demo --port P` in the copy's root, in a session of its own, under `umask` if
+    given (else the test's).
 
     Killed (SIGKILL to the session) if the test leaves it running.
     """
@@ -200,6 +207,7 @@ def running_demo(copy: Copy, log: Path) -> Iterator[subprocess.Popen]:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=None if umask is None else lambda: os.umask(umask),
         )
     with reaped(process, log):
         yield process

@@ -256,6 +256,22 @@ def test_dagster_and_the_warehouse_on_postgres_with_runs_on_machines_of_their_ow
     started = time.monotonic()
     try:
         backfill = wait_for_the_backfill(warehouse, world, timeout_seconds=480)
+        # The live waves first: Dagster's backfill daemon marks the backfill complete at its
+        # next look, up to half a minute later, and the waves need not wait for that.
+        freeze_today(world)
+        for _ in range(LIVE_WAVES):
+            requested_at = sync_now(warehouse)
+            outcome = wait_for(
+                "a live wave",
+                lambda since=requested_at: wave_outcome_after(warehouse, since),
+                120,
+            )
+            assert outcome == "ok"
+        assert account_status(warehouse).state == "live"
+        today = local_date(datetime.now(UTC), TIMEZONE)
+        with warehouse.connect() as con:
+            assert_equals_truth(con, world, ACCOUNT, today - timedelta(days=1), today)
+
         [(status, is_asset_backfill, run_states)] = wait_for(
             "the backfill to be marked complete",
             lambda: [
@@ -273,20 +289,6 @@ def test_dagster_and_the_warehouse_on_postgres_with_runs_on_machines_of_their_ow
         }
         assert len(backfilled_days) >= 90
         assert backfilled_days <= materialized_keys(home, "ad_spend_daily")
-
-        freeze_today(world)
-        for _ in range(LIVE_WAVES):
-            requested_at = sync_now(warehouse)
-            outcome = wait_for(
-                "a live wave",
-                lambda since=requested_at: wave_outcome_after(warehouse, since),
-                120,
-            )
-            assert outcome == "ok"
-        assert account_status(warehouse).state == "live"
-        today = local_date(datetime.now(UTC), TIMEZONE)
-        with warehouse.connect() as con:
-            assert_equals_truth(con, world, ACCOUNT, today - timedelta(days=1), today)
         wait_for(
             "the waves' runs to succeed in Dagster",
             lambda: wave_runs(home).count("SUCCESS") >= LIVE_WAVES,
@@ -324,6 +326,12 @@ def test_dagster_and_the_warehouse_on_postgres_with_runs_on_machines_of_their_ow
         with webserver(daemon.env, daemon.log.with_name("webserver.log")) as url:
             wait_for("the new accounts' backfills", lambda: all_live(warehouse), 300)
             assert spend_partitions_in_the_ui(url) >= len(backfilled_days)
+        # A wave syncs every shard's accounts: asked for now, it runs while the backfill
+        # daemon marks the backfills complete.
+        asked_at = datetime.now(UTC)
+        with warehouse.connect() as con:
+            for account in HOME_SHARD:
+                registry.request_sync(con, account, asked_at)
         # A run records its account-days in Dagster after it wrote the warehouse.
         wait_for("the backfills to complete in Dagster", lambda: backfills_done(home), 120)
         with dg.DagsterInstance.from_config(str(home)) as instance:
@@ -352,11 +360,6 @@ def test_dagster_and_the_warehouse_on_postgres_with_runs_on_machines_of_their_ow
             shard: {key.split("|", 1)[0] for key in keys} for shard, keys in by_shard.items()
         } == {shard: {account} for account, shard in HOME_SHARD.items()}
 
-        # A wave syncs every shard's accounts.
-        asked_at = datetime.now(UTC)
-        with warehouse.connect() as con:
-            for account in HOME_SHARD:
-                registry.request_sync(con, account, asked_at)
         assert wait_for(
             "a wave sync of every account", lambda: wave_outcomes(warehouse, asked_at), 180
         ) == {account: "ok" for account in HOME_SHARD}

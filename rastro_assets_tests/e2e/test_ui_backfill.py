@@ -1,30 +1,30 @@
 """End to end: a backfill launched from the UI, as its asset page launches it, equals the truth.
 
-Five accounts of the fake Graph in five timezones are linked as `rastro link` links them (the
-registry, and the account partitions at DAGSTER_HOME) and are live: each one's 90-day backfill
-is recorded as done a minute ago, so the cadence owes none of them a read during the test. A
-real `dagster-webserver` serves the code location over the repo's `dagster.yaml` (storage
-moved to a temporary home). "Materialize..." on `ad_spend_daily`'s page is then done word for
-word: the UI's `LaunchAssetLoaderQuery` for the asset, the target its
-`stateForLaunchingAssets` picks from the answer, and the `LaunchPartitionBackfill` mutation
-with the variables `LaunchAssetChoosePartitionsDialog`'s `onLaunchAsBackfill` builds for the
-picked rectangle: 5 accounts x the 7 account-local days ending 3 days ago, keys like
-`act_101|2026-11-24`. Both operations are read from the installed dagster-webserver bundle
-(`bench/_ui.py`).
+Five accounts of the fake Graph in five timezones (three more for the newest date) are linked
+as `rastro link` links them (the registry, and the account partitions at DAGSTER_HOME) and
+are live: each one's 90-day backfill is recorded as done a minute ago, so the cadence owes
+none of them a read during the test. A real `dagster-webserver` serves the code location over
+the repo's `dagster.yaml` (storage moved to a temporary home). "Materialize..." on
+`ad_spend_daily`'s page is then done word for word: the UI's `LaunchAssetLoaderQuery` for the
+asset, the target its `stateForLaunchingAssets` picks from the answer, and the
+`LaunchPartitionBackfill` mutation with the variables `LaunchAssetChoosePartitionsDialog`'s
+`onLaunchAsBackfill` builds for the picked rectangle: 5 accounts x the 7 account-local days
+ending 3 days ago, keys like `act_101|2026-11-24`. Both operations are read from the
+installed dagster-webserver bundle (`bench/_ui.py`).
 
-A real `dagster-daemon` starts once the backfill is launched: its backfill daemon takes the
-backfill up on its first iteration instead of up to 30 s later (its fixed interval), and its
+A real `dagster-daemon` starts once the backfills are launched: its backfill daemon takes
+them up on its first iteration instead of up to 30 s later (its fixed interval), and its
 sensors run all along. The backfill must complete successfully in 5 runs (Dagster cuts the
 rectangle into one run per account, `docs/cadence.md`, "Backfills from the UI"), each
 account's insights read in one Meta call; the warehouse must hold the fake's truth for the 35
 account-days with exact site sums, and every one of the 35 partitions must be materialized.
 
-The same dialog picking every account x the newest date (today in UTC+14, where accounts
-further west have not begun their day): Dagster cuts the column into one run over every
-account, which the run queue holds until the date begins in the zone of the last of them, an
-account in Pago Pago (always behind UTC+14); one in Honolulu is too, one in Kiritimati never
-is. Nothing is read or recorded meanwhile, and the backfill is in progress, not failed;
-cancelled, it leaves nothing held.
+The same dialog, on the same webserver and daemon, picking every account x the newest date
+(today in UTC+14, where accounts further west have not begun their day): Dagster cuts the
+column into one run over every account, which the run queue holds until the date begins in
+the zone of the last of them, an account in Pago Pago (always behind UTC+14); one in Honolulu
+is too, one in Kiritimati never is. Nothing is read or recorded meanwhile, and the backfill
+is in progress, not failed; cancelled, it leaves nothing held.
 """
 
 from __future__ import annotations
@@ -88,7 +88,9 @@ ACCOUNTS = {  # linked in this order: adjacent in the picker, so no run holds tw
 }
 DAYS = 7
 NEWEST_DAYS_AGO = 3
-BACKFILL_SECONDS = 180
+# Five runs of a few seconds each, but a run worker takes most of a minute to start on a loaded
+# two-core machine, and the runs go four at a time.
+BACKFILL_SECONDS = 300
 UI_OPERATIONS = ("LaunchAssetLoaderQuery", "LaunchPartitionBackfill")
 FROM_UI = {"key": "dagster/from_ui", "value": "true"}  # uiExecutionTags.tsx, UI_EXECUTION_TAGS
 HIDDEN_JOB_PREFIXES = ("__ASSET_JOB", "__anonymous_asset_job")  # isHiddenAssetGroupJob
@@ -227,7 +229,7 @@ def backfill_status(home: Path, backfill_id: str) -> str | None:
 
 @dataclass
 class UiBackfill:
-    """A backfill launched as the UI launches it and run by a real daemon to its end."""
+    """A backfill launched as the UI launches it and run by a real daemon."""
 
     warehouse: Warehouse
     backfill: PartitionBackfill
@@ -238,21 +240,22 @@ class UiBackfill:
     endpoints: Counter
 
 
-def ui_backfill(
+def ui_backfills(
     tmp_path: Path,
     secrets_key: str,
     world: FakeWorld,
     now: datetime,
-    keys: list[str],
-    accounts: dict[str, tuple[str, str]] = ACCOUNTS,
-    inspect: Callable[[str, str], None] | None = None,
-    settled: tuple[str, Callable[[Path, str], object]] = ("the backfill to end", backfill_status),
-) -> UiBackfill:
-    """`accounts` linked and live, then "Materialize..." on `ad_spend_daily`'s page with
-    `keys` picked, done through a real webserver's GraphQL; a real daemon then runs the
-    backfill until `settled` (what, and a question of the instance's home and the backfill's
-    id), by default to its end. The Meta calls are counted then. `inspect` is then called
-    with the webserver's GraphQL URL and the backfill's id, before the webserver stops."""
+    picks: list[list[str]],
+    accounts: dict[str, tuple[str, str]],
+    settled: tuple[str, Callable[[Path, list[str]], object]],
+    inspect: Callable[[str, list[str]], None] | None = None,
+) -> list[UiBackfill]:
+    """`accounts` linked and live, then "Materialize..." on `ad_spend_daily`'s page once for
+    each of `picks` (the keys picked), done through a real webserver's GraphQL; a real daemon
+    then runs the backfills until `settled` (what, and a question of the instance's home and
+    the backfills' ids). The Meta calls are counted then, over all of them. `inspect` is then
+    called with the webserver's GraphQL URL and the backfills' ids, before the webserver
+    stops. Each backfill's `materialized` is what the runs of all of them recorded."""
     started = time.monotonic()
     requests = world.record_requests()
     home = tmp_path / "dagster_home"
@@ -268,25 +271,27 @@ def ui_backfill(
                 webserver_up = time.monotonic()
                 stop_sensor(url, "meta_cadence")
                 operations = ui_operations()
-                loaded = graphql(
-                    url,
-                    operations["LaunchAssetLoaderQuery"],
-                    {"assetKeys": [{"path": AD_SPEND_DAILY.path}]},
-                )
-                params = dialog_backfill_params(loaded, keys)
-                answer = graphql(
-                    url, operations["LaunchPartitionBackfill"], {"backfillParams": params}
-                )["launchPartitionBackfill"]
-                assert "backfillId" in answer, answer
-                backfill_id = answer["backfillId"]
+                backfill_ids = []
+                for keys in picks:
+                    loaded = graphql(
+                        url,
+                        operations["LaunchAssetLoaderQuery"],
+                        {"assetKeys": [{"path": AD_SPEND_DAILY.path}]},
+                    )
+                    params = dialog_backfill_params(loaded, keys)
+                    answer = graphql(
+                        url, operations["LaunchPartitionBackfill"], {"backfillParams": params}
+                    )["launchPartitionBackfill"]
+                    assert "backfillId" in answer, answer
+                    backfill_ids.append(answer["backfillId"])
                 launched = time.monotonic()
                 daemon.start()
                 wait_for(
-                    settled[0], lambda: settled[1](home, backfill_id), BACKFILL_SECONDS
+                    settled[0], lambda: settled[1](home, backfill_ids), BACKFILL_SECONDS
                 )
                 ended = time.monotonic()
                 if inspect is not None:
-                    inspect(url, backfill_id)
+                    inspect(url, backfill_ids)
                 insights_calls = Counter(
                     request.account
                     for request in list(requests)
@@ -301,25 +306,34 @@ def ui_backfill(
             daemon.stop()
 
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        runs = instance.get_runs(dg.RunsFilter(tags={BACKFILL_ID_TAG: backfill_id}))
-        done = UiBackfill(
-            warehouse=warehouse,
-            backfill=instance.get_backfill(backfill_id),
-            runs=runs,
-            materialized={
-                asset_key: materialized_by_runs(instance, asset_key, runs)
-                for asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY)
-            },
-            every_backfill=[each.backfill_id for each in instance.get_backfills()],
-            insights_calls=insights_calls,
-            endpoints=endpoints,
-        )
+        runs = {
+            backfill_id: instance.get_runs(dg.RunsFilter(tags={BACKFILL_ID_TAG: backfill_id}))
+            for backfill_id in backfill_ids
+        }
+        every_run = [run for each in runs.values() for run in each]
+        materialized = {
+            asset_key: materialized_by_runs(instance, asset_key, every_run)
+            for asset_key in (AD_SPEND_DAILY, SITE_SPEND_DAILY)
+        }
+        every_backfill = [each.backfill_id for each in instance.get_backfills()]
+        done = [
+            UiBackfill(
+                warehouse=warehouse,
+                backfill=instance.get_backfill(backfill_id),
+                runs=runs[backfill_id],
+                materialized=materialized,
+                every_backfill=every_backfill,
+                insights_calls=insights_calls,
+                endpoints=endpoints,
+            )
+            for backfill_id in backfill_ids
+        ]
     print(
-        f"webserver up in {webserver_up - started:.0f} s; backfill ended"
-        f" {ended - launched:.0f} s after its launch with {len(done.runs)} runs;"
+        f"webserver up in {webserver_up - started:.0f} s; backfills settled"
+        f" {ended - launched:.0f} s after their launch with {len(every_run)} runs;"
         f" {time.monotonic() - started:.0f} s in all; Meta calls {dict(endpoints)}"
     )
-    if done.backfill.status.value != "COMPLETED_SUCCESS":
+    if any(each.backfill.status.value not in ("COMPLETED_SUCCESS", "CANCELED") for each in done):
         print(daemon.log.read_text()[-6000:] if daemon.log.exists() else "")
     return done
 
@@ -353,28 +367,16 @@ def materialized_by_runs(
     return {record.partition_key for record in records if record.run_id in run_ids}
 
 
-def test_a_ui_backfill_of_5_accounts_by_7_days_equals_the_truth(tmp_path, secrets_key):
-    now = datetime.now(UTC)
-    # The product keeps the wall clock; the fake's stops here, so a local midnight during
-    # the test moves none of the figures the truth is asked for later.
-    world = FakeWorld(clock=MutableClock(now), seed=35)
-    for account, (timezone, currency) in ACCOUNTS.items():
-        world.add_account(account, timezone=timezone, currency=currency, n_ads=3, token=TOKEN)
-    days = picked_days(now)
-    keys = [f"{account}|{day}" for account, picked in days.items() for day in picked]
-    assert len(keys) == len(ACCOUNTS) * DAYS
-
-    done = ui_backfill(tmp_path, secrets_key, world, now, keys)
+def a_ui_backfill_of_5_accounts_by_7_days_equals_the_truth(
+    done: UiBackfill, world: FakeWorld, days: dict[str, list[date]], keys: list[str]
+) -> None:
     backfill, runs, materialized = done.backfill, done.runs, done.materialized
     insights_calls, endpoints, warehouse = done.insights_calls, done.endpoints, done.warehouse
     status = backfill.status.value
-    backfill_id = backfill.backfill_id
-    every_backfill = done.every_backfill
 
     assert status == "COMPLETED_SUCCESS", status
     assert backfill.tags.get(FROM_UI["key"]) == FROM_UI["value"]
     assert backfill.asset_selection == [AD_SPEND_DAILY]
-    assert every_backfill == [backfill_id]  # the cadence started none of its own
 
     # One run per account over its 7 days, each tagged with its account by the run queue.
     assert len(runs) == len(ACCOUNTS)
@@ -386,7 +388,8 @@ def test_a_ui_backfill_of_5_accounts_by_7_days_equals_the_truth(tmp_path, secret
     assert sorted(run.tags[ACCOUNT_TAG] for run in runs) == list(ACCOUNTS)
     assert all(run.tags.get(FROM_UI["key"]) == FROM_UI["value"] for run in runs)
 
-    # Each account's 7 days in one Meta read, and no report job.
+    # Each account's 7 days in one Meta read, and no report job: the only Meta reads of the
+    # world, whose other backfill reads nothing.
     assert insights_calls == dict.fromkeys(ACCOUNTS, 1), insights_calls
     assert not endpoints.keys() & {"async", "report", "report_insights"}, endpoints
 
@@ -501,51 +504,21 @@ def runs_held_or_done(home: Path, backfill_id: str, count: int) -> bool:
     )
 
 
-def test_a_ui_backfill_of_the_newest_date_waits_for_the_days_not_begun(tmp_path, secrets_key):
+def a_ui_backfill_of_the_newest_date_waits_for_the_days_not_begun(
+    done: UiBackfill,
+    seen: dict[str, dict],
+    accounts: dict[str, tuple[str, str]],
+    keys: list[str],
+    newest: date,
+    now: datetime,
+    after: datetime,
+) -> None:
     """Every account x the newest date (today in UTC+14), picked in the UI: Dagster cuts the
     picked column into one run over every account, and the queue holds it until the date
     begins in the zone of the last of them (Pago Pago's, 25 hours behind UTC+14), saying so
     in its tags. Meanwhile nothing is read or recorded, no day reads as materialized, and the
     backfill is in progress, not failed (docs/cadence.md, "The date axis"). Cancelled, the
     backfill ends with nothing held, nothing failed, and the days still missing."""
-    accounts = {**ACCOUNTS, **BEHIND_ALWAYS, **BEGUN_ALWAYS}
-    now = datetime.now(UTC)
-    newest = date.fromisoformat(date_partitions.get_last_partition_key())
-    assert newest == local_date(now, "Pacific/Kiritimati")
-    world = FakeWorld(clock=MutableClock(now), seed=14)
-    for account, (timezone, currency) in accounts.items():
-        world.add_account(account, timezone=timezone, currency=currency, n_ads=3, token=TOKEN)
-    keys = [f"{account}|{newest}" for account in accounts]
-    home = tmp_path / "dagster_home"
-    seen: dict[str, dict] = {}
-
-    def read_the_ui(url: str, backfill_id: str) -> dict:
-        variables = {"backfillId": backfill_id, "assetKey": {"path": AD_SPEND_DAILY.path}}
-        return {
-            **graphql(url, BACKFILL_AND_PARTITIONS_QUERY, variables),
-            **graphql(url, RUNS_QUERY, {"backfillId": backfill_id}),
-        }
-
-    def read_then_cancel(url: str, backfill_id: str) -> None:
-        seen["waiting"] = read_the_ui(url, backfill_id)
-        cancel = graphql(url, CANCEL_BACKFILL, {"backfillId": backfill_id})
-        assert cancel["cancelPartitionBackfill"]["__typename"] == "CancelBackfillSuccess"
-        wait_for(
-            "the backfill to be cancelled",
-            lambda: backfill_status(home, backfill_id) == "CANCELED",
-            BACKFILL_SECONDS,
-        )
-        seen["cancelled"] = read_the_ui(url, backfill_id)
-
-    done = ui_backfill(
-        tmp_path, secrets_key, world, now, keys, accounts, inspect=read_then_cancel,
-        settled=(
-            "the run to wait held in the queue",
-            lambda home, backfill_id: runs_held_or_done(home, backfill_id, 1),
-        ),
-    )
-    after = datetime.now(UTC)
-    assert done.every_backfill == [done.backfill.backfill_id]
     behind_at_start = {a for a, (tz, _) in accounts.items() if local_date(now, tz) < newest}
     assert set(BEHIND_ALWAYS) <= behind_at_start and not set(BEGUN_ALWAYS) & behind_at_start
 
@@ -592,10 +565,13 @@ def test_a_ui_backfill_of_the_newest_date_waits_for_the_days_not_begun(tmp_path,
     print(f"cancelled: {column}")
     assert behind_at_start <= column["unmaterializedPartitions"], column
     assert not column["failedPartitions"] and not column["materializingPartitions"], column
-    assert done.materialized == {AD_SPEND_DAILY: set(), SITE_SPEND_DAILY: set()}
+    assert not set(keys) & done.materialized[AD_SPEND_DAILY]
+    assert not set(keys) & done.materialized[SITE_SPEND_DAILY]
 
-    # Meta is never asked, and nothing is written for a day not begun.
-    assert done.insights_calls == {}, done.insights_calls
+    # Meta is never asked for them (the world's only reads are the other backfill's, one
+    # for each of its accounts), and nothing is written for a day not begun.
+    assert not done.insights_calls.keys() - set(ACCOUNTS), done.insights_calls
+    assert all(count == 1 for count in done.insights_calls.values()), done.insights_calls
     with done.warehouse.connect(read_only=True) as con:
         for account, (timezone, _) in accounts.items():
             today = local_date(after, timezone)
@@ -603,7 +579,69 @@ def test_a_ui_backfill_of_the_newest_date_waits_for_the_days_not_begun(tmp_path,
                 "SELECT ad_id, day FROM ad_spend_daily WHERE ad_account_id = ? AND day > ?",
                 [account, today],
             ).fetchall(), account
-        assert not con.execute("SELECT * FROM meta_sync_runs WHERE kind = 'manual'").fetchall()
+        assert not con.execute(
+            "SELECT * FROM meta_sync_runs WHERE kind = 'manual' AND until >= ?", [newest]
+        ).fetchall()
+
+
+def test_ui_backfills_of_5_accounts_by_7_days_and_of_the_newest_date(tmp_path, secrets_key):
+    """The two dialogs' backfills on one world, one webserver and one daemon, launched one
+    after the other: 5 accounts x 7 days, which runs to its end and equals the truth, and
+    every account x the newest date, which waits held until it is cancelled. Neither sees
+    the other's: their runs, reads and partitions are told apart by the backfill."""
+    accounts = {**ACCOUNTS, **BEHIND_ALWAYS, **BEGUN_ALWAYS}
+    now = datetime.now(UTC)
+    newest = date.fromisoformat(date_partitions.get_last_partition_key())
+    assert newest == local_date(now, "Pacific/Kiritimati")
+    # The product keeps the wall clock; the fake's stops here, so a local midnight during
+    # the test moves none of the figures the truth is asked for later.
+    world = FakeWorld(clock=MutableClock(now), seed=35)
+    for account, (timezone, currency) in accounts.items():
+        world.add_account(account, timezone=timezone, currency=currency, n_ads=3, token=TOKEN)
+    days = picked_days(now)
+    week_keys = [f"{account}|{day}" for account, picked in days.items() for day in picked]
+    assert len(week_keys) == len(ACCOUNTS) * DAYS
+    newest_keys = [f"{account}|{newest}" for account in accounts]
+    home = tmp_path / "dagster_home"
+    seen: dict[str, dict] = {}
+
+    def read_the_ui(url: str, backfill_id: str) -> dict:
+        variables = {"backfillId": backfill_id, "assetKey": {"path": AD_SPEND_DAILY.path}}
+        return {
+            **graphql(url, BACKFILL_AND_PARTITIONS_QUERY, variables),
+            **graphql(url, RUNS_QUERY, {"backfillId": backfill_id}),
+        }
+
+    def read_then_cancel(url: str, backfill_ids: list[str]) -> None:
+        backfill_id = backfill_ids[1]
+        seen["waiting"] = read_the_ui(url, backfill_id)
+        cancel = graphql(url, CANCEL_BACKFILL, {"backfillId": backfill_id})
+        assert cancel["cancelPartitionBackfill"]["__typename"] == "CancelBackfillSuccess"
+        wait_for(
+            "the backfill to be cancelled",
+            lambda: backfill_status(home, backfill_id) == "CANCELED",
+            BACKFILL_SECONDS,
+        )
+        seen["cancelled"] = read_the_ui(url, backfill_id)
+
+    week, column = ui_backfills(
+        tmp_path, secrets_key, world, now, [week_keys, newest_keys], accounts,
+        settled=(
+            "the 7 days' backfill to end and the newest date's run to wait held in the queue",
+            lambda home, backfill_ids: backfill_status(home, backfill_ids[0])
+            and runs_held_or_done(home, backfill_ids[1], 1),
+        ),
+        inspect=read_then_cancel,
+    )
+    after = datetime.now(UTC)
+    # The cadence started no backfill of its own.
+    assert sorted(week.every_backfill) == sorted(
+        [week.backfill.backfill_id, column.backfill.backfill_id]
+    )
+    a_ui_backfill_of_5_accounts_by_7_days_equals_the_truth(week, world, days, week_keys)
+    a_ui_backfill_of_the_newest_date_waits_for_the_days_not_begun(
+        column, seen, accounts, newest_keys, newest, now, after
+    )
 
 
 CADENCE_READS = ("live", "daily", "weekly")
