@@ -18,8 +18,8 @@ from datetime import datetime
 from rastro_assets.meta.limits import account_hold
 from rastro_assets.outcomes import Outcome, error_line
 from rastro_assets.sync.catalog import CatalogSyncer, safe_text
-from rastro_assets.sync.spend import DeadTokens, SpendSync, Target
-from rastro_assets.sync.spend_writer import SpendWriter, Unwritten
+from rastro_assets.sync.spend_read import DeadTokens, SpendSync, Target
+from rastro_assets.sync.spend_write import SpendWriter, Unwritten
 from rastro_assets.sync.types import SyncOutcome, SyncRequest, WaveOutcome, Wiring
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.runs import SyncKey, SyncRunEnd, finish_sync_runs

@@ -14,8 +14,8 @@ from rastro_assets.meta.models import Usage
 from rastro_assets.outcomes import Outcome, SyncKind, error_line
 from rastro_assets.timekeeping import Clock, days_between
 from rastro_assets.vault import Vault
+from rastro_assets.warehouse.ad_spend_table import DaySummary
 from rastro_assets.warehouse.connection import Warehouse
-from rastro_assets.warehouse.spend import DaySummary
 from rastro_assets.warehouse.thumbnails import StoredThumbnail
 
 log = logging.getLogger(__name__)

@@ -19,18 +19,18 @@ from datetime import datetime
 from rastro_assets.meta.limits import account_hold
 from rastro_assets.outcomes import MAX_ERROR_CHARS, Outcome
 from rastro_assets.sync.reader import SpendBatch
-from rastro_assets.sync.spend import SpendRead, Target
+from rastro_assets.sync.spend_read import SpendRead, Target
 from rastro_assets.sync.types import SyncOutcome, fail
 from rastro_assets.timekeeping import Clock
-from rastro_assets.warehouse.catalog import upsert_spend_names
-from rastro_assets.warehouse.connection import Warehouse
-from rastro_assets.warehouse.errors import AccountNotLinked, AccountTakenOver, WriteRefusal
-from rastro_assets.warehouse.spend import (
+from rastro_assets.warehouse.ad_spend_table import (
     SpendInputError,
     SpendWrite,
     SpendWriteResult,
     write_spend_many,
 )
+from rastro_assets.warehouse.catalog import upsert_spend_names
+from rastro_assets.warehouse.connection import Warehouse
+from rastro_assets.warehouse.errors import AccountNotLinked, AccountTakenOver, WriteRefusal
 
 log = logging.getLogger(__name__)
 
