@@ -1,28 +1,30 @@
-"""The one spend writer of the sync: every read's batches go to the warehouse through it.
+"""The sync's spend writer: every read's batches go to the warehouse through it.
 
-A read comes as batches (`spend.SpendRead`). A large one is written batch by
-batch on a thread while the read goes on (`take`); a read of one batch comes
-back unwritten, so that a wave writes many accounts' small reads in one batch
-(`write_many`). Both routes end in the same statements (`_write_batches`):
-`write_spend_many` for the figures, then the names the same reads brought.
+A read comes as batches (`spend_read.SpendRead`). A large one is written batch
+by batch on a thread while the read goes on (`take`); a read of one batch
+comes back unwritten, so that a wave writes many accounts' small reads in one
+batch (`write_many`). Both routes end in the same statements: the table's
+(`warehouse.ad_spend_table.write_spend_many`) for the figures, then the names
+the same reads brought. Each step returns what it wrote (`SpendWritten`); it
+never touches a sync's outcome, which `syncer.Syncer` folds on its own thread.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import date, datetime
+from functools import partial
 
-from rastro_assets.meta.limits import account_hold
 from rastro_assets.outcomes import MAX_ERROR_CHARS, Outcome
 from rastro_assets.sync.reader import SpendBatch
 from rastro_assets.sync.spend_read import SpendRead, Target
-from rastro_assets.sync.types import SyncOutcome, fail
-from rastro_assets.timekeeping import Clock
+from rastro_assets.sync.types import Failure
 from rastro_assets.warehouse.ad_spend_table import (
+    DaySummary,
     SpendInputError,
     SpendWrite,
     SpendWriteResult,
@@ -36,11 +38,52 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class SpendWritten:
+    """What a write step did for one sync, its batches added up.
+
+    `failure` ends the sync: the warehouse refused the write, or the write broke.
+    """
+
+    rows_written: int = 0
+    rows_deleted: int = 0
+    changed_days: tuple[date, ...] = ()
+    """Days of a batch whose write inserted, changed or deleted a row."""
+    complete_days: tuple[date, ...] = ()
+    incomplete_days: tuple[date, ...] = ()
+    days: Mapping[date, DaySummary] = field(default_factory=dict)
+    failure: Failure | None = None
+
+    @classmethod
+    def of(cls, batch: SpendBatch, answer: SpendWriteResult) -> SpendWritten:
+        """What writing `batch` did, as the warehouse answered."""
+        changed = answer.rows_written or answer.rows_deleted
+        return cls(
+            rows_written=answer.rows_written,
+            rows_deleted=answer.rows_deleted,
+            changed_days=tuple(batch.days) if changed else (),
+            complete_days=tuple(batch.complete_days),
+            incomplete_days=tuple(batch.incomplete_days),
+            days=dict(answer.days),
+        )
+
+    def then(self, later: SpendWritten) -> SpendWritten:
+        """This write followed by `later`, of the same read."""
+        return SpendWritten(
+            rows_written=self.rows_written + later.rows_written,
+            rows_deleted=self.rows_deleted + later.rows_deleted,
+            changed_days=self.changed_days + later.changed_days,
+            complete_days=self.complete_days + later.complete_days,
+            incomplete_days=self.incomplete_days + later.incomplete_days,
+            days={**self.days, **later.days},
+            failure=later.failure or self.failure,
+        )
+
+
+@dataclass(frozen=True)
 class Unwritten:
-    """A read that fit one batch, with its outcome, waiting for `SpendWriter.write_many`."""
+    """A read that fit one batch, waiting for `SpendWriter.write_many`."""
 
     target: Target
-    result: SyncOutcome
     batch: SpendBatch
 
 
@@ -49,37 +92,37 @@ class SpendWriter:
     """Writes spend reads into one warehouse, streamed or batched."""
 
     warehouse: Warehouse
-    clock: Clock
 
-    def take(self, read: SpendRead) -> Unwritten | None:
+    def take(self, read: SpendRead) -> tuple[SpendWritten, Unwritten | None]:
         """Read `read` to its end, writing a large answer as it comes; never raises.
 
-        A read of one batch comes back unwritten, for `write_many`; any other
-        read is written here, and its outcome completed.
+        Returns what was written and, for a read of one batch that went well, that
+        batch unwritten, for `write_many`.
         """
-        result = read.result
+        streamed = _StreamedWrites(
+            partial(self._write_streamed, read.target, read.started_at),
+            read.target.request.ad_account_id,
+        )
         try:
-            whole = self._stream(read)
-        except Exception as exc:  # noqa: BLE001 - recorded as this account's failure
+            whole = self._stream(read, streamed)
+        except (AccountNotLinked, AccountTakenOver, SpendInputError) as exc:
+            return replace(streamed.written, failure=refusal(exc)), None
+        except Exception as exc:  # noqa: BLE001 - returned as this account's failure
             # An unexpected error must still end the run's row, or the
             # account would wait out the lease; its type says where to look.
-            log.exception("%s: unexpected failure", result.request.ad_account_id)
-            fail(result, Outcome.OTHER, f"unexpected {type(exc).__name__} in the sync")
-            return None
-        if not result.ok:
-            return None
-        if whole is None:
-            note_incomplete(result)
-            return None
-        return Unwritten(read.target, result, whole)
+            log.exception("%s: unexpected failure", read.target.request.ad_account_id)
+            return replace(streamed.written, failure=_unexpected(exc)), None
+        if read.failed or whole is None:
+            return streamed.written, None
+        return streamed.written, Unwritten(read.target, whole)
 
-    def write_many(self, reads: Sequence[Unwritten], synced_at: datetime) -> None:
+    def write_many(self, reads: Sequence[Unwritten], synced_at: datetime) -> list[SpendWritten]:
         """Write reads of one batch each, of one account or many, in one batch.
 
         A live wave writes a few dozen rows for each of hundreds of accounts:
         one set of statements for all of them costs a fraction of one each.
-        Each outcome gets its own answer; a failure of the batch as a whole
-        fails each sync in it, and never raises.
+        Each read gets its own answer, in order; a failure of the batch as a
+        whole fails each read in it, and never raises.
         """
         try:
             answers = self._write_batches(
@@ -89,23 +132,22 @@ class SpendWriter:
                 ],
                 synced_at,
             )
-        except Exception as exc:  # noqa: BLE001 - recorded as each account's failure
+        except Exception as exc:  # noqa: BLE001 - returned as each account's failure
             log.exception("a batch of %d accounts' writes failed", len(reads))
-            for read in reads:
-                if read.result.ok:
-                    fail(read.result, Outcome.OTHER, f"unexpected {type(exc).__name__} in the sync")
-            return
-        for read, answer in zip(reads, answers, strict=True):
-            if isinstance(answer, SpendWriteResult):
-                record(read.result, read.batch, answer)
-                note_incomplete(read.result)
-            else:
-                refuse(read.result, answer)
+            return [SpendWritten(failure=_unexpected(exc)) for _ in reads]
+        return [
+            SpendWritten.of(read.batch, answer)
+            if isinstance(answer, SpendWriteResult)
+            else SpendWritten(failure=refusal(answer))
+            for read, answer in zip(reads, answers, strict=True)
+        ]
 
-    def _stream(self, read: SpendRead) -> SpendBatch | None:
-        """Write the read's batches as they come; the whole answer of a small read comes back."""
-        result = read.result
-        streamed = _StreamedWrites(self, result.request.ad_account_id, result.started_at, result)
+    @staticmethod
+    def _stream(read: SpendRead, streamed: _StreamedWrites) -> SpendBatch | None:
+        """Write the read's batches as they come; the whole answer of a small read comes back.
+
+        A write's refusal stops the read and is raised.
+        """
         whole = None
         try:
             with contextlib.closing(read.batches):
@@ -114,19 +156,23 @@ class SpendWriter:
                         whole = batch
                     else:
                         streamed.submit(batch)
-            if result.ok:
-                streamed.wait()
-            else:
+            if read.failed:
                 streamed.wait_after_failed_read()
-        except (AccountNotLinked, AccountTakenOver, SpendInputError) as exc:
-            refuse(result, exc)
+            else:
+                streamed.wait()
         finally:
             streamed.shutdown()
-        held = account_hold(result.usage) if result.ok else None
-        if held is not None:
-            result.regain_at = self.clock() + held
-            result.rate_limit = result.rate_limit or result.usage.limit
         return whole
+
+    def _write_streamed(
+        self, target: Target, synced_at: datetime, batch: SpendBatch
+    ) -> SpendWritten:
+        """One batch of a large read; the warehouse's refusal is raised."""
+        request = target.request
+        [answer] = self._write_batches([(request.ad_account_id, batch, request.run_id)], synced_at)
+        if not isinstance(answer, SpendWriteResult):
+            raise answer
+        return SpendWritten.of(batch, answer)
 
     def _write_batches(
         self, reads: Sequence[tuple[str, SpendBatch, str | None]], synced_at: datetime
@@ -160,18 +206,16 @@ class _StreamedWrites:
     DuckDB, and psycopg while the server works, release the GIL, so a batch
     is written while the next pages download and parse; one write in flight
     at most bounds memory. The warehouse is opened only for a batch's write,
-    never across a Meta call.
+    never across a Meta call. The thread only writes and returns what it
+    wrote; `written` adds it up on the thread that reads.
     """
 
-    def __init__(
-        self, writer: SpendWriter, ad_account_id: str, synced_at: datetime, result: SyncOutcome
-    ) -> None:
-        self._writer = writer
+    def __init__(self, write: Callable[[SpendBatch], SpendWritten], ad_account_id: str) -> None:
+        self._write = write
         self._ad_account_id = ad_account_id
-        self._synced_at = synced_at
-        self._result = result
         self._executor: ThreadPoolExecutor | None = None
-        self._in_flight: Future[None] | None = None
+        self._in_flight: Future[SpendWritten] | None = None
+        self.written = SpendWritten()
 
     def submit(self, batch: SpendBatch) -> None:
         """Write `batch` after the write in flight; a write's error is raised here or by `wait`."""
@@ -183,7 +227,7 @@ class _StreamedWrites:
     def wait(self) -> None:
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is not None:
-            in_flight.result()
+            self.written = self.written.then(in_flight.result())
 
     def wait_after_failed_read(self) -> None:
         """Let the last write finish; the read's error wins over the write's."""
@@ -198,44 +242,16 @@ class _StreamedWrites:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
-    def _write(self, batch: SpendBatch) -> None:
-        [answer] = self._writer._write_batches(
-            [(self._ad_account_id, batch, self._result.request.run_id)], self._synced_at
-        )
-        if not isinstance(answer, SpendWriteResult):
-            raise answer
-        record(self._result, batch, answer)
+
+def _unexpected(exc: Exception) -> Failure:
+    return Failure.of(Outcome.OTHER, f"unexpected {type(exc).__name__} in the sync")
 
 
-def record(result: SyncOutcome, batch: SpendBatch, written: SpendWriteResult) -> None:
-    """Add what one batch's write did to the sync's outcome."""
-    result.rows_written += written.rows_written
-    result.rows_deleted += written.rows_deleted
-    if written.rows_written or written.rows_deleted:
-        result.changed_days.extend(batch.days)
-    result.days.update(written.days)
-    result.complete_days.extend(batch.complete_days)
-    result.incomplete_days.extend(batch.incomplete_days)
-
-
-def note_incomplete(result: SyncOutcome) -> None:
-    """Name the days Meta never answered whole; the sync still counts as read."""
-    if result.incomplete_days:
-        days = ", ".join(day.isoformat() for day in result.incomplete_days)
-        result.error = (
-            f"META_TRUNCATED: {days} could not be read completely, even by an async "
-            "report; their old rows were kept"
-        )[:MAX_ERROR_CHARS]
-
-
-def refuse(result: SyncOutcome, exc: WriteRefusal) -> None:
-    """End the sync with the reason the warehouse refused its write."""
+def refusal(exc: WriteRefusal) -> Failure:
+    """How the warehouse's refusal of a sync's write ends the sync."""
     if isinstance(exc, AccountTakenOver):
         # The contract's code for a run that lost its hold on the account.
-        result.outcome = Outcome.OTHER
-        result.error = f"RUN_TIMEOUT: {exc}"[:MAX_ERROR_CHARS]
-        log.warning("%s %s", result.request.ad_account_id, result.error)
-    elif isinstance(exc, AccountNotLinked):
-        fail(result, Outcome.OTHER, "the account was unlinked during the sync; nothing kept")
-    else:
-        fail(result, Outcome.OTHER, f"Meta sent figures the warehouse cannot hold: {exc}")
+        return Failure(Outcome.OTHER, f"RUN_TIMEOUT: {exc}"[:MAX_ERROR_CHARS])
+    if isinstance(exc, AccountNotLinked):
+        return Failure.of(Outcome.OTHER, "the account was unlinked during the sync; nothing kept")
+    return Failure.of(Outcome.OTHER, f"Meta sent figures the warehouse cannot hold: {exc}")
