@@ -84,7 +84,7 @@ def breakdown(base_url: str, blocks) -> None:
     import duckdb
 
     from rastro_assets.meta import insights, session
-    from rastro_assets.sync import spend_writer, syncer
+    from rastro_assets.sync import spend_write, syncer
     from rastro_assets.warehouse import connection
 
     spent: dict[str, float] = {}
@@ -97,8 +97,8 @@ def breakdown(base_url: str, blocks) -> None:
         (session.GraphSession, "_once", "HTTP request + decode + usage headers"),
         (insights, "read_insights_page", nested),
         (insights, "parse_insight_table", "parse pages json.loads decoded (per-row reference)"),
-        (spend_writer, "write_spend_many", "write_spend_many"),
-        (spend_writer, "upsert_spend_names", "upsert_spend_names (catalog.py)"),
+        (spend_write, "write_spend_many", "write_spend_many"),
+        (spend_write, "upsert_spend_names", "upsert_spend_names (catalog.py)"),
         (syncer.Syncer, "catalog_after_spend", "catalog after spend (sync/catalog.py)"),
         (connection.duckdb, "connect", "duckdb.connect (opening the file)"),
     ]

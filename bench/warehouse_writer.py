@@ -165,8 +165,8 @@ def best(costs: list[Cost]) -> Cost:
 
 def one_engine(engine: str, args, directory: Path) -> dict[str, object]:
     from rastro_assets.meta.models import insight_table
+    from rastro_assets.warehouse.ad_spend_table import write_spend
     from rastro_assets.warehouse.connection import transaction
-    from rastro_assets.warehouse.spend import write_spend
 
     days = [date(2026, 11, 30) - timedelta(days=offset) for offset in range(args.days)][::-1]
     first = make_rows(1, days, args.ads)
@@ -233,9 +233,9 @@ def _bare_load(con, table) -> None:
 def concurrent_writer(engine: str, target: str, account: str, ads: int, days_count: int,
                       start, done) -> None:
     from rastro_assets.meta.models import insight_table
+    from rastro_assets.warehouse.ad_spend_table import write_spend
     from rastro_assets.warehouse.connection import Warehouse
     from rastro_assets.warehouse.postgres import PostgresWarehouse
-    from rastro_assets.warehouse.spend import write_spend
 
     days = [date(2026, 11, 30) - timedelta(days=offset) for offset in range(days_count)][::-1]
     seed = int(account.removeprefix("act_"))

@@ -127,8 +127,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from rastro_assets.meta.models import insight_table
+    from rastro_assets.warehouse.ad_spend_table import write_spend
     from rastro_assets.warehouse.connection import Warehouse
-    from rastro_assets.warehouse.spend import write_spend
     from rastro_assets.warehouse.spend_input import incoming_table
 
     today = _world.account_today()

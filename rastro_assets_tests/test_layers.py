@@ -415,8 +415,10 @@ def test_the_wheel_ships_the_product_and_the_fake_but_not_the_tests():
 
 def test_the_syncer_alone_chains_the_catalog_after_the_spend():
     edges = graph(ROOT)
-    assert "rastro_assets.sync.catalog" not in edges["rastro_assets.sync.spend"]
-    assert "rastro_assets.sync.spend" not in edges["rastro_assets.sync.catalog"]
+    assert "rastro_assets.sync.catalog" not in edges["rastro_assets.sync.spend_read"]
+    assert "rastro_assets.sync.spend_read" not in edges["rastro_assets.sync.catalog"]
+    assert "rastro_assets.sync.catalog" not in edges["rastro_assets.sync.spend_write"]
+    assert "rastro_assets.sync.spend_write" not in edges["rastro_assets.sync.catalog"]
 
 
 def test_no_import_circles():

@@ -1,9 +1,10 @@
 """The caller of the sync steps: one sync or a wave, the catalog chained after the spend.
 
 The assets, the live waves, the benchmarks and the tests all sync through
-`Syncer`. It owns the outcome: the spend's steps fill it in, and the catalog
-read after a spend that went well adds to it without changing how the spend
-ended.
+`Syncer`. It owns the outcome: the spend's steps return what they did, which
+`Syncer._fold` alone takes into it, on the thread that called the step; the
+catalog read after a spend that went well adds to it without changing how the
+spend ended.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 
 from rastro_assets.meta.limits import account_hold
-from rastro_assets.outcomes import Outcome, error_line
+from rastro_assets.outcomes import MAX_ERROR_CHARS, Outcome, error_line
 from rastro_assets.sync.catalog import CatalogSyncer, safe_text
-from rastro_assets.sync.spend import DeadTokens, SpendSync, Target
-from rastro_assets.sync.spend_writer import SpendWriter, Unwritten
-from rastro_assets.sync.types import SyncOutcome, SyncRequest, WaveOutcome, Wiring
+from rastro_assets.sync.spend_read import DeadTokens, ReadEnded, SpendSync, Target
+from rastro_assets.sync.spend_write import SpendWriter, SpendWritten, Unwritten
+from rastro_assets.sync.types import Failure, SyncOutcome, SyncRequest, WaveOutcome, Wiring
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.runs import SyncKey, SyncRunEnd, finish_sync_runs
 
@@ -41,7 +42,7 @@ class Syncer(Wiring):
 
     @property
     def writer(self) -> SpendWriter:
-        return SpendWriter(self.warehouse, self.clock)
+        return SpendWriter(self.warehouse)
 
     @property
     def catalog(self) -> CatalogSyncer:
@@ -65,9 +66,10 @@ class Syncer(Wiring):
         if refused:
             raise refused[0][1]
         [target] = targets
-        result, unwritten = _read(spend, writer, target, started_at, DeadTokens())
+        result, unwritten = self._read(spend, writer, target, started_at, DeadTokens())
         if unwritten is not None:
-            writer.write_many([unwritten], started_at)
+            [written] = writer.write_many([unwritten], started_at)
+            self._fold(result, written)
         full_catalog = result.ok and target.request.catalog
         if full_catalog:
             self.catalog_after_spend(target, result)
@@ -123,7 +125,7 @@ class Syncer(Wiring):
                             pool.submit(self.catalog_after_spend, target, result)
 
                     reads = {
-                        pool.submit(_read, spend, writer, target, synced_at, dead): index
+                        pool.submit(self._read, spend, writer, target, synced_at, dead): index
                         for index, target in enumerate(targets)
                     }
                     self._write_as_read(reads, targets, outcomes, synced_at, settle)
@@ -145,7 +147,7 @@ class Syncer(Wiring):
         """Take each of a wave's reads as it finishes (`reads` maps each to its target's
         index): its outcome goes in `outcomes`; its rows wait for `WAVE_WRITE_BATCH` others,
         or the last read, to be written with them; then it is settled."""
-        waiting: list[Unwritten] = []
+        waiting: list[tuple[SyncOutcome, Unwritten]] = []
         for done, future in enumerate(as_completed(reads), start=1):
             index = reads[future]
             result, unwritten = future.result()
@@ -153,13 +155,77 @@ class Syncer(Wiring):
             if unwritten is None:
                 settle(targets[index], result)
             else:
-                waiting.append(unwritten)
+                waiting.append((result, unwritten))
             if waiting and (len(waiting) >= WAVE_WRITE_BATCH or done == len(reads)):
                 # Written here while the pool goes on reading Meta.
-                self.writer.write_many(waiting, synced_at)
-                for read in waiting:
-                    settle(read.target, read.result)
+                written = self.writer.write_many([read for _, read in waiting], synced_at)
+                for (result, _), each in zip(waiting, written, strict=True):
+                    self._fold(result, each)
+                for result, read in waiting:
+                    settle(read.target, result)
                 waiting = []
+
+    def _read(
+        self,
+        spend: SpendSync,
+        writer: SpendWriter,
+        target: Target,
+        started_at: datetime,
+        dead: DeadTokens,
+    ) -> tuple[SyncOutcome, Unwritten | None]:
+        """One account's read, a large one written as it comes; a small one comes back unwritten.
+
+        A token Meta refused is noted in `dead`, so the wave's later reads on that
+        connection do not call Meta with it.
+        """
+        read = spend.read(target, started_at, dead)
+        written, unwritten = writer.take(read)
+        result = SyncOutcome(
+            request=target.request,
+            timezone=target.account.timezone,
+            currency=target.account.currency,
+            started_at=started_at,
+        )
+        self._fold(result, written, read.end)
+        if result.token_rejected_by_meta:
+            dead.add(target.account.connection_id, result.error or "")
+        return result, unwritten
+
+    def _fold(
+        self, result: SyncOutcome, written: SpendWritten, read: ReadEnded | None = None
+    ) -> None:
+        """Take what a spend step returned into the sync's outcome: the read with the
+        writes made as it went, or the later write of a read that fit one batch.
+
+        The one place the spend's steps reach the outcome, always on the thread that
+        called the step: the writer thread returns what it wrote and changes nothing.
+        """
+        if read is not None:
+            result.api_calls, result.usage = read.api_calls, read.usage
+            result.token_rejected_by_meta = read.token_rejected_by_meta
+            if read.failure is not None:
+                _end(result, read.failure)
+        result.rows_written += written.rows_written
+        result.rows_deleted += written.rows_deleted
+        result.changed_days.extend(written.changed_days)
+        result.days.update(written.days)
+        result.complete_days.extend(written.complete_days)
+        result.incomplete_days.extend(written.incomplete_days)
+        if written.failure is not None:
+            _end(result, written.failure)
+        if not result.ok:
+            return
+        held = account_hold(result.usage) if read is not None else None
+        if held is not None:
+            result.regain_at = self.clock() + held
+            result.rate_limit = result.rate_limit or result.usage.limit
+        if result.incomplete_days:
+            # The days Meta never answered whole are named; the sync still counts as read.
+            days = ", ".join(day.isoformat() for day in result.incomplete_days)
+            result.error = (
+                f"META_TRUNCATED: {days} could not be read completely, even by an async "
+                "report; their old rows were kept"
+            )[:MAX_ERROR_CHARS]
 
     def _catalog_then_end(
         self, target: Target, result: SyncOutcome, finished: _FinishedRuns
@@ -228,21 +294,6 @@ class Syncer(Wiring):
                 result.rate_limit = result.catalog.rate_limit
 
 
-def _read(
-    spend: SpendSync, writer: SpendWriter, target: Target, started_at: datetime, dead: DeadTokens
-) -> tuple[SyncOutcome, Unwritten | None]:
-    """One account's read, a large one written as it comes; a small one comes back unwritten.
-
-    A token Meta refused is noted in `dead`, so the wave's later reads on that
-    connection do not call Meta with it.
-    """
-    read = spend.read(target, started_at, dead)
-    unwritten = writer.take(read)
-    if read.result.token_rejected_by_meta:
-        dead.add(target.account.connection_id, read.result.error or "")
-    return read.result, unwritten
-
-
 class _FinishedRuns:
     """Closes a wave's finished runs' rows in batches; a refused token is marked at once."""
 
@@ -270,3 +321,13 @@ class _FinishedRuns:
             if ends:
                 with self._warehouse.connect() as con:
                     finish_sync_runs(con, ends)
+
+
+def _end(result: SyncOutcome, failure: Failure) -> None:
+    """End a sync's outcome as failed (logged)."""
+    result.outcome, result.error = failure.outcome, failure.error
+    if failure.regain_at is not None:
+        result.regain_at = failure.regain_at
+    if failure.rate_limit is not None:
+        result.rate_limit = failure.rate_limit
+    log.warning("%s %s", result.request.ad_account_id, result.error)

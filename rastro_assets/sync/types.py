@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import date, datetime
@@ -14,11 +13,9 @@ from rastro_assets.meta.models import Usage
 from rastro_assets.outcomes import Outcome, SyncKind, error_line
 from rastro_assets.timekeeping import Clock, days_between
 from rastro_assets.vault import Vault
+from rastro_assets.warehouse.ad_spend_table import DaySummary
 from rastro_assets.warehouse.connection import Warehouse
-from rastro_assets.warehouse.spend import DaySummary
 from rastro_assets.warehouse.thumbnails import StoredThumbnail
-
-log = logging.getLogger(__name__)
 
 OUTCOME_OF_ERROR_KIND: dict[ErrorKind, Outcome] = {
     ErrorKind.TOKEN: Outcome.TOKEN,
@@ -32,15 +29,25 @@ def outcome_of(kind: ErrorKind) -> Outcome:
     return OUTCOME_OF_ERROR_KIND.get(kind, Outcome.OTHER)
 
 
-def fail(
-    result: SyncOutcome, outcome: Outcome, message: str, *, regain_at: datetime | None = None
-) -> None:
-    """End a sync's outcome as failed, with the contract's error line (logged)."""
-    result.outcome = outcome
-    result.error = error_line(outcome, message)
-    if regain_at is not None:
-        result.regain_at = regain_at
-    log.warning("%s %s", result.request.ad_account_id, result.error)
+@dataclass(frozen=True)
+class Failure:
+    """How a step ended the sync it failed: the outcome and the contract's error line."""
+
+    outcome: Outcome
+    error: str
+    regain_at: datetime | None = None  # when Meta lets the account be read again, if it said
+    rate_limit: str | None = None  # the Meta limit (`meta.limits.RateLimit`) that refused it
+
+    @classmethod
+    def of(
+        cls,
+        outcome: Outcome,
+        message: str,
+        *,
+        regain_at: datetime | None = None,
+        rate_limit: str | None = None,
+    ) -> Failure:
+        return cls(outcome, error_line(outcome, message), regain_at, rate_limit)
 
 
 ClientFactory = Callable[[str], MetaClient]

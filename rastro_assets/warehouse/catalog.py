@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from rastro_assets.meta.models import INSIGHT_SCHEMA, Ad
 from rastro_assets.warehouse import dialect
+from rastro_assets.warehouse.ad_spend_table import lock_accounts
 from rastro_assets.warehouse.connection import register_arrow, transaction
 from rastro_assets.warehouse.errors import (
     AccountNotLinked,
@@ -31,7 +32,6 @@ from rastro_assets.warehouse.errors import (
     read_columns,
     require_link,
 )
-from rastro_assets.warehouse.spend import lock_accounts
 
 # Names the batches are registered under, spelled out in the SQL below.
 _INCOMING_ADS = "incoming_ads"

@@ -15,8 +15,8 @@ from datetime import date, datetime, timedelta
 import duckdb
 import pyarrow as pa
 
+from rastro_assets.warehouse.ad_spend_table import lock_accounts
 from rastro_assets.warehouse.connection import Connection, register_arrow, transaction
-from rastro_assets.warehouse.spend import lock_accounts
 
 
 @dataclass(frozen=True)

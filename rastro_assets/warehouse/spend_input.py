@@ -1,4 +1,4 @@
-"""What the spend writer accepts: a read's table as `SPEND_COLUMNS`, checked before any write."""
+"""What a write to `ad_spend_daily` accepts: a read's table as `SPEND_COLUMNS`, checked first."""
 
 from __future__ import annotations
 

@@ -17,9 +17,9 @@ import duckdb
 import pyarrow as pa
 
 from rastro_assets.warehouse import dialect
+from rastro_assets.warehouse.ad_spend_table import lock_accounts
 from rastro_assets.warehouse.connection import register_arrow, transaction
 from rastro_assets.warehouse.errors import require_link
-from rastro_assets.warehouse.spend import lock_accounts
 
 # The name the images are registered under, spelled out in the SQL below.
 _INCOMING_THUMBNAILS = "incoming_thumbnails"

@@ -13,10 +13,10 @@ import pytest
 from rastro_assets.cli.cadence import parse_instant
 from rastro_assets.meta.models import Ad, InsightRow, insight_table
 from rastro_assets.warehouse import link_store, registry, site_store
+from rastro_assets.warehouse.ad_spend_table import write_spend
 from rastro_assets.warehouse.catalog import upsert_catalog
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets.warehouse.runs import SyncRunEnd
-from rastro_assets.warehouse.spend import write_spend
 from rastro_assets_tests.cli.conftest import assert_usage_error
 from rastro_assets_tests.conftest import record_sync_run
 

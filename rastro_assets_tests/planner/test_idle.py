@@ -17,8 +17,8 @@ from rastro_assets.planner.state import AccountState, Delivery, SyncRun
 from rastro_assets.timekeeping import local_date
 from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.account_states import recent_deliveries
+from rastro_assets.warehouse.ad_spend_table import write_spend
 from rastro_assets.warehouse.catalog import upsert_catalog
-from rastro_assets.warehouse.spend import write_spend
 from rastro_assets_tests.conftest import record_sync_run
 
 MIN = timedelta(minutes=1)

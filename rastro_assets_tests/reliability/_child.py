@@ -136,7 +136,7 @@ def _stall_in_copy(account: str) -> None:
 
 
 def _stall(args: argparse.Namespace) -> int:
-    from rastro_assets.sync import spend_writer
+    from rastro_assets.sync import spend_write
     from rastro_assets.sync.syncer import Syncer
     from rastro_assets.sync.types import SyncRequest
     from rastro_assets_tests.conftest import TOKEN
@@ -150,12 +150,12 @@ def _stall(args: argparse.Namespace) -> int:
     if args.point == "copy":
         _stall_in_copy(args.account)
     else:
-        real_write = spend_writer.write_spend_many
+        real_write = spend_write.write_spend_many
 
         def stalling_write(con, *write_args, **kwargs):
             return real_write(_Stalling(con, args.point, args.account), *write_args, **kwargs)
 
-        spend_writer.write_spend_many = stalling_write
+        spend_write.write_spend_many = stalling_write
     syncer = Syncer(_open_warehouse(), client_factory(world), clock=clock)
     outcome = syncer.sync(SyncRequest(args.account, since, until, kind="manual",
                                       run_id=args.run_id))

@@ -39,10 +39,10 @@ from rastro_assets.sync.types import SyncRequest
 from rastro_assets.timekeeping import days_between
 from rastro_assets.vault import ENV_VAR, Vault, generate_key
 from rastro_assets.warehouse import link_store, registry, site_store
+from rastro_assets.warehouse.ad_spend_table import write_spend
 from rastro_assets.warehouse.connection import Warehouse, transaction
 from rastro_assets.warehouse.postgres import PostgresWarehouse
 from rastro_assets.warehouse.run_history import sync_run_rows
-from rastro_assets.warehouse.spend import write_spend
 from rastro_assets_tests.conftest import NOW, TOKEN
 from rastro_assets_tests.insight_rows import chunk_from_rows
 from rastro_assets_tests.reliability.helpers import (

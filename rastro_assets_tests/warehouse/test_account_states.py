@@ -9,8 +9,8 @@ from decimal import Decimal
 from rastro_assets.meta.models import Ad, InsightRow, insight_table
 from rastro_assets.warehouse import link_store, registry, shard_store, site_store
 from rastro_assets.warehouse.account_states import LinkedState, linked_states, recent_deliveries
+from rastro_assets.warehouse.ad_spend_table import write_spend
 from rastro_assets.warehouse.catalog import upsert_catalog
-from rastro_assets.warehouse.spend import write_spend
 from rastro_assets_tests.conftest import NOW, record_sync_run
 
 TODAY = NOW.date()

@@ -10,9 +10,9 @@ import pytest
 
 from rastro_assets.meta.models import InsightRow, insight_table
 from rastro_assets.warehouse import link_store, registry, shard_store, site_store
+from rastro_assets.warehouse.ad_spend_table import write_spend
 from rastro_assets.warehouse.link_store import LinkResult
 from rastro_assets.warehouse.registry import RegistryError
-from rastro_assets.warehouse.spend import write_spend
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact, site_rows
 
 DAY1, DAY2 = date(2026, 11, 28), date(2026, 11, 29)

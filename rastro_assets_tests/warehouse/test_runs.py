@@ -10,6 +10,7 @@ from datetime import date, timedelta
 import pytest
 
 from rastro_assets.planner.runs import epoch_us, runs_by_account
+from rastro_assets.warehouse.ad_spend_table import lock_accounts
 from rastro_assets.warehouse.complete_reads import CompleteDay, complete_days, recent_ok_syncs
 from rastro_assets.warehouse.connection import transaction
 from rastro_assets.warehouse.run_history import sync_run_rows
@@ -22,7 +23,6 @@ from rastro_assets.warehouse.runs import (
     record_finished_run,
     start_sync_runs,
 )
-from rastro_assets.warehouse.spend import lock_accounts
 from rastro_assets_tests.conftest import NOW, record_sync_run
 
 DAY = timedelta(days=1)

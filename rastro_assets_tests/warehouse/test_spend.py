@@ -14,10 +14,15 @@ from hypothesis import strategies as st
 from rastro_assets.meta.models import InsightRow, UnrepresentableRow, insight_table
 from rastro_assets.spend_schema import SPEND_TYPE
 from rastro_assets.warehouse import link_store, registry, site_store
+from rastro_assets.warehouse.ad_spend_table import (
+    DaySummary,
+    SpendInputError,
+    spend_by_day,
+    write_spend,
+)
 from rastro_assets.warehouse.connection import Warehouse, transaction
 from rastro_assets.warehouse.errors import AccountNotLinked
 from rastro_assets.warehouse.site_spend import rebuild_site_spend
-from rastro_assets.warehouse.spend import DaySummary, SpendInputError, spend_by_day, write_spend
 from rastro_assets_tests.warehouse.assertions import (
     assert_site_spend_exact,
     site_rows,

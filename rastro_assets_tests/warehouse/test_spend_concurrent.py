@@ -20,17 +20,17 @@ import pytest
 
 from rastro_assets.meta.models import InsightRow, insight_table
 from rastro_assets.warehouse import link_store, registry, site_store
-from rastro_assets.warehouse.catalog import upsert_spend_names
-from rastro_assets.warehouse.connection import transaction
-from rastro_assets.warehouse.errors import AccountTakenOver
-from rastro_assets.warehouse.postgres import PostgresWarehouse
-from rastro_assets.warehouse.runs import SyncRunStart, start_sync_runs
-from rastro_assets.warehouse.spend import (
+from rastro_assets.warehouse.ad_spend_table import (
     SpendWrite,
     SpendWriteResult,
     lock_accounts,
     write_spend_many,
 )
+from rastro_assets.warehouse.catalog import upsert_spend_names
+from rastro_assets.warehouse.connection import transaction
+from rastro_assets.warehouse.errors import AccountTakenOver
+from rastro_assets.warehouse.postgres import PostgresWarehouse
+from rastro_assets.warehouse.runs import SyncRunStart, start_sync_runs
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact, spend_rows
 
 AT = datetime(2026, 12, 1, tzinfo=UTC)

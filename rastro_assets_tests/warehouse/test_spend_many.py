@@ -10,16 +10,16 @@ from hypothesis import strategies as st
 
 from rastro_assets.meta.models import InsightRow, insight_table
 from rastro_assets.warehouse import link_store, registry, site_store
-from rastro_assets.warehouse.connection import transaction
-from rastro_assets.warehouse.engines import AnyWarehouse
-from rastro_assets.warehouse.errors import AccountNotLinked
-from rastro_assets.warehouse.spend import (
+from rastro_assets.warehouse.ad_spend_table import (
     DaySummary,
     SpendInputError,
     SpendWrite,
     SpendWriteResult,
     write_spend_many,
 )
+from rastro_assets.warehouse.connection import transaction
+from rastro_assets.warehouse.engines import AnyWarehouse
+from rastro_assets.warehouse.errors import AccountNotLinked
 from rastro_assets_tests.warehouse.assertions import (
     assert_site_spend_exact,
     site_rows,

@@ -43,7 +43,7 @@ from rastro_assets.planner.wave_seal import (
     seal,
     seal_refusal,
 )
-from rastro_assets.sync.spend import range_refusal
+from rastro_assets.sync.spend_read import range_refusal
 from rastro_assets.sync.types import SyncOutcome, SyncRequest
 from rastro_assets.timekeeping import local_date, zone
 from rastro_assets.vault import SecretsKeyError

@@ -1,6 +1,7 @@
-"""The spend writer (warehouse layer): replace accounts' days in `ad_spend_daily`, sites in step.
+"""The statements on `ad_spend_daily`: replace accounts' days, keep `site_spend_daily` in step.
 
-One writer, `write_spend_many`, for one account or hundreds: a batch is one
+The table's layer; the sync's write step (`sync.spend_write`) calls it.
+`write_spend_many` serves one account or hundreds: a batch is one
 transaction and one set of set-based statements over the reads' Arrow
 tables. Rows missing from a day read completely are deleted (a partial day
 is only upserted: nothing can be inferred from what a truncated read left

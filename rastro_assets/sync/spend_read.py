@@ -1,31 +1,32 @@
-"""Spend (sync layer): one account's spend sync, in the steps a caller chains: start, read, end.
+"""The read of one account's spend sync, in the steps a caller chains: start, read, end.
 
 `start` checks requests and opens their runs' leases in one statement; `read`
 returns Meta's answer as batches, read as they are asked for, and never
 writes: the token is opened from the vault when the first batch is asked for
-and never leaves the read. `spend_writer.SpendWriter` writes what the read
+and never leaves the read. How the read ended is returned (`SpendRead.end`),
+never written into an outcome. `spend_write.SpendWriter` writes what the read
 brings; `end` closes the runs' rows. `syncer.Syncer` chains them for one sync
-or for a wave.
+or for a wave, and folds what each step returned into the sync's outcome.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 
 from rastro_assets.meta.errors import MetaError
 from rastro_assets.meta.insights import META_INSIGHTS_MONTHS
+from rastro_assets.meta.models import Usage
 from rastro_assets.outcomes import FILL_KINDS, ConnectionStatus, Outcome
 from rastro_assets.sync.reader import SpendBatch, read_spend
 from rastro_assets.sync.types import (
+    Failure,
     SyncOutcome,
     SyncRefused,
     SyncRequest,
     Wiring,
-    fail,
     outcome_of,
 )
 from rastro_assets.timekeeping import local_date, months_before
@@ -39,8 +40,6 @@ from rastro_assets.warehouse.runs import (
     SyncRunStart,
     start_sync_runs,
 )
-
-log = logging.getLogger(__name__)
 
 SIZING_HISTORY_DAYS = 35
 """Days of history before a read whose rows per day size its insights ranges."""
@@ -77,17 +76,43 @@ class Target:
         return self.connection.sealed_at if self.connection else None
 
 
+@dataclass(frozen=True)
+class ReadEnded:
+    """How a read ended: Meta's calls and usage, and its failure when it failed."""
+
+    api_calls: int = 0
+    usage: Usage = field(default_factory=Usage)
+    failure: Failure | None = None
+    token_rejected_by_meta: bool = False
+    """Meta refused the token during the read (not a read refused before calling Meta)."""
+
+
+def _no_batches() -> Generator[SpendBatch, None, None]:
+    yield from ()
+
+
 @dataclass
 class SpendRead:
-    """One started sync's read: its outcome so far, and Meta's answer as it comes.
+    """One started sync's read: Meta's answer as it comes, and how the read ended.
 
     `batches` reads Meta as it is iterated; its last batch may be the read's whole
-    answer (`SpendBatch.whole`). A failure ends it and is recorded in `result`.
+    answer (`SpendBatch.whole`). A failure ends it, is never raised, and is in `end`
+    once the iteration is over (set on the thread that iterates).
     """
 
     target: Target
-    result: SyncOutcome
-    batches: Generator[SpendBatch, None, None]
+    started_at: datetime
+    batches: Generator[SpendBatch, None, None] = field(default_factory=_no_batches)
+    ended: ReadEnded | None = None
+
+    @property
+    def end(self) -> ReadEnded:
+        """How the read ended; a read that broke before reaching Meta called it zero times."""
+        return self.ended or ReadEnded()
+
+    @property
+    def failed(self) -> bool:
+        return self.end.failure is not None
 
 
 class SpendSync(Wiring):
@@ -144,48 +169,43 @@ class SpendSync(Wiring):
         """Meta's answer for one started sync, as batches read when iterated; never writes.
 
         Neither this nor the iteration raises for Meta's failures, a missing
-        key or a dead token: they end the read and are recorded in its outcome.
+        key or a dead token: they end the read and are returned in its `end`.
         """
-        request, connection = target.request, target.connection
-        result = SyncOutcome(
-            request=request,
-            timezone=target.account.timezone,
-            currency=target.account.currency,
-            started_at=started_at,
-        )
+        connection = target.connection
         dead_error = dead.error(connection.connection_id) if connection else None
         if connection is None or connection.status != ConnectionStatus.ACTIVE or dead_error:
             reason = dead_error or (connection.last_error if connection else None)
             reason = reason or "no valid token"
-            fail(result, Outcome.TOKEN, f"the connection's token is invalid: {reason}")
-            return SpendRead(target, result, _no_batches())
-        return SpendRead(target, result, self._batches(target, result))
+            refused = Failure.of(Outcome.TOKEN, f"the connection's token is invalid: {reason}")
+            return SpendRead(target, started_at, ended=ReadEnded(failure=refused))
+        read = SpendRead(target, started_at)
+        read.batches = self._batches(read)
+        return read
 
-    def _batches(
-        self, target: Target, result: SyncOutcome
-    ) -> Generator[SpendBatch, None, None]:
-        request, connection = target.request, target.connection
+    def _batches(self, read: SpendRead) -> Generator[SpendBatch, None, None]:
+        request, connection = read.target.request, read.target.connection
         try:
             token = self.vault_factory().open(connection.connection_id, connection.sealed_token)
         except SecretsKeyError as exc:
-            fail(result, Outcome.KEY, str(exc))
+            read.ended = ReadEnded(failure=Failure.of(Outcome.KEY, str(exc)))
             return
         client = self.client_factory(token)
         del token
+        failure, rejected = None, False
         try:
             yield from read_spend(client, request.ad_account_id, request.since, request.until,
-                                  rows_per_day=target.rows_per_day)
+                                  rows_per_day=read.target.rows_per_day)
         except MetaError as exc:
             outcome = outcome_of(exc.kind)
-            result.token_rejected_by_meta = outcome == Outcome.TOKEN
+            rejected = outcome == Outcome.TOKEN
             # A throttle that names no wait of its own waits for the longest
             # one Meta announced earlier in this read: the quota it named is still spent.
             regain = exc.regain_seconds or client.stats.usage.regain_seconds
-            fail(result, outcome, str(exc), regain_at=self._after(regain))
-            result.rate_limit = exc.limit
+            failure = Failure.of(
+                outcome, str(exc), regain_at=self._after(regain), rate_limit=exc.limit
+            )
         finally:
-            result.api_calls = client.stats.api_calls
-            result.usage = client.stats.usage
+            read.ended = ReadEnded(client.stats.api_calls, client.stats.usage, failure, rejected)
             client.close()
 
     def _after(self, seconds: int | None) -> datetime | None:
@@ -219,9 +239,6 @@ class SpendSync(Wiring):
                 self.clock(),
                 token_sealed_at=target.token_sealed_at,
             )
-
-def _no_batches() -> Generator[SpendBatch, None, None]:
-    yield from ()
 
 
 def busiest_days(con: Connection, targets: Sequence[Target]) -> dict[str, int]:
