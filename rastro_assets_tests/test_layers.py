@@ -5,9 +5,12 @@ last tests can plant a bad import in a copy of the tree and watch the rule catch
 
 - Every module, each package's `__init__.py` (the product's own included) as much as any
   other, belongs to one layer (`LAYERS`), a leaf, `definitions.py` or the fake Graph.
-- An import is any import statement, in a function or not, and any `importlib.import_module`
-  or `__import__` of a constant name; one whose name the source does not say is refused
-  (`DYNAMIC_IMPORTERS` names the one module allowed it, and what it may load).
+- An import is any import statement, in a function or not, and any call of
+  `importlib.import_module` or `__import__` of a constant name, under whatever name the
+  module binds them to (`from importlib import import_module as load`, `load = __import__`);
+  one whose name the source does not say, or a loader of a file or spec (`importlib.util`'s,
+  `runpy`'s), is refused (`DYNAMIC_IMPORTERS` names the one module allowed it, and what it
+  may load).
 - A layer imports only the leaves, itself and the layers it names: `meta/` (the Graph client)
   is the bottom; `warehouse/` adds `meta/`; `planner/` and `sync/` add `warehouse/`;
   `analytics/` adds `planner/`; `alerts/` (incidents and their channels) adds `planner/`;
@@ -15,6 +18,10 @@ last tests can plant a bad import in a copy of the tree and watch the rule catch
   instance loads from us, and the CLI's helpers on it) adds `defs/`; `demo/` (which
   reads the planner and the snapshot to say the backfills' progress) and `cli/` sit on top
   (the CLI may reach `defs` and `instance` lazily).
+- A CLI module loads nothing of `defs/`, `instance/` or Dagster with itself (only inside the
+  function of a command that needs it, or for type checking), so `rastro --help`, which
+  loads every command's module, starts without Dagster; `cli/test_loads_no_dagster.py`
+  runs the commands to check it.
 - The leaves (the package itself, settings and a process's settings, time, vault, shared
   vocabulary, counts in words, account ids, token shape, shards, the spend schema, the loader
   of the instance plug-ins' old paths) import nothing of ours but other leaves.
@@ -25,6 +32,12 @@ last tests can plant a bad import in a copy of the tree and watch the rule catch
   core, never another domain; a shared module imports no domain.
 - Every asset key and check key is built in `defs/keys.py` alone.
 - Only `defs/`, `instance/` and `definitions.py` import any `dagster*` package.
+- Dagster's private names are reached in `defs/dagster_private.py` alone, so an upgrade
+  breaks one file: no other module imports a private module of a `dagster*` package
+  (`dagster._core...`) or names one in a string (`python -m dagster._daemon`), and no other
+  module that imports Dagster reads a private attribute of an object not its own
+  (`storage._engine`, or `self._instance` its class does not define). The tests and the
+  benches may reach in: they drive Dagster's daemons and storages as Dagster's own do.
 - Only the warehouse (its tables), `analytics/` (the snapshot's own file) and the CLI's
   analyst SQL (`cli/sql.py`, `cli/sql_parquet.py`) import `duckdb`; everything else asks
   the warehouse.
@@ -32,7 +45,9 @@ last tests can plant a bad import in a copy of the tree and watch the rule catch
   `meta/`; of the product only `demo/`, the CLI and `make_client` (the `RASTRO_META_FAKE`
   switch in `meta/__init__.py`, imported lazily) reach it.
 - Within `sync/`, the spend and the catalog know nothing of each other: the syncer chains them.
-- No import circle, counting imports inside functions and for type checking.
+- No import circle, counting imports inside functions and for type checking, and counting
+  `from package import name` (a name its `__init__.py` defines) as running the package's
+  `__init__.py` and all it imports.
 - No test module imports another (shared pieces live in helper modules).
 """
 
@@ -794,7 +809,8 @@ def test_a_planted_aliased_dynamic_import_of_an_unsaid_name_fails(tree_copy: Pat
 
 
 def test_a_planted_top_level_import_of_the_keys_in_the_cli_fails(tree_copy: Path):
-    plant(tree_copy, "rastro_assets/cli/output.py", "from rastro_assets.defs.keys import ACCOUNT_TAG")
+    planted = "from rastro_assets.defs.keys import ACCOUNT_TAG"
+    plant(tree_copy, "rastro_assets/cli/output.py", planted)
     assert cli_loading_dagster(tree_copy) == {
         ("rastro_assets.cli.output", "rastro_assets.defs.keys"),
         ("rastro_assets.cli.output", "rastro_assets.defs.keys.ACCOUNT_TAG"),
