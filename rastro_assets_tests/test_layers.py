@@ -164,9 +164,13 @@ def _parse(text: str) -> ast.Module:
 
 def imports_of(path: Path, root: Path) -> set[str]:
     """Every module named by an import anywhere in the file (functions included)."""
-    tree = parsed(path)
     name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    return set(_imports_in(parsed(path), package))
+
+
+@functools.cache
+def _imports_in(tree: ast.Module, package: str) -> frozenset[str]:
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -177,7 +181,7 @@ def imports_of(path: Path, root: Path) -> set[str]:
             # `from rastro_assets.planner import cadence` names a module too.
             found.update(f"{module}.{alias.name}" for alias in node.names)
     found.update(name for _, name in dynamic_imports(tree) if name is not None)
-    return found
+    return frozenset(found)
 
 
 def _from_module(node: ast.ImportFrom, package: str) -> str:
@@ -226,6 +230,7 @@ def _callee_name(func: ast.AST) -> str | None:
     return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
 
 
+@functools.cache  # a tree is parsed once per text, so its calls are read once too
 def dynamic_imports(tree: ast.AST) -> list[tuple[int, str | None]]:
     """Each call that imports a module by a name at run time, with its line and the name
     when the source spells it (a string constant), else None."""
