@@ -20,9 +20,17 @@ from rastro_assets.cli.private import (
     workspace_file,
 )
 
-# The module `dagster-daemon` runs (dagster/_daemon/__main__.py), started with this
-# interpreter so the daemon is the one installed beside this command.
-DAEMON_ARGV = ["-m", "dagster._daemon", "run"]
+# `dagster-daemon run`, started with this interpreter so the daemon is the one installed
+# beside this command: the console script's function, found by the entry point Dagster's
+# package declares, so no module Dagster keeps private is named here.
+DAEMON_ARGV = [
+    "-c",
+    "import sys; from importlib.metadata import entry_points;"
+    " sys.argv[0] = 'dagster-daemon';"
+    " (script,) = entry_points(group='console_scripts', name='dagster-daemon');"
+    " sys.exit(script.load()())",
+    "run",
+]
 
 
 def add_daemon(subparsers: Subparsers) -> None:

@@ -10,12 +10,24 @@ nor to ask for a partitioned check's latest evaluations
 materialization a check evaluated outside a run belongs to
 (`AssetCheckEvaluationTargetMaterializationData`), nor to log an op's
 materializations as one event batch (`log_materialization_batches`).
-Dagster is pinned to 1.13.*; after an upgrade, check these imports first
-(`rastro_assets_tests/defs/test_sensors.py`, `test_retention.py` and
-`test_wave.py` exercise each of them).
+
+The instance's plug-ins (`rastro_assets/instance/`) need more: a run launcher's health
+answer (`CheckRunHealthResult`, `WorkerStatus`, `LaunchRunContext`), the instance and
+logger a plug-in is handed (`plugin_instance`, `coordinator_logger`), a workspace process
+context built from a workspace file for the webserver (`WorkspaceProcessContext`,
+`WorkspaceFileTarget`, `configure_loggers`), and the engine each of `dagster-postgres`'s
+storages connects through (`share_engine`).
+
+Dagster is pinned to 1.13.* (and `dagster-postgres` to 0.29.*); after an upgrade, check
+these first (`rastro_assets_tests/defs/test_sensors.py`, `test_retention.py`, `test_wave.py`,
+`rastro_assets_tests/reliability/test_run_launcher.py`,
+`rastro_assets_tests/instance/test_postgres_storage.py` and
+`rastro_assets_tests/cli/test_webserver.py` exercise each of them).
 """
 
+import logging
 from collections.abc import Iterable
+from typing import Any
 
 import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
@@ -25,9 +37,13 @@ from dagster._core.definitions.assets.graph.asset_graph_subset import AssetGraph
 from dagster._core.event_api import PartitionKeyFilter
 from dagster._core.events import DagsterEvent, DagsterEventBatchMetadata, generate_event_batch_id
 from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
+from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, WorkerStatus
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.event_log.schema import AssetEventTagsTable, SqlEventLogStorageTable
 from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
+from dagster._core.workspace.context import WorkspaceProcessContext
+from dagster._core.workspace.load_target import WorkspaceFileTarget
+from dagster._utils.log import configure_loggers
 
 __all__ = [
     "AssetCheckEvaluationTargetMaterializationData",
@@ -36,11 +52,35 @@ __all__ = [
     "AssetGraphSubset",
     "BulkActionStatus",
     "BulkActionsFilter",
+    "CheckRunHealthResult",
+    "LaunchRunContext",
     "PartitionBackfill",
     "PartitionKeyFilter",
     "SqlEventLogStorage",
     "SqlEventLogStorageTable",
+    "WorkerStatus",
+    "WorkspaceFileTarget",
+    "WorkspaceProcessContext",
+    "configure_loggers",
 ]
+
+
+def plugin_instance(plugin: Any) -> dg.DagsterInstance:
+    """The instance that loaded a plug-in (a run launcher, a run coordinator): Dagster's own
+    plug-ins reach it through this private property, and offer no public one."""
+    return plugin._instance
+
+
+def coordinator_logger(coordinator: dg.QueuedRunCoordinator) -> logging.Logger:
+    """The queued run coordinator's logger, where its daemon's log lines go."""
+    return coordinator._logger
+
+
+def share_engine(storage: Any, engine: Any) -> None:
+    """Make the run, event log and schedule storages of a `DagsterPostgresStorage` connect
+    through `engine`: each keeps the engine its calls connect through in `_engine`."""
+    for part in (storage._run_storage, storage._event_log_storage, storage._schedule_storage):
+        part._engine = engine
 
 
 def log_materialization_batches(

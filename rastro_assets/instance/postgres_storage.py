@@ -30,6 +30,8 @@ from dagster_postgres.utils import (
     pg_url_from_config,
 )
 
+from rastro_assets.defs.dagster_private import share_engine
+
 # Connections a process keeps idle: one serves a run worker, whose calls come one at a time.
 KEPT_CONNECTIONS = 1
 
@@ -65,8 +67,8 @@ def kept_connection_engine(postgres_url: str, token_provider=None) -> sqlalchemy
 class PooledPostgresStorage(DagsterPostgresStorage):
     """`storage: postgres`, but every storage call of a process reuses its connection.
 
-    The one reach into `dagster-postgres`'s internals: each storage's `_engine`, which
-    its calls connect through (pinned to 0.29.*; `test_postgres_storage.py` checks it).
+    The one reach into `dagster-postgres`'s internals, each storage's engine, goes through
+    `share_engine` (pinned to 0.29.*; `test_postgres_storage.py` checks it).
     """
 
     def __init__(
@@ -78,8 +80,7 @@ class PooledPostgresStorage(DagsterPostgresStorage):
     ) -> None:
         super().__init__(postgres_url, should_autocreate_tables, inst_data, token_provider)
         engine = kept_connection_engine(postgres_url, token_provider)
-        for storage in (self._run_storage, self._event_log_storage, self._schedule_storage):
-            storage._engine = engine
+        share_engine(self, engine)
 
     @classmethod
     def from_config_value(  # ty: ignore[invalid-method-override]

@@ -35,8 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-from dagster._core.events import DagsterEventType
-from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, WorkerStatus
+
+from rastro_assets.defs.dagster_private import (
+    CheckRunHealthResult,
+    LaunchRunContext,
+    WorkerStatus,
+    plugin_instance,
+)
 
 WORKER_TAG = "rastro/run_worker"
 """Where the run worker lives: written by this launcher only, `""` when it could not tell."""
@@ -160,11 +165,11 @@ class WorkerCheckingRunLauncher(dg.DefaultRunLauncher):
     def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
         if run.tags.get(WORKER_TAG):
-            self._instance.add_run_tags(run.run_id, {WORKER_TAG: ""})
+            plugin_instance(self).add_run_tags(run.run_id, {WORKER_TAG: ""})
         launched_at = time.time()
         super().launch_run(context)
         worker = self._note_worker(run.run_id, launched_at)
-        self._instance.add_run_tags(
+        plugin_instance(self).add_run_tags(
             run.run_id, {WORKER_TAG: json.dumps(asdict(worker)) if worker else ""}
         )
 
@@ -181,7 +186,8 @@ class WorkerCheckingRunLauncher(dg.DefaultRunLauncher):
 
     def _started_event(self, run_id: str) -> tuple[int, float] | None:
         """The pid the run worker logged at its start, and when (dagster/_grpc/impl.py)."""
-        for entry in self._instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT):
+        logs = plugin_instance(self).all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT)
+        for entry in logs:
             event = entry.dagster_event
             if event is None or not (event.message or "").startswith(STARTED_MESSAGE):
                 continue

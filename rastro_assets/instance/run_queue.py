@@ -66,6 +66,7 @@ from rastro_assets.defs.cadence.held import (
     held_message,
     hold_tags,
 )
+from rastro_assets.defs.dagster_private import coordinator_logger, plugin_instance
 from rastro_assets.defs.keys import (
     ACCOUNT_DIMENSION_TAG,
     ACCOUNT_TAG,
@@ -211,16 +212,17 @@ class AccountRunCoordinator(dg.QueuedRunCoordinator):
 
     def submit_run(self, context: dg.SubmitRunContext) -> dg.DagsterRun:
         run = context.dagster_run
+        instance = plugin_instance(self)
         stray = stray_partition(run.tags)
         if stray:
-            self._instance.report_run_failed(
+            instance.report_run_failed(
                 run,
                 f"Refused: this run of {run.tags[RANGE_START_TAG]} .. {run.tags[RANGE_END_TAG]}"
                 f" carries the partition tags of {stray}, so Dagster would sync only {stray}."
                 " A backfill launched from a job's page does that; launch it from the spend"
                 " asset's page (Materialize...) instead.",
             )
-            return self._instance.get_run_by_id(run.run_id) or run
+            return instance.get_run_by_id(run.run_id) or run
         account = run_account(run.tags)
         tags = {}
         if account and run.tags.get(ACCOUNT_TAG) != account:
@@ -236,11 +238,11 @@ class AccountRunCoordinator(dg.QueuedRunCoordinator):
         if priority is not None and PRIORITY_TAG not in run.tags:
             tags[PRIORITY_TAG] = str(priority)
         if tags:
-            self._instance.add_run_tags(run.run_id, tags)
-            run = self._instance.get_run_by_id(run.run_id) or run
+            instance.add_run_tags(run.run_id, tags)
+            run = instance.get_run_by_id(run.run_id) or run
             context = dg.SubmitRunContext(run, context.workspace)
         if hold:
-            self._instance.report_engine_event(held_message(hold), run)
+            instance.report_engine_event(held_message(hold), run)
         return super().submit_run(context)
 
     def _day_hold(self, tags) -> dict[str, str] | None:
@@ -250,5 +252,5 @@ class AccountRunCoordinator(dg.QueuedRunCoordinator):
         now = self.clock()
         if day is None or begun_everywhere(day, now):
             return None
-        zones = account_zones(run_accounts(self._instance, tags), self._logger)
+        zones = account_zones(run_accounts(plugin_instance(self), tags), coordinator_logger(self))
         return hold_tags(day, zones, now)

@@ -6,8 +6,9 @@ tuned for a long-running server, a `WorkspaceProcessContext` over the workspace 
 `create_app_from_workspace_process_context` with the same lifespan, run by uvicorn;
 only the listener differs, handed in instead of a host and port. Dagster offers no public
 way to build a workspace process context from a workspace file: `WorkspaceProcessContext`,
-`WorkspaceFileTarget` and `configure_loggers` are its private names (pinned to 1.13.*; the
-slow test `rastro_assets_tests/cli/test_webserver.py` starts the whole path).
+`WorkspaceFileTarget` and `configure_loggers` are its private names, taken from
+`defs/dagster_private.py` (pinned to 1.13.*; the slow test
+`rastro_assets_tests/cli/test_webserver.py` starts the whole path).
 """
 
 from __future__ import annotations
@@ -22,9 +23,6 @@ from pathlib import Path
 
 import dagster as dg
 import uvicorn
-from dagster._core.workspace.context import WorkspaceProcessContext
-from dagster._core.workspace.load_target import WorkspaceFileTarget
-from dagster._utils.log import configure_loggers
 from dagster_webserver.app import create_app_from_workspace_process_context
 from dagster_webserver.cli import (
     DEFAULT_DB_STATEMENT_TIMEOUT,
@@ -33,6 +31,12 @@ from dagster_webserver.cli import (
     WEBSERVER_LOGGER_NAME,
 )
 from dagster_webserver.version import __version__
+
+from rastro_assets.defs.dagster_private import (
+    WorkspaceFileTarget,
+    WorkspaceProcessContext,
+    configure_loggers,
+)
 
 # dagster-webserver's defaults for the options it has and this command does not.
 LIVE_DATA_POLL_RATE_MS = 2000

@@ -611,15 +611,6 @@ def test_the_console_script(env: Path, tmp_path: Path):
         assert TOKEN not in result.stdout + result.stderr
 
 
-def test_the_command_loads_without_dagster():
-    """`link` imports Dagster only when DAGSTER_HOME is set; every other command never does."""
-    check = (
-        "import sys; import rastro_assets.cli.context; import rastro_assets.cli;"
-        " assert 'dagster' not in sys.modules, 'dagster imported'"
-    )
-    subprocess.run([sys.executable, "-c", check], check=True, timeout=60)
-
-
 def test_against_the_fake_graph(rastro, env: Path, monkeypatch):
     from rastro_fake_graph import DEMO_TOKEN
 
