@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TextIO
 
 from rastro_assets.process_settings import Settings
+from rastro_assets.settings import environment
 from rastro_assets.timekeeping import Clock, system_clock
 from rastro_assets.tokens import TOKEN_SHAPED
 from rastro_assets.vault import (
@@ -114,7 +115,7 @@ class Context:
 
     @classmethod
     def from_process(cls) -> Context:
-        return cls(environ=os.environ, stdin=sys.stdin, stdout=sys.stdout, stderr=sys.stderr)
+        return cls(environ=environment(), stdin=sys.stdin, stdout=sys.stdout, stderr=sys.stderr)
 
     def settings(self) -> Settings:
         return Settings.from_env(dict(self.environ))

@@ -34,6 +34,8 @@ from dagster_webserver.cli import (
 )
 from dagster_webserver.version import __version__
 
+from rastro_assets.settings import DAGSTER_HOME
+
 # dagster-webserver's defaults for the options it has and this command does not.
 LIVE_DATA_POLL_RATE_MS = 2000
 UVICORN_LOG_LEVEL = "warning"
@@ -59,7 +61,7 @@ def serve_ui(sock: socket.socket, workspace: Path, path_prefix: str, where: str)
         instance = dg.DagsterInstance.get()
     except dg.DagsterError as exc:
         raise ValueError(
-            f"the Dagster instance at {os.environ.get('DAGSTER_HOME')}: {exc}"
+            f"the Dagster instance at {DAGSTER_HOME.raw()}: {exc}"
         ) from None
     with instance:
         instance.optimize_for_webserver(
