@@ -87,14 +87,14 @@ def retention_interval_seconds(raw: str | None) -> int:
 def run_retention_hours(raw: str | None) -> float:
     """`RASTRO_RUN_RETENTION_HOURS`: how long the instance keeps a run."""
     return _positive_number(
-        raw, 24, "hours", "RASTRO_RUN_RETENTION_HOURS", most=MAX_RUN_RETENTION_HOURS
+        raw, 24.0, "hours", "RASTRO_RUN_RETENTION_HOURS", most=MAX_RUN_RETENTION_HOURS
     )
 
 
 def sync_run_retention_days(raw: str | None) -> float:
     """`RASTRO_SYNC_RUN_RETENTION_DAYS`: how long the warehouse keeps a `meta_sync_runs` row."""
     return _positive_number(
-        raw, 35, "days", "RASTRO_SYNC_RUN_RETENTION_DAYS", most=MAX_SYNC_RUN_RETENTION_DAYS
+        raw, 35.0, "days", "RASTRO_SYNC_RUN_RETENTION_DAYS", most=MAX_SYNC_RUN_RETENTION_DAYS
     )
 
 
@@ -571,8 +571,9 @@ class Variable:
 
 
 RASTRO_DUCKDB_PATH = Variable(
-    "RASTRO_DUCKDB_PATH", str, DEFAULT_DUCKDB_PATH, text, PROCESS,
-    "the DuckDB warehouse file (else found from the working directory upward)",
+    "RASTRO_DUCKDB_PATH", str, None, text, PROCESS,
+    "the DuckDB warehouse file; unset: the project's data/rastro.duckdb, found from the"
+    " working directory upward",
 )
 RASTRO_WAREHOUSE_URL = Variable(
     "RASTRO_WAREHOUSE_URL", str, None, warehouse_url, PROCESS,
@@ -635,11 +636,11 @@ RASTRO_RETENTION_INTERVAL_SECONDS = Variable(
     retention_interval_seconds, LOAD, "how often the retention sensor ticks, in seconds",
 )
 RASTRO_RUN_RETENTION_HOURS = Variable(
-    "RASTRO_RUN_RETENTION_HOURS", float, 24, run_retention_hours, LOAD,
+    "RASTRO_RUN_RETENTION_HOURS", float, 24.0, run_retention_hours, LOAD,
     "how long the instance keeps a run, in hours",
 )
 RASTRO_SYNC_RUN_RETENTION_DAYS = Variable(
-    "RASTRO_SYNC_RUN_RETENTION_DAYS", float, 35, sync_run_retention_days, LOAD,
+    "RASTRO_SYNC_RUN_RETENTION_DAYS", float, 35.0, sync_run_retention_days, LOAD,
     "how long the warehouse keeps a meta_sync_runs row, in days",
 )
 RASTRO_ALERT_STALE_MINUTES = Variable(
