@@ -56,7 +56,8 @@ LEAVES = {
     *(
         f"{PRODUCT}.{leaf}"
         for leaf in (
-            "settings", "process_settings", "timekeeping", "vault", "outcomes", "accounts",
+            "settings", "setting_checks", "process_settings", "timekeeping", "vault",
+            "outcomes", "accounts",
             "spend_schema", "tokens", "shards", "words", "instance.moved",
         )
     ),
