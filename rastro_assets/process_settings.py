@@ -8,37 +8,36 @@ A leaf like `settings.py`, whose parsing and error it shares.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from rastro_assets.settings import (
     ANALYTICS_FILE_NAME,
     CODE_LOCATION_MODULE,
     DATA_DIR,
     DEFAULT_ACCOUNT_SHARDS,
+    DEFAULT_ANALYTICS_LAG_SECONDS,
+    DEFAULT_ANALYTICS_MODE,
+    DEFAULT_ANALYTICS_STORAGE_VERSION,
+    DEFAULT_DUCKDB_PATH,
+    DEFAULT_GRAPH_URL,
     DEFAULT_SHARD_ACCOUNTS,
     PIPELINE_FILE_NAME,
+    RASTRO_ACCOUNT_SHARDS,
+    RASTRO_ANALYTICS_LAG_SECONDS,
+    RASTRO_ANALYTICS_MODE,
+    RASTRO_ANALYTICS_PATH,
+    RASTRO_ANALYTICS_STORAGE_VERSION,
+    RASTRO_DUCKDB_PATH,
+    RASTRO_META_FAKE,
+    RASTRO_META_GRAPH_URL,
+    RASTRO_SHARD_ACCOUNTS,
+    RASTRO_WAREHOUSE_URL,
     SettingsError,
-    account_shards_in,
+    environment,
     find_data_dir,
-    shard_accounts,
-    shown_value,
-    whole_number,
 )
-
-DEFAULT_DUCKDB_PATH = "data/rastro.duckdb"
-DEFAULT_GRAPH_URL = "https://graph.facebook.com/v25.0"
-DEFAULT_ANALYTICS_MODE = 0o644
-DEFAULT_ANALYTICS_LAG_SECONDS = 300
-# A week: a benchmark that must never publish mid-measure still fits.
-MAX_ANALYTICS_LAG_SECONDS = 7 * 24 * 60 * 60
-# The oldest DuckDB storage that holds every type of the snapshot (DECIMAL, TIMESTAMPTZ, BLOB,
-# lists): DuckDB 1.0 and later, and the tools that bundle one (DBeaver, Metabase, Evidence),
-# open it; the newest storage would shut out every DuckDB older than the pipeline's.
-DEFAULT_ANALYTICS_STORAGE_VERSION = "v1.0.0"
 
 
 class NotTheSnapshot(SettingsError):
@@ -152,8 +151,8 @@ class Settings:
     ) -> Settings:
         """The settings of the environment; the files, when no variable names them, are
         found from `cwd` (default: the working directory) upward (`find_data_dir`)."""
-        env = os.environ if environ is None else environ
-        duckdb_path, not_found = env.get("RASTRO_DUCKDB_PATH"), None
+        env = environment(environ)
+        duckdb_path, not_found = RASTRO_DUCKDB_PATH.read(env), None
         if not duckdb_path:
             here = Path(os.getcwd() if cwd is None else cwd).absolute()
             data = find_data_dir(here)
@@ -166,87 +165,24 @@ class Settings:
         settings = cls(
             duckdb_path=duckdb_path,
             not_found=not_found,
-            graph_url=(env.get("RASTRO_META_GRAPH_URL") or DEFAULT_GRAPH_URL).rstrip("/"),
-            use_fake_graph=(
-                env.get("RASTRO_META_FAKE", "").strip().lower() in {"1", "true", "yes"}
-            ),
-            analytics_path=env.get("RASTRO_ANALYTICS_PATH") or None,
-            warehouse_url=_warehouse_url(env.get("RASTRO_WAREHOUSE_URL")),
-            analytics_mode=_octal_mode(env.get("RASTRO_ANALYTICS_MODE")),
-            analytics_lag_seconds=_lag_seconds(env.get("RASTRO_ANALYTICS_LAG_SECONDS")),
-            analytics_storage_version=storage_version(env.get("RASTRO_ANALYTICS_STORAGE_VERSION")),
-            account_shards=account_shards_in(env),
-            shard_accounts=shard_accounts(env.get("RASTRO_SHARD_ACCOUNTS")),
+            graph_url=RASTRO_META_GRAPH_URL.read(env),
+            use_fake_graph=RASTRO_META_FAKE.read(env),
+            analytics_path=RASTRO_ANALYTICS_PATH.read(env),
+            warehouse_url=RASTRO_WAREHOUSE_URL.read(env),
+            analytics_mode=RASTRO_ANALYTICS_MODE.read(env),
+            analytics_lag_seconds=RASTRO_ANALYTICS_LAG_SECONDS.read(env),
+            analytics_storage_version=RASTRO_ANALYTICS_STORAGE_VERSION.read(env),
+            # The definitions (at load) and the CLI must agree on the shards, or `rastro
+            # link` would place accounts in pairs the code location does not define.
+            account_shards=RASTRO_ACCOUNT_SHARDS.read(env),
+            shard_accounts=RASTRO_SHARD_ACCOUNTS.read(env),
         )
-        if not env.get("RASTRO_DUCKDB_PATH"):
+        if not RASTRO_DUCKDB_PATH.read(env):
             check_not_beside_a_guess(settings.snapshot_path)
         return settings
-
-
-def storage_version(raw: str | None) -> str:
-    """`RASTRO_ANALYTICS_STORAGE_VERSION`: a DuckDB release, `v1.0.0` or later, like `v1.2.0`."""
-    if not raw:
-        return DEFAULT_ANALYTICS_STORAGE_VERSION
-    if not re.fullmatch(r"v[1-9][0-9]*\.[0-9]+\.[0-9]+", raw.strip()):
-        raise SettingsError(
-            f"RASTRO_ANALYTICS_STORAGE_VERSION must be a DuckDB release from v1.0.0 on, like"
-            f" {DEFAULT_ANALYTICS_STORAGE_VERSION} or v1.2.0, not {shown_value(raw)}"
-        )
-    return raw.strip()
-
-
-def _octal_mode(raw: str | None) -> int:
-    if not raw:
-        return DEFAULT_ANALYTICS_MODE
-    try:
-        mode = int(raw, 8)
-    except ValueError:
-        mode = -1
-    if not 0 <= mode <= 0o777 or not mode & 0o400:
-        raise SettingsError(
-            f"RASTRO_ANALYTICS_MODE must be an octal file mode from 0400 to 0777 that the owner"
-            f" can read, like 0644 or 0640, not {shown_value(raw)}"
-        )
-    return mode
-
-
-def _lag_seconds(raw: str | None) -> int:
-    return whole_number(
-        raw,
-        DEFAULT_ANALYTICS_LAG_SECONDS,
-        least=30,
-        most=MAX_ANALYTICS_LAG_SECONDS,
-        refusal="RASTRO_ANALYTICS_LAG_SECONDS must be a whole number of seconds from 30 to"
-        f" {MAX_ANALYTICS_LAG_SECONDS:,}",
-    )
-
-
-
-def _warehouse_url(raw: str | None) -> str | None:
-    """RASTRO_WAREHOUSE_URL, checked for its scheme and its shape: the server says the rest."""
-    if raw is None or not raw.strip():
-        return None
-    url = raw.strip()
-    # The value is never quoted back: it may carry the database's password.
-    if url.split(":", 1)[0] not in {"postgresql", "postgres"} or not _parses(url):
-        raise SettingsError(
-            "RASTRO_WAREHOUSE_URL must be a postgresql://user@host/database URL;"
-            " leave it unset for the DuckDB file of RASTRO_DUCKDB_PATH"
-        )
-    return url
-
-
-def _parses(url: str) -> bool:
-    """Whether `url` splits into its parts with a numeric port, if it names one."""
-    try:
-        urlsplit(url).port  # noqa: B018 - raises ValueError for a port that is not a number
-    except ValueError:
-        return False
-    return True
 
 
 def warehouse_engine(environ: Mapping[str, str] | None = None) -> str:
     """`postgres` when RASTRO_WAREHOUSE_URL is set, else `duckdb`: what the definitions show
     as the warehouse tables' kind."""
-    env = os.environ if environ is None else environ
-    return "postgres" if (env.get("RASTRO_WAREHOUSE_URL") or "").strip() else "duckdb"
+    return "postgres" if RASTRO_WAREHOUSE_URL.is_set(environ) else "duckdb"

@@ -1,55 +1,69 @@
-"""Configuration read from the environment: the values fixed when the code loads, where the
-project's files are when no variable names them, the alert thresholds, and the error a bad
-value raises. `Settings`, what a process runs with (its files, the Graph, the shards), is in
-`process_settings.py`.
+"""Every variable of the environment the product reads, declared once (`VARIABLES`: its
+name, type, default, check and meaning), and the only place that reads the environment
+(`environment`); the values fixed when the code loads (`load_time`); where the project's
+files are when no variable names them; and the alert thresholds. How each value is checked,
+and the error a bad one raises, is in `setting_checks.py`; `Settings`, what a process runs
+with (its files, the Graph, the shards), is in `process_settings.py`, and reads its
+variables through here.
 
-The contract names the variables; the code reads them through here so a test
-can build a `Settings` without touching `os.environ`. Two kinds are read where
-they are used instead: the secrets key, `RASTRO_SECRETS_KEY` (`vault.py`,
-`Vault.from_env`; `rastro` and the demo also look whether it is set), and the
-alert channels, `RASTRO_ALERT_WEBHOOK_URLS`, `RASTRO_ALERT_SMTP_URL`,
-`RASTRO_ALERT_EMAIL_TO` and `RASTRO_ALERT_EMAIL_FROM` (`alerts/channels.py`,
-`channels_from_env`).
+A reader asks its variable's declaration (`RASTRO_SHARD_ACCOUNTS.read(environ)`), with an
+environment given as a mapping (so a test builds settings without touching `os.environ`)
+or, when none is given, this process's own.
 """
 
 from __future__ import annotations
 
-import math
+import functools
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, timedelta
 from pathlib import Path
+from typing import Any
+
+from rastro_assets.setting_checks import (
+    DEFAULT_ACCOUNT_SHARDS,
+    DEFAULT_ALERT_RUN_FAILURES,
+    DEFAULT_ANALYTICS_LAG_SECONDS,
+    DEFAULT_ANALYTICS_MODE,
+    DEFAULT_ANALYTICS_STORAGE_VERSION,
+    DEFAULT_GRAPH_URL,
+    DEFAULT_IDLE_LIVE_INTERVAL_MINUTES,
+    DEFAULT_OUTPUT_MAX_MB,
+    DEFAULT_PARTITIONS_START,
+    DEFAULT_SHARD_ACCOUNTS,
+    DEFAULT_SYNC_LEASE_SECONDS,
+    SettingsError,
+    account_shards,
+    alert_minutes,
+    alert_run_failures,
+    graph_url,
+    idle_live_interval_minutes,
+    lag_seconds,
+    octal_mode,
+    partitions_start,
+    retention_interval_seconds,
+    run_retention_hours,
+    sensor_interval_override_seconds,
+    shard_accounts,
+    sql_output_max_mb,
+    storage_version,
+    stripped,
+    switch,
+    sync_lease_seconds,
+    sync_run_retention_days,
+    text,
+    warehouse_url,
+)
+
+# Readers ask this module for the checks' constants and helpers too.
+from rastro_assets.setting_checks import DEFAULT_DUCKDB_PATH as DEFAULT_DUCKDB_PATH
+from rastro_assets.setting_checks import LIVE_INTERVAL_MINUTES as LIVE_INTERVAL_MINUTES
+from rastro_assets.setting_checks import MAX_ALERT_MINUTES as MAX_ALERT_MINUTES
+from rastro_assets.setting_checks import shown_value as shown_value
+from rastro_assets.setting_checks import whole_number as whole_number
 
 ANALYTICS_FILE_NAME = "analytics.duckdb"
-
-# Operators may make the sensors tick faster (tests, demos): `SENSOR_INTERVAL_OVERRIDE_SECONDS`.
-# How long a started sync holds its account (15 minutes, a wave's run timeout too); a test or
-# demo that kills runs may shorten it: `SYNC_LEASE_SECONDS`. Both read when the code loads
-# (`LOAD_TIME_SETTINGS` below).
-DEFAULT_SYNC_LEASE_SECONDS = 15 * 60
-# Every account's today and yesterday are read this often; an idle one (no spend today or
-# yesterday, no ACTIVE ad) every RASTRO_IDLE_LIVE_INTERVAL_MINUTES, where setting the live
-# interval itself turns idling off.
-LIVE_INTERVAL_MINUTES = 45
-DEFAULT_IDLE_LIVE_INTERVAL_MINUTES = 180
-
-# The upper ends of the numeric settings' ranges: each is far beyond any useful value, and
-# close enough that a typo (an extra digit or ten) is refused instead of overflowing a
-# timedelta or silently switching a behaviour off. `docs/running.md`, "Settings", lists them.
-DAY_SECONDS = 24 * 60 * 60
-MAX_IDLE_LIVE_INTERVAL_MINUTES = 24 * 60
-MAX_SENSOR_INTERVAL_SECONDS = 60 * 60
-MAX_RUN_RETENTION_HOURS = 10 * 365 * 24
-MAX_SYNC_RUN_RETENTION_DAYS = 10 * 365
-# Ten years: a threshold that high never fires, which is how one kind of incident is
-# turned off.
-MAX_ALERT_MINUTES = 10 * 365 * 24 * 60
-# Runs failing in a row for longer than this have long been somebody's problem: a higher
-# threshold would only keep the incident from being said.
-MAX_ALERT_RUN_FAILURES = 100
-# A value longer than this is shown cut, with its length: a refusal stays one short line.
-SHOWN_VALUE_CHARS = 24
 
 
 @dataclass(frozen=True)
@@ -63,239 +77,77 @@ class Retention:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Retention:
         """From the environment; a SettingsError names the first variable with a bad value."""
-        env = os.environ if environ is None else environ
         return cls(
-            sensor_seconds=whole_number(
-                env.get("RASTRO_RETENTION_INTERVAL_SECONDS"),
-                3600,
-                least=1,
-                most=DAY_SECONDS,
-                refusal="RASTRO_RETENTION_INTERVAL_SECONDS must be a whole number of seconds"
-                f" from 1 to {DAY_SECONDS:,}",
-            ),
-            runs=timedelta(
-                hours=_positive_number(
-                    env.get("RASTRO_RUN_RETENTION_HOURS"),
-                    24,
-                    "hours",
-                    "RASTRO_RUN_RETENTION_HOURS",
-                    most=MAX_RUN_RETENTION_HOURS,
-                )
-            ),
-            sync_runs=timedelta(
-                days=_positive_number(
-                    env.get("RASTRO_SYNC_RUN_RETENTION_DAYS"),
-                    35,
-                    "days",
-                    "RASTRO_SYNC_RUN_RETENTION_DAYS",
-                    most=MAX_SYNC_RUN_RETENTION_DAYS,
-                )
-            ),
+            sensor_seconds=RASTRO_RETENTION_INTERVAL_SECONDS.read(environ),
+            runs=timedelta(hours=RASTRO_RUN_RETENTION_HOURS.read(environ)),
+            sync_runs=timedelta(days=RASTRO_SYNC_RUN_RETENTION_DAYS.read(environ)),
         )
 
 
-class SettingsError(ValueError):
-    """A variable of the environment holds a value the product cannot use."""
+@dataclass(frozen=True)
+class LoadTime:
+    """The values read from the environment when the code loads, and fixed from then on: the
+    sensors' intervals, the lease, the retention, the partitions' first date and the shards
+    (each a pair of assets) are fixed at definition time, so a new value applies at the code
+    location's next restart."""
+
+    sensor_interval_override_seconds: int = 0
+    sync_lease_seconds: int = DEFAULT_SYNC_LEASE_SECONDS
+    retention: Retention = Retention()
+    partitions_start: date = date.fromisoformat(DEFAULT_PARTITIONS_START)
+    idle_live_interval_minutes: int = DEFAULT_IDLE_LIVE_INTERVAL_MINUTES
+    account_shards: int = DEFAULT_ACCOUNT_SHARDS
+    refusals: Mapping[str, str] = field(default_factory=dict)
+    """Each refused value, by its field's name: the one line naming the variable, the value
+    and the range. A refused value is read as its default."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> LoadTime:
+        """The values of the environment. A bad value never raises here: the code location
+        must load whatever the environment holds, or the daemon would lose every sensor."""
+        defaults = cls()
+        readers: dict[str, Callable[[], object]] = {
+            "sensor_interval_override_seconds": (
+                lambda: RASTRO_SENSOR_INTERVAL_SECONDS.read(environ)
+            ),
+            "sync_lease_seconds": lambda: RASTRO_SYNC_LEASE_SECONDS.read(environ),
+            "retention": lambda: Retention.from_env(environ),
+            "partitions_start": lambda: RASTRO_PARTITIONS_START.read(environ),
+            "idle_live_interval_minutes": lambda: RASTRO_IDLE_LIVE_INTERVAL_MINUTES.read(environ),
+            "account_shards": lambda: RASTRO_ACCOUNT_SHARDS.read(environ),
+        }
+        values: dict[str, object] = {}
+        refusals: dict[str, str] = {}
+        for name, read in readers.items():
+            try:
+                values[name] = read()
+            except SettingsError as exc:
+                refusals[name] = str(exc)
+                values[name] = getattr(defaults, name)
+        return cls(**values, refusals=refusals)  # type: ignore[arg-type]
 
 
-
-def idle_live_interval_minutes(raw: str | None) -> int:
-    """`RASTRO_IDLE_LIVE_INTERVAL_MINUTES`: whole minutes, at least the live interval."""
-    return whole_number(
-        raw,
-        DEFAULT_IDLE_LIVE_INTERVAL_MINUTES,
-        least=LIVE_INTERVAL_MINUTES,
-        most=MAX_IDLE_LIVE_INTERVAL_MINUTES,
-        refusal=f"RASTRO_IDLE_LIVE_INTERVAL_MINUTES must be a whole number of minutes from"
-        f" {LIVE_INTERVAL_MINUTES} (idle accounts read like the others) to"
-        f" {MAX_IDLE_LIVE_INTERVAL_MINUTES:,}",
-    )
-
-
-def sensor_interval_override_seconds(raw: str | None) -> int:
-    """`RASTRO_SENSOR_INTERVAL_SECONDS`: whole seconds; 0 or unset keeps each sensor's own."""
-    return whole_number(
-        raw,
-        0,
-        least=0,
-        most=MAX_SENSOR_INTERVAL_SECONDS,
-        refusal="RASTRO_SENSOR_INTERVAL_SECONDS must be a whole number of seconds from 0 (or"
-        f" unset: each sensor's own interval) to {MAX_SENSOR_INTERVAL_SECONDS:,}",
-    )
-
-
-def sync_lease_seconds(raw: str | None) -> int:
-    """`RASTRO_SYNC_LEASE_SECONDS`: how long a started sync holds its account, whole seconds."""
-    return whole_number(
-        raw,
-        DEFAULT_SYNC_LEASE_SECONDS,
-        least=1,
-        most=DAY_SECONDS,
-        refusal=f"RASTRO_SYNC_LEASE_SECONDS must be a whole number of seconds from 1 to"
-        f" {DAY_SECONDS:,}",
-    )
-
-
-def _positive_number(
-    raw: str | None, default: float, unit: str, name: str, *, most: float
-) -> float:
-    """`raw` as a number above 0 and at most `most` (fractions allowed), `default` when
-    empty."""
-    if not raw:
-        return default
-    try:
-        number = float(raw)
-    except ValueError:
-        number = math.nan
-    if not (0 < number <= most):
-        raise SettingsError(
-            f"{name} must be a number of {unit} above 0 and at most {most:,}, not"
-            f" {shown_value(raw)}"
-        )
-    return number
-
-
-def shown_value(raw: str) -> str:
-    """`raw` quoted for a refusal's one line: cut, with its length, when it is long."""
-    if len(raw) <= SHOWN_VALUE_CHARS:
-        return repr(raw)
-    return f"{raw[:SHOWN_VALUE_CHARS]!r}... ({len(raw):,} characters)"
-
-
-def whole_number(raw: str | None, default: int, *, least: int, most: int, refusal: str) -> int:
-    """`raw` as a whole number from `least` to `most`, `default` when empty; otherwise a
-    SettingsError that says `refusal` and the value given."""
-    if not raw:
-        return default
-    try:
-        number = int(raw)
-    except ValueError:  # also a string of more digits than Python converts
-        number = least - 1
-    if not least <= number <= most:
-        raise SettingsError(f"{refusal}, not {shown_value(raw)}")
-    return number
-
-
-DEFAULT_PARTITIONS_START = "2026-08-01"
-
-
-# Meta keeps 37 months of insights: an axis that starts long before only adds keys that
-# Dagster lists for every backfill and Meta never answers for, and one far ahead is a typo.
-EARLIEST_PARTITIONS_START = date(2000, 1, 1)
-LATEST_PARTITIONS_START = date(2099, 12, 31)
-
-
-def partitions_start(raw: str | None) -> date:
-    """`RASTRO_PARTITIONS_START`: the first local date the spend partitions have."""
-    if not raw:
-        return date.fromisoformat(DEFAULT_PARTITIONS_START)
-    try:
-        start = date.fromisoformat(raw)
-    except ValueError:
-        start = None
-    if start is None or not EARLIEST_PARTITIONS_START <= start <= LATEST_PARTITIONS_START:
-        raise SettingsError(
-            f"RASTRO_PARTITIONS_START must be a date like 2025-01-01, from"
-            f" {EARLIEST_PARTITIONS_START} to {LATEST_PARTITIONS_START}, not {shown_value(raw)}"
-        )
-    return start
-
-
-DEFAULT_ACCOUNT_SHARDS = 1
-MAX_ACCOUNT_SHARDS = 500
-# Accounts whose spend one asset serves within the partitions page's goals, warm and after
-# a link, with a year of history (bench/README.md, "Dagster at scale").
-DEFAULT_SHARD_ACCOUNTS = 100
-MAX_SHARD_ACCOUNTS = 10_000
-
-
-def account_shards(raw: str | None) -> int:
-    """`RASTRO_ACCOUNT_SHARDS`: how many spend asset pairs hold the accounts (1 to 500)."""
-    return whole_number(
-        raw,
-        DEFAULT_ACCOUNT_SHARDS,
-        least=1,
-        most=MAX_ACCOUNT_SHARDS,
-        refusal=f"RASTRO_ACCOUNT_SHARDS must be a whole number from 1 to {MAX_ACCOUNT_SHARDS}",
-    )
-
-
-def account_shards_in(env: Mapping[str, str]) -> int:
-    # The definitions (at load) and the CLI (`Settings`) must agree on the shards, or
-    # `rastro link` would place accounts in pairs the code location does not define.
-    return account_shards(env.get("RASTRO_ACCOUNT_SHARDS"))
-
-
-def shard_accounts(raw: str | None) -> int:
-    """`RASTRO_SHARD_ACCOUNTS`: how many accounts `rastro link` puts in a shard before the
-    next, and above which it warns (1 to 10,000; 100 by default)."""
-    return whole_number(
-        raw,
-        DEFAULT_SHARD_ACCOUNTS,
-        least=1,
-        most=MAX_SHARD_ACCOUNTS,
-        refusal=f"RASTRO_SHARD_ACCOUNTS must be a whole number from 1 to {MAX_SHARD_ACCOUNTS:,}",
-    )
-
-
-# Read from the environment when the code loads, and fixed from then on: the sensors'
-# intervals, the lease, the retention, the partitions' first date and the shards (each a
-# pair of assets) are fixed at definition time, so a new value applies at the code location's
-# next restart. Each is read at its first use, not when this module is imported, and a bad
-# value never raises there: the code location must load whatever the environment holds, or
-# the daemon would lose every sensor. A bad one is read as its default instead and kept as
-# refused (`load_time_refusals`), for those who say it or stop on it: `rastro` stops with
-# one line (`check_load_time_settings`), the `rastro` resource refuses every tick and run
-# while one that shapes the definitions is refused (`check_defining_settings`), the
-# retention sensor deletes nothing, and the incident sensor opens a `settings` incident.
-LOAD_TIME_SETTINGS: dict[str, tuple[Callable[[], object], object]] = {
-    "SENSOR_INTERVAL_OVERRIDE_SECONDS": (
-        lambda: sensor_interval_override_seconds(os.environ.get("RASTRO_SENSOR_INTERVAL_SECONDS")),
-        0,
-    ),
-    "SYNC_LEASE_SECONDS": (
-        lambda: sync_lease_seconds(os.environ.get("RASTRO_SYNC_LEASE_SECONDS")),
-        DEFAULT_SYNC_LEASE_SECONDS,
-    ),
-    "RETENTION": (lambda: Retention.from_env(), Retention()),
-    "PARTITIONS_START": (
-        lambda: partitions_start(os.environ.get("RASTRO_PARTITIONS_START")),
-        date.fromisoformat(DEFAULT_PARTITIONS_START),
-    ),
-    "IDLE_LIVE_INTERVAL_MINUTES": (
-        lambda: idle_live_interval_minutes(os.environ.get("RASTRO_IDLE_LIVE_INTERVAL_MINUTES")),
-        DEFAULT_IDLE_LIVE_INTERVAL_MINUTES,
-    ),
-    "ACCOUNT_SHARDS": (lambda: account_shards_in(os.environ), DEFAULT_ACCOUNT_SHARDS),
-}
 # Those whose default would define other assets or partitions than the operator's: work
 # done on them would be a guess, so it stops until the value is corrected.
-DEFINING_SETTINGS = ("PARTITIONS_START", "ACCOUNT_SHARDS")
-_refused: dict[str, SettingsError] = {}
+DEFINING_SETTINGS = ("partitions_start", "account_shards")
 
 
-def __getattr__(name: str) -> object:
-    # `from rastro_assets.settings import ACCOUNT_SHARDS` lands here the first time.
-    entry = LOAD_TIME_SETTINGS.get(name)
-    if entry is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    read, default = entry
-    try:
-        value = read()
-    except SettingsError as exc:
-        _refused[name] = exc
-        value = default
-    globals()[name] = value
-    return value
+@functools.cache
+def load_time() -> LoadTime:
+    """This process's values read when the code loads, read at the first call (never when
+    this module is imported) and kept. A refused one is read as its default and kept as
+    refused, for those who say it or stop on it: `rastro` stops with one line
+    (`check_load_time_settings`), the `rastro` resource refuses every tick and run while one
+    that shapes the definitions is refused (`check_defining_settings`), the retention sensor
+    deletes nothing, and the incident sensor opens a `settings` incident. A test that
+    changes the environment reads it again after `load_time.cache_clear()`."""
+    return LoadTime.from_env()
 
 
 def load_time_refusals() -> dict[str, str]:
     """Each value read when the code loads that was refused (and read as its default), by
-    its name in this module: the one line naming the variable, the value and the range."""
-    for name in LOAD_TIME_SETTINGS:
-        if name not in globals():
-            __getattr__(name)
-    return {name: str(exc) for name, exc in _refused.items()}
+    its field of `LoadTime`: the one line naming the variable, the value and the range."""
+    return dict(load_time().refusals)
 
 
 def check_load_time_settings() -> None:
@@ -368,7 +220,7 @@ class AlertThresholds:
     """An account refused by Meta's rate limits for this long, every try in between."""
     snapshot: timedelta = timedelta(hours=1)
     """Changes left out of the analytics snapshot for this long."""
-    run_failures: int = 3
+    run_failures: int = DEFAULT_ALERT_RUN_FAILURES
     """This many failed runs of one job in a row, with none succeeding in between."""
     sensor: timedelta = timedelta(minutes=10)
     """A cadence sensor, or the daemon's incident check itself, silent for this long."""
@@ -378,32 +230,217 @@ class AlertThresholds:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AlertThresholds:
         """From the environment; a SettingsError names the first variable with a bad value."""
-        env = os.environ if environ is None else environ
-
-        def minutes(name: str, default: timedelta) -> timedelta:
-            value = whole_number(
-                env.get(name),
-                int(default.total_seconds() // 60),
-                least=1,
-                most=MAX_ALERT_MINUTES,
-                refusal=f"{name} must be a whole number of minutes from 1 to"
-                f" {MAX_ALERT_MINUTES:,}",
-            )
-            return timedelta(minutes=value)
-
         return cls(
-            stale=minutes("RASTRO_ALERT_STALE_MINUTES", cls.stale),
-            stuck=minutes("RASTRO_ALERT_STUCK_MINUTES", cls.stuck),
-            rate_limited=minutes("RASTRO_ALERT_RATE_LIMITED_MINUTES", cls.rate_limited),
-            snapshot=minutes("RASTRO_ALERT_SNAPSHOT_MINUTES", cls.snapshot),
-            run_failures=whole_number(
-                env.get("RASTRO_ALERT_RUN_FAILURES"),
-                cls.run_failures,
-                least=1,
-                most=MAX_ALERT_RUN_FAILURES,
-                refusal="RASTRO_ALERT_RUN_FAILURES must be a whole number of runs from 1 to"
-                f" {MAX_ALERT_RUN_FAILURES}",
-            ),
-            sensor=minutes("RASTRO_ALERT_SENSOR_MINUTES", cls.sensor),
-            remind=minutes("RASTRO_ALERT_REMIND_MINUTES", cls.remind),
+            stale=RASTRO_ALERT_STALE_MINUTES.read(environ),
+            stuck=RASTRO_ALERT_STUCK_MINUTES.read(environ),
+            rate_limited=RASTRO_ALERT_RATE_LIMITED_MINUTES.read(environ),
+            snapshot=RASTRO_ALERT_SNAPSHOT_MINUTES.read(environ),
+            run_failures=RASTRO_ALERT_RUN_FAILURES.read(environ),
+            sensor=RASTRO_ALERT_SENSOR_MINUTES.read(environ),
+            remind=RASTRO_ALERT_REMIND_MINUTES.read(environ),
         )
+
+
+def environment(environ: Mapping[str, str] | None = None) -> Mapping[str, str]:
+    """`environ`, or this process's own environment when None: every variable is read from
+    what this returns. A child process is given a copy (`dict(environment())`) to add to."""
+    return os.environ if environ is None else environ
+
+
+# When a variable is read: when the code loads (`load_time`), at each read of a process's
+# settings, at each check of the incidents, when a command needs it, or a secret read only
+# where it is used. `dagster` ones are Dagster's own, read here so every read is in one place.
+LOAD, PROCESS, CHECK, COMMAND, SECRET, DAGSTER = (
+    "load", "process", "check", "command", "secret", "dagster"
+)
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One variable of the environment: its name, the type its check returns, the value an
+    unset one reads as, its check (a parse that raises SettingsError, in one line naming the
+    variable, for a value it refuses), when it is read, and what it means."""
+
+    name: str
+    type: type
+    default: object = field(repr=False)
+    check: Callable[[str | None], object] = field(repr=False)
+    when: str
+    meaning: str
+
+    def raw(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """Its value as the environment holds it; None when unset."""
+        return environment(environ).get(self.name)
+
+    def is_set(self, environ: Mapping[str, str] | None = None) -> bool:
+        """Whether it holds more than blanks."""
+        return bool((self.raw(environ) or "").strip())
+
+    def read(self, environ: Mapping[str, str] | None = None) -> Any:
+        """Its value, checked: the default when unset, SettingsError when refused."""
+        return self.check(self.raw(environ))
+
+
+RASTRO_DUCKDB_PATH = Variable(
+    "RASTRO_DUCKDB_PATH", str, None, text, PROCESS,
+    "the DuckDB warehouse file; unset: the project's data/rastro.duckdb, found from the"
+    " working directory upward",
+)
+RASTRO_WAREHOUSE_URL = Variable(
+    "RASTRO_WAREHOUSE_URL", str, None, warehouse_url, PROCESS,
+    "postgresql://...: the warehouse on PostgreSQL instead of the DuckDB file; a secret",
+)
+RASTRO_SECRETS_KEY = Variable(
+    "RASTRO_SECRETS_KEY", str, None, stripped, SECRET,
+    "base64 of 32 random bytes; seals and opens tokens (AES-256-GCM)",
+)
+RASTRO_META_GRAPH_URL = Variable(
+    "RASTRO_META_GRAPH_URL", str, DEFAULT_GRAPH_URL, graph_url, PROCESS,
+    "Graph API base, version included",
+)
+RASTRO_META_FAKE = Variable(
+    "RASTRO_META_FAKE", bool, False, switch, PROCESS,
+    "true: use the built-in fake Graph instead of the network",
+)
+RASTRO_ANALYTICS_PATH = Variable(
+    "RASTRO_ANALYTICS_PATH", str, None, text, PROCESS,
+    "the analytics snapshot (default: analytics.duckdb beside the pipeline's file)",
+)
+RASTRO_ANALYTICS_MODE = Variable(
+    "RASTRO_ANALYTICS_MODE", int, DEFAULT_ANALYTICS_MODE, octal_mode, PROCESS,
+    "the snapshot's file mode, octal",
+)
+RASTRO_ANALYTICS_LAG_SECONDS = Variable(
+    "RASTRO_ANALYTICS_LAG_SECONDS", int, DEFAULT_ANALYTICS_LAG_SECONDS, lag_seconds, PROCESS,
+    "how far the snapshot may lag a write to the pipeline's file",
+)
+RASTRO_ANALYTICS_STORAGE_VERSION = Variable(
+    "RASTRO_ANALYTICS_STORAGE_VERSION", str, DEFAULT_ANALYTICS_STORAGE_VERSION, storage_version,
+    PROCESS, "the DuckDB storage version the snapshot is written in",
+)
+RASTRO_ACCOUNT_SHARDS = Variable(
+    "RASTRO_ACCOUNT_SHARDS", int, DEFAULT_ACCOUNT_SHARDS, account_shards, LOAD,
+    "how many spend asset pairs (shards) hold the accounts",
+)
+RASTRO_SHARD_ACCOUNTS = Variable(
+    "RASTRO_SHARD_ACCOUNTS", int, DEFAULT_SHARD_ACCOUNTS, shard_accounts, PROCESS,
+    "how many accounts `rastro link` puts in a shard before the next",
+)
+RASTRO_PARTITIONS_START = Variable(
+    "RASTRO_PARTITIONS_START", date, date.fromisoformat(DEFAULT_PARTITIONS_START),
+    partitions_start, LOAD, "the first local date the spend partitions have",
+)
+RASTRO_SENSOR_INTERVAL_SECONDS = Variable(
+    "RASTRO_SENSOR_INTERVAL_SECONDS", int, 0, sensor_interval_override_seconds, LOAD,
+    "every sensor's interval, in seconds; 0: each sensor's own",
+)
+RASTRO_SYNC_LEASE_SECONDS = Variable(
+    "RASTRO_SYNC_LEASE_SECONDS", int, DEFAULT_SYNC_LEASE_SECONDS, sync_lease_seconds, LOAD,
+    "how long a started sync holds its account, in seconds",
+)
+RASTRO_IDLE_LIVE_INTERVAL_MINUTES = Variable(
+    "RASTRO_IDLE_LIVE_INTERVAL_MINUTES", int, DEFAULT_IDLE_LIVE_INTERVAL_MINUTES,
+    idle_live_interval_minutes, LOAD, "how often an idle account's today is read, in minutes",
+)
+RASTRO_RETENTION_INTERVAL_SECONDS = Variable(
+    "RASTRO_RETENTION_INTERVAL_SECONDS", int, Retention.sensor_seconds,
+    retention_interval_seconds, LOAD, "how often the retention sensor ticks, in seconds",
+)
+RASTRO_RUN_RETENTION_HOURS = Variable(
+    "RASTRO_RUN_RETENTION_HOURS", float, 24.0, run_retention_hours, LOAD,
+    "how long the instance keeps a run, in hours",
+)
+RASTRO_SYNC_RUN_RETENTION_DAYS = Variable(
+    "RASTRO_SYNC_RUN_RETENTION_DAYS", float, 35.0, sync_run_retention_days, LOAD,
+    "how long the warehouse keeps a meta_sync_runs row, in days",
+)
+RASTRO_ALERT_STALE_MINUTES = Variable(
+    "RASTRO_ALERT_STALE_MINUTES", timedelta, AlertThresholds.stale,
+    alert_minutes("RASTRO_ALERT_STALE_MINUTES", AlertThresholds.stale), CHECK,
+    "an account's local today has not been read for this long: stale",
+)
+RASTRO_ALERT_STUCK_MINUTES = Variable(
+    "RASTRO_ALERT_STUCK_MINUTES", timedelta, AlertThresholds.stuck,
+    alert_minutes("RASTRO_ALERT_STUCK_MINUTES", AlertThresholds.stuck), CHECK,
+    "a backfill or gap fill has read no block for this long: stuck",
+)
+RASTRO_ALERT_RATE_LIMITED_MINUTES = Variable(
+    "RASTRO_ALERT_RATE_LIMITED_MINUTES", timedelta, AlertThresholds.rate_limited,
+    alert_minutes("RASTRO_ALERT_RATE_LIMITED_MINUTES", AlertThresholds.rate_limited), CHECK,
+    "every try of an account since its first throttle has been refused for this long",
+)
+RASTRO_ALERT_SNAPSHOT_MINUTES = Variable(
+    "RASTRO_ALERT_SNAPSHOT_MINUTES", timedelta, AlertThresholds.snapshot,
+    alert_minutes("RASTRO_ALERT_SNAPSHOT_MINUTES", AlertThresholds.snapshot), CHECK,
+    "changes are owed to the snapshot and its last publish is this old",
+)
+RASTRO_ALERT_RUN_FAILURES = Variable(
+    "RASTRO_ALERT_RUN_FAILURES", int, AlertThresholds.run_failures, alert_run_failures, CHECK,
+    "this many runs of one job failed in a row",
+)
+RASTRO_ALERT_SENSOR_MINUTES = Variable(
+    "RASTRO_ALERT_SENSOR_MINUTES", timedelta, AlertThresholds.sensor,
+    alert_minutes("RASTRO_ALERT_SENSOR_MINUTES", AlertThresholds.sensor), CHECK,
+    "a cadence sensor, or the daemon's incident check, silent or failing this long",
+)
+RASTRO_ALERT_REMIND_MINUTES = Variable(
+    "RASTRO_ALERT_REMIND_MINUTES", timedelta, AlertThresholds.remind,
+    alert_minutes("RASTRO_ALERT_REMIND_MINUTES", AlertThresholds.remind), CHECK,
+    "how often an open incident is said again",
+)
+RASTRO_ALERT_WEBHOOK_URLS = Variable(
+    "RASTRO_ALERT_WEBHOOK_URLS", str, None, text, SECRET,
+    "comma-separated URLs; each incident is POSTed as JSON; a secret",
+)
+RASTRO_ALERT_SMTP_URL = Variable(
+    "RASTRO_ALERT_SMTP_URL", str, None, stripped, SECRET,
+    "smtp://user:password@host:port: the incidents by email; a secret",
+)
+RASTRO_ALERT_EMAIL_TO = Variable(
+    "RASTRO_ALERT_EMAIL_TO", str, None, text, CHECK, "comma-separated recipients",
+)
+RASTRO_ALERT_EMAIL_FROM = Variable(
+    "RASTRO_ALERT_EMAIL_FROM", str, None, stripped, CHECK, "the email's sender",
+)
+RASTRO_SQL_OUTPUT_MAX_MB = Variable(
+    "RASTRO_SQL_OUTPUT_MAX_MB", int, DEFAULT_OUTPUT_MAX_MB, sql_output_max_mb, COMMAND,
+    "the largest file `rastro sql --output` writes, in MiB",
+)
+DAGSTER_HOME = Variable(
+    "DAGSTER_HOME", str, None, text, DAGSTER, "Dagster's instance: its dagster.yaml and storage",
+)
+
+VARIABLES: tuple[Variable, ...] = (
+    RASTRO_DUCKDB_PATH,
+    RASTRO_WAREHOUSE_URL,
+    RASTRO_SECRETS_KEY,
+    RASTRO_META_GRAPH_URL,
+    RASTRO_META_FAKE,
+    RASTRO_ANALYTICS_PATH,
+    RASTRO_ANALYTICS_MODE,
+    RASTRO_ANALYTICS_LAG_SECONDS,
+    RASTRO_ANALYTICS_STORAGE_VERSION,
+    RASTRO_ACCOUNT_SHARDS,
+    RASTRO_SHARD_ACCOUNTS,
+    RASTRO_PARTITIONS_START,
+    RASTRO_SENSOR_INTERVAL_SECONDS,
+    RASTRO_SYNC_LEASE_SECONDS,
+    RASTRO_IDLE_LIVE_INTERVAL_MINUTES,
+    RASTRO_RETENTION_INTERVAL_SECONDS,
+    RASTRO_RUN_RETENTION_HOURS,
+    RASTRO_SYNC_RUN_RETENTION_DAYS,
+    RASTRO_ALERT_STALE_MINUTES,
+    RASTRO_ALERT_STUCK_MINUTES,
+    RASTRO_ALERT_RATE_LIMITED_MINUTES,
+    RASTRO_ALERT_SNAPSHOT_MINUTES,
+    RASTRO_ALERT_RUN_FAILURES,
+    RASTRO_ALERT_SENSOR_MINUTES,
+    RASTRO_ALERT_REMIND_MINUTES,
+    RASTRO_ALERT_WEBHOOK_URLS,
+    RASTRO_ALERT_SMTP_URL,
+    RASTRO_ALERT_EMAIL_TO,
+    RASTRO_ALERT_EMAIL_FROM,
+    RASTRO_SQL_OUTPUT_MAX_MB,
+    DAGSTER_HOME,
+)
+"""Every variable the product reads, each once."""

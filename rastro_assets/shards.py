@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-SHARDS_SETTING = "RASTRO_ACCOUNT_SHARDS"
-SHARD_SIZE_SETTING = "RASTRO_SHARD_ACCOUNTS"
+from rastro_assets.settings import RASTRO_ACCOUNT_SHARDS, RASTRO_SHARD_ACCOUNTS
+
+SHARDS_SETTING = RASTRO_ACCOUNT_SHARDS.name
+SHARD_SIZE_SETTING = RASTRO_SHARD_ACCOUNTS.name
 MOVE_COMMAND = "rastro shard move"
 AD_SPEND = "ad_spend_daily"
 SITE_SPEND = "site_spend_daily"

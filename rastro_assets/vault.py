@@ -25,7 +25,9 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-ENV_VAR = "RASTRO_SECRETS_KEY"
+from rastro_assets.settings import RASTRO_SECRETS_KEY, environment
+
+ENV_VAR = RASTRO_SECRETS_KEY.name
 KEY_BYTES = 32
 NONCE_BYTES = 12
 TAG_BYTES = 16
@@ -85,8 +87,8 @@ class Vault:
 
 
 def _key_from_env(environ: Mapping[str, str] | None, var: str) -> bytes:
-    env = os.environ if environ is None else environ
-    raw = (env.get(var) or "").strip()
+    # `var` may be one the operator names (the old key of a rotation): read as the key is.
+    raw = RASTRO_SECRETS_KEY.check(environment(environ).get(var)) or ""
     if not raw:
         raise SecretsKeyError(missing_key_message(var))
     try:

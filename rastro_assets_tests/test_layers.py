@@ -73,8 +73,8 @@ LEAVES = {
     *(
         f"{PRODUCT}.{leaf}"
         for leaf in (
-            "settings", "process_settings", "timekeeping", "vault", "outcomes", "account_ids",
-            "spend_schema", "tokens", "shards", "instance.moved",
+            "settings", "setting_checks", "process_settings", "timekeeping", "vault",
+            "outcomes", "account_ids", "spend_schema", "tokens", "shards", "instance.moved",
         )
     ),
 }

@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import logging
-import os
 import smtplib
 import socket
 import ssl
@@ -38,12 +37,18 @@ from urllib.parse import SplitResult, unquote, urlsplit
 import httpx
 
 from rastro_assets.alerts.quoted import for_webhook
-from rastro_assets.settings import SettingsError
+from rastro_assets.settings import (
+    RASTRO_ALERT_EMAIL_FROM,
+    RASTRO_ALERT_EMAIL_TO,
+    RASTRO_ALERT_SMTP_URL,
+    RASTRO_ALERT_WEBHOOK_URLS,
+    SettingsError,
+)
 
-WEBHOOK_URLS_VAR = "RASTRO_ALERT_WEBHOOK_URLS"
-SMTP_URL_VAR = "RASTRO_ALERT_SMTP_URL"
-EMAIL_TO_VAR = "RASTRO_ALERT_EMAIL_TO"
-EMAIL_FROM_VAR = "RASTRO_ALERT_EMAIL_FROM"
+WEBHOOK_URLS_VAR = RASTRO_ALERT_WEBHOOK_URLS.name
+SMTP_URL_VAR = RASTRO_ALERT_SMTP_URL.name
+EMAIL_TO_VAR = RASTRO_ALERT_EMAIL_TO.name
+EMAIL_FROM_VAR = RASTRO_ALERT_EMAIL_FROM.name
 
 DEFAULT_TIMEOUT_SECONDS = 10.0
 SMTP_PORT = 587
@@ -224,19 +229,18 @@ def channels_from_env(
     naming the variable and what is wrong (a URL that is not http(s), an SMTP URL without a host,
     RASTRO_ALERT_SMTP_URL set without RASTRO_ALERT_EMAIL_TO or the reverse, a recipient without @)
     but NEVER echoing the secret value itself (no URL, no password in the message)."""
-    env = os.environ if environ is None else environ
     channels: list[Channel] = [
         WebhookChannel(url, position=position, timeout=timeout)
-        for position, url in enumerate(_items(env.get(WEBHOOK_URLS_VAR)), start=1)
+        for position, url in enumerate(_items(RASTRO_ALERT_WEBHOOK_URLS.read(environ)), start=1)
     ]
-    smtp_url = (env.get(SMTP_URL_VAR) or "").strip()
-    recipients = _items(env.get(EMAIL_TO_VAR))
+    smtp_url = RASTRO_ALERT_SMTP_URL.read(environ) or ""
+    recipients = _items(RASTRO_ALERT_EMAIL_TO.read(environ))
     if smtp_url and not recipients:
         raise SettingsError(f"{SMTP_URL_VAR} is set but {EMAIL_TO_VAR} names no recipient")
     if recipients and not smtp_url:
         raise SettingsError(f"{EMAIL_TO_VAR} is set but {SMTP_URL_VAR} is not")
     if smtp_url:
-        sender = (env.get(EMAIL_FROM_VAR) or "").strip() or None
+        sender = RASTRO_ALERT_EMAIL_FROM.read(environ)
         if sender is not None:
             _check_address(sender, EMAIL_FROM_VAR)
         channels.append(EmailChannel(smtp_url, recipients, sender=sender, timeout=timeout))

@@ -46,7 +46,7 @@ import duckdb
 # Named here too: a notebook catches it beside SnapshotMissing.
 from rastro_assets.process_settings import NotTheSnapshot as NotTheSnapshot
 from rastro_assets.process_settings import Settings, check_not_the_pipeline_file
-from rastro_assets.settings import SettingsError
+from rastro_assets.settings import SettingsError, environment
 
 if TYPE_CHECKING:
     import polars as pl
@@ -348,7 +348,7 @@ class Snapshot:
         *,
         environ: Mapping[str, str] | None = None,
     ) -> None:
-        settings = Settings.from_env(dict(os.environ if environ is None else environ))
+        settings = Settings.from_env(dict(environment(environ)))
         if path is None:
             try:
                 path = settings.require_snapshot_path()

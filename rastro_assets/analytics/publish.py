@@ -40,12 +40,8 @@ import duckdb
 from rastro_assets.analytics import pg_reader, staging, staging_pg
 from rastro_assets.analytics.status import status_table
 from rastro_assets.planner.history import planned_accounts
-from rastro_assets.process_settings import (
-    DEFAULT_ANALYTICS_STORAGE_VERSION,
-    Settings,
-    check_not_the_pipeline_file,
-    storage_version,
-)
+from rastro_assets.process_settings import Settings, check_not_the_pipeline_file
+from rastro_assets.settings import DEFAULT_ANALYTICS_STORAGE_VERSION, storage_version
 from rastro_assets.timekeeping import Clock, system_clock
 from rastro_assets.warehouse import dialect
 from rastro_assets.warehouse.connection import Warehouse

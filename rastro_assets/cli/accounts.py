@@ -40,6 +40,7 @@ from rastro_assets.cli.id_file import read_ids
 from rastro_assets.cli.output import say_table
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.outcomes import counted
+from rastro_assets.settings import DAGSTER_HOME
 from rastro_assets.shards import crowded_warning
 from rastro_assets.warehouse import link_store, registry, shard_store
 from rastro_assets.warehouse.connection import Warehouse
@@ -368,7 +369,7 @@ class _Partitions:
         self.shard_count = shard_count
         self.stack = contextlib.ExitStack()
         self.instance = None
-        self.failed = not ctx.environ.get("DAGSTER_HOME")
+        self.failed = not DAGSTER_HOME.read(ctx.environ)
 
     def __enter__(self) -> _Partitions:
         return self

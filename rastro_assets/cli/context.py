@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TextIO
 
 from rastro_assets.process_settings import Settings
+from rastro_assets.settings import RASTRO_META_FAKE, RASTRO_META_GRAPH_URL, environment
 from rastro_assets.timekeeping import Clock, system_clock
 from rastro_assets.tokens import TOKEN_SHAPED
 from rastro_assets.vault import (
@@ -50,7 +51,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 REDACTED = "[redacted]"
-DEMO_UNSET = (ENV_VAR, "RASTRO_META_GRAPH_URL", "RASTRO_META_FAKE")
+DEMO_UNSET = (ENV_VAR, RASTRO_META_GRAPH_URL.name, RASTRO_META_FAKE.name)
 """Any one set says which key or which Graph: then a command takes nothing of the demo's."""
 
 
@@ -114,7 +115,7 @@ class Context:
 
     @classmethod
     def from_process(cls) -> Context:
-        return cls(environ=os.environ, stdin=sys.stdin, stdout=sys.stdout, stderr=sys.stderr)
+        return cls(environ=environment(), stdin=sys.stdin, stdout=sys.stdout, stderr=sys.stderr)
 
     def settings(self) -> Settings:
         return Settings.from_env(dict(self.environ))

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from rastro_assets.cli.context import UsageError
+from rastro_assets.settings import DAGSTER_HOME
 
 PROCESS_UMASK = 0o077
 PRIVATE_DIR_MODE = 0o700
@@ -42,7 +43,7 @@ TEMP_NAME_LENGTH = len("/tmpXXXXXXXX")
 
 def dagster_home(environ: Mapping[str, str]) -> Path:
     """DAGSTER_HOME, an absolute path to an existing directory; else one `UsageError` line."""
-    home = environ.get("DAGSTER_HOME", "")
+    home = DAGSTER_HOME.read(environ) or ""
     if not home:
         raise UsageError("set DAGSTER_HOME to the Dagster instance's directory (the daemon's)")
     if not os.path.isabs(home):

@@ -20,6 +20,7 @@ from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, U
 from rastro_assets.cli.output import existing_warehouse, no_warehouse, say_no_warehouse, say_table
 from rastro_assets.meta.errors import ErrorKind, MetaError
 from rastro_assets.outcomes import ConnectionStatus, counted
+from rastro_assets.settings import DAGSTER_HOME
 from rastro_assets.shards import crowded_warning
 from rastro_assets.tokens import token_problem
 from rastro_assets.vault import generate_key
@@ -342,7 +343,7 @@ def _register_partition(ctx: Context, ad_account_id: str, shard: int, shard_coun
     Only a convenience (the sensors add it on their next tick), so a failure
     here warns instead of undoing a link that is already committed.
     """
-    if not ctx.environ.get("DAGSTER_HOME"):
+    if not DAGSTER_HOME.read(ctx.environ):
         return
     try:
         # Imported here: it loads Dagster, which no other command needs.

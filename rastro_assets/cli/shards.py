@@ -24,6 +24,7 @@ from rastro_assets import shards
 from rastro_assets.cli.context import EXIT_OK, Context, Registrar, Subparsers, UsageError, command
 from rastro_assets.cli.output import existing_warehouse, say_no_warehouse, say_table
 from rastro_assets.outcomes import counted
+from rastro_assets.settings import DAGSTER_HOME
 from rastro_assets.warehouse import registry, shard_store
 
 ACCOUNTS_SHOWN = 10
@@ -130,7 +131,7 @@ def _move(args: argparse.Namespace, ctx: Context) -> int:
         f"nothing to move: {counted(len(shard_of), 'account')} over"
         f" {counted(shard_count, 'shard')}"
     )
-    if not moves and (args.dry_run or not ctx.environ.get("DAGSTER_HOME")):
+    if not moves and (args.dry_run or not DAGSTER_HOME.read(ctx.environ)):
         ctx.say(nothing)
         return EXIT_OK
     if args.dry_run:
@@ -140,7 +141,7 @@ def _move(args: argparse.Namespace, ctx: Context) -> int:
                 f" {shards.ad_spend_name(target)}"
             )
         return EXIT_OK
-    if not ctx.environ.get("DAGSTER_HOME"):
+    if not DAGSTER_HOME.read(ctx.environ):
         raise UsageError(
             "set DAGSTER_HOME to the daemon's instance: the move re-records each account's"
             " materialized days there"

@@ -20,12 +20,10 @@ import pyarrow
 from rastro_assets.analytics.frames import NO_EXTENSIONS, NO_SPILLING
 from rastro_assets.cli.context import UsageError
 from rastro_assets.process_settings import Settings
-from rastro_assets.settings import whole_number
+from rastro_assets.settings import DAGSTER_HOME, RASTRO_SQL_OUTPUT_MAX_MB
 
 OUTPUT_SUFFIX = ".parquet"
-OUTPUT_MAX_MB_VARIABLE = "RASTRO_SQL_OUTPUT_MAX_MB"
-DEFAULT_OUTPUT_MAX_MB = 1024
-MOST_OUTPUT_MAX_MB = 1 << 20
+OUTPUT_MAX_MB_VARIABLE = RASTRO_SQL_OUTPUT_MAX_MB.name
 MIB = 1 << 20
 # The writer gets the result a slice of about this many bytes at a time, and its file's size
 # is looked at before each: a result past the cap stops within a slice and a row group of it.
@@ -43,15 +41,7 @@ Places = Mapping[tuple[int, int], str]
 
 def output_max_bytes(environ: Mapping[str, str]) -> int:
     """`RASTRO_SQL_OUTPUT_MAX_MB`: the largest file `--output` writes, in MiB (1024 unset)."""
-    megabytes = whole_number(
-        environ.get(OUTPUT_MAX_MB_VARIABLE),
-        DEFAULT_OUTPUT_MAX_MB,
-        least=1,
-        most=MOST_OUTPUT_MAX_MB,
-        refusal=f"{OUTPUT_MAX_MB_VARIABLE} must be a whole number of MiB from 1 to"
-        f" {MOST_OUTPUT_MAX_MB:,}",
-    )
-    return megabytes * MIB
+    return RASTRO_SQL_OUTPUT_MAX_MB.read(environ) * MIB
 
 
 def product_directories(settings: Settings, environ: Mapping[str, str]) -> Places:
@@ -67,8 +57,9 @@ def product_directories(settings: Settings, environ: Mapping[str, str]) -> Place
     named.append(
         (Path(settings.snapshot_path).parent, "the snapshot's directory, RASTRO_ANALYTICS_PATH")
     )
-    if environ.get("DAGSTER_HOME"):
-        named.append((Path(environ["DAGSTER_HOME"]), "Dagster's storage, DAGSTER_HOME"))
+    home = DAGSTER_HOME.read(environ)
+    if home:
+        named.append((Path(home), "Dagster's storage, DAGSTER_HOME"))
     places: dict[tuple[int, int], str] = {}
     for directory, what in named:
         try:

@@ -26,7 +26,7 @@ from rastro_assets.cli.context import (
     command,
 )
 from rastro_assets.outcomes import counted
-from rastro_assets.settings import project_root
+from rastro_assets.settings import RASTRO_SECRETS_KEY, project_root
 from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault
 from rastro_assets.warehouse.connection import Connection, transaction
 from rastro_assets.warehouse.registry import sealed_tokens, store_resealed_tokens
@@ -88,7 +88,7 @@ def _old_and_new_vaults(ctx: Context, old_var: str) -> tuple[Vault, Vault]:
             f"--old-key-env {old_var}: that variable must hold the old key, the base64 of"
             " 32 bytes, as RASTRO_SECRETS_KEY did before"
         ) from None
-    if not (ctx.environ.get(ENV_VAR) or "").strip():
+    if not RASTRO_SECRETS_KEY.is_set(ctx.environ):
         # The new key is the one exported, never one a folder stands in for.
         raise UsageError(
             f"{ENV_VAR} is not set: export the new key as {ENV_VAR} (`rastro keygen` makes"

@@ -24,6 +24,7 @@ from rastro_assets.cli.context import (
     command,
 )
 from rastro_assets.outcomes import counted
+from rastro_assets.settings import RASTRO_WAREHOUSE_URL
 from rastro_assets.warehouse import copying
 from rastro_assets.warehouse.connection import Warehouse, WarehouseLocked
 from rastro_assets.warehouse.postgres import (
@@ -33,7 +34,7 @@ from rastro_assets.warehouse.postgres import (
     redacted,
 )
 
-TARGET_SETTING = "RASTRO_WAREHOUSE_URL"
+TARGET_SETTING = RASTRO_WAREHOUSE_URL.name
 SOURCE_LOCK_WAIT_SECONDS = 5.0
 """How long the copy waits for another process to let go of the file before it refuses."""
 

@@ -24,10 +24,10 @@ from rastro_assets.defs.keys import (
 )
 from rastro_assets.defs.publishing import snapshot_metadata
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS
+from rastro_assets.settings import load_time
 from rastro_assets.warehouse.connection import WarehouseLocked
 
-PUBLISHER_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 60
+PUBLISHER_SENSOR_SECONDS = load_time().sensor_interval_override_seconds or 60
 
 
 @dg.asset(

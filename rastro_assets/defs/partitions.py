@@ -41,12 +41,12 @@ from rastro_assets.defs.keys import ad_spend_key, site_spend_key
 from rastro_assets.meta.insights import META_INSIGHTS_MONTHS
 from rastro_assets.planner import cadence
 from rastro_assets.planner.state import AccountState
-from rastro_assets.settings import ACCOUNT_SHARDS, PARTITIONS_START
+from rastro_assets.settings import load_time
 from rastro_assets.timekeeping import local_date, months_before
 
-AXIS_START = PARTITIONS_START
+AXIS_START = load_time().partitions_start
 FIRST_DATE = AXIS_START.isoformat()
-SHARD_COUNT = ACCOUNT_SHARDS
+SHARD_COUNT = load_time().account_shards
 
 date_partitions = dg.DailyPartitionsDefinition(
     start_date=FIRST_DATE, timezone="Etc/GMT-14", end_offset=1

@@ -51,13 +51,13 @@ from rastro_assets.defs.dagster_private import (
 )
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.planner.rules import GAP_AFTER
-from rastro_assets.settings import RETENTION, load_time_refusals
+from rastro_assets.settings import load_time, load_time_refusals
 from rastro_assets.warehouse.connection import WarehouseLocked
 from rastro_assets.warehouse.runs import prune_sync_runs
 
-RETENTION_SENSOR_SECONDS = RETENTION.sensor_seconds
-RUN_RETENTION = RETENTION.runs
-SYNC_RUN_RETENTION = RETENTION.sync_runs
+RETENTION_SENSOR_SECONDS = load_time().retention.sensor_seconds
+RUN_RETENTION = load_time().retention.runs
+SYNC_RUN_RETENTION = load_time().retention.sync_runs
 EVENT_IDS_PER_TICK = 400_000
 EVENT_IDS_PER_STATEMENT = 5_000
 IDS_PER_DELETE = 5_000
@@ -316,7 +316,7 @@ def _naive_utc(instant: datetime) -> datetime:
     "prunes old meta_sync_runs rows the planner no longer needs.",
 )
 def retention_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
-    refused = load_time_refusals().get("RETENTION")
+    refused = load_time_refusals().get("retention")
     if refused is not None:
         # A deletion is for good: it never runs on a default the operator did not choose.
         return dg.SkipReason(f"nothing is deleted: {refused}")

@@ -50,7 +50,17 @@ from rastro_assets.demo.watch import Watcher
 from rastro_assets.outcomes import ConnectionStatus
 from rastro_assets.planner.coverage import backfill_first_day
 from rastro_assets.process_settings import Settings
-from rastro_assets.settings import project_root
+from rastro_assets.settings import (
+    DAGSTER_HOME,
+    RASTRO_ALERT_RATE_LIMITED_MINUTES,
+    RASTRO_ANALYTICS_LAG_SECONDS,
+    RASTRO_DUCKDB_PATH,
+    RASTRO_META_FAKE,
+    RASTRO_PARTITIONS_START,
+    RASTRO_SECRETS_KEY,
+    environment,
+    project_root,
+)
 from rastro_assets.timekeeping import local_date
 from rastro_assets.vault import ENV_VAR, SecretsKeyError, Vault, generate_key, read_key_file
 from rastro_assets.warehouse import link_store, registry, site_store
@@ -58,7 +68,7 @@ from rastro_assets.warehouse.connection import Connection, Warehouse
 from rastro_fake_graph.world import DEMO_TOKEN, FakeWorld
 
 DEMO_CONNECTION = "demo"
-AXIS_SETTING = "RASTRO_PARTITIONS_START"
+AXIS_SETTING = RASTRO_PARTITIONS_START.name
 DEMO_SITES = {"demo-shop": "Demo shop", "demo-clinic": "Demo clinic"}
 DEMO_LINKS = {"demo-shop": ("act_1001", "act_1002"), "demo-clinic": ("act_1002", "act_1003")}
 # Dagster's planned events as one per asset and run instead of one per account-day: the
@@ -69,7 +79,7 @@ DEMO_LINKS = {"demo-shop": ("act_1001", "act_1002"), "demo-clinic": ("act_1002",
 PLANNED_SUBSET_VARIABLE = "DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"
 # A throttle is told after a minute, not the two hours an operator waits out at Meta: in the
 # demo a throttle is one staged to rehearse its alert (`rastro demo trouble throttle`).
-DEMO_ALERT_SETTINGS = {"RASTRO_ALERT_RATE_LIMITED_MINUTES": "1"}
+DEMO_ALERT_SETTINGS = {RASTRO_ALERT_RATE_LIMITED_MINUTES.name: "1"}
 # Where the UI goes unless told: Dagster's own default.
 DEFAULT_UI_PORT = 3000
 # Run when the demo is stopped, before Dagster is: the runs in flight end canceled by the user.
@@ -131,8 +141,8 @@ def prepare(
 ) -> dict[str, str]:
     """Create or reuse the demo data; return the environment Dagster runs with."""
     now = now or datetime.now(UTC)
-    environ = os.environ if environ is None else environ
-    key = (environ.get(ENV_VAR) or "").strip() or demo_key(paths)
+    environ = environment(environ)
+    key = RASTRO_SECRETS_KEY.read(environ) or demo_key(paths)
     vault = Vault.from_env({ENV_VAR: key})
     world = FakeWorld.demo()
     warehouse = Warehouse(paths.duckdb)
@@ -169,11 +179,11 @@ def prepare(
     os.chmod(paths.dagster_home / "dagster.yaml", 0o600)
     return {
         ENV_VAR: key,
-        "RASTRO_META_FAKE": "true",
-        "RASTRO_DUCKDB_PATH": str(paths.duckdb),
-        "DAGSTER_HOME": str(paths.dagster_home),
+        RASTRO_META_FAKE.name: "true",
+        RASTRO_DUCKDB_PATH.name: str(paths.duckdb),
+        DAGSTER_HOME.name: str(paths.dagster_home),
         # Someone trying the demo waits for their first query: publish within a minute.
-        "RASTRO_ANALYTICS_LAG_SECONDS": environ.get("RASTRO_ANALYTICS_LAG_SECONDS") or "60",
+        RASTRO_ANALYTICS_LAG_SECONDS.name: RASTRO_ANALYTICS_LAG_SECONDS.raw(environ) or "60",
         # The grid starts where the demo's accounts are first owed: the default axis start
         # would show the days before as "missing" partitions no account is ever owed.
         AXIS_SETTING: environ.get(AXIS_SETTING) or axis_start.isoformat(),
@@ -260,7 +270,7 @@ def _run(root: Path, extra_args: list[str], environ: Mapping[str, str] | None) -
             file=sys.stderr,
         )
         return 2
-    base = dict(os.environ if environ is None else environ)
+    base = dict(environment(environ))
     env = {**base, **prepare(paths, environ=base)}
     env["PYTHONWARNINGS"] = quiet_warnings(base)
     os.chdir(paths.root)

@@ -19,10 +19,11 @@ from rastro_assets.demo.graph import (
     write_graph_file,
 )
 from rastro_assets.demo.paths import DemoPaths
+from rastro_assets.settings import RASTRO_META_FAKE, RASTRO_META_GRAPH_URL
 from rastro_fake_graph import FakeWorld, serve
 
-GRAPH_URL_VARIABLE = "RASTRO_META_GRAPH_URL"
-FAKE_VARIABLE = "RASTRO_META_FAKE"
+GRAPH_URL_VARIABLE = RASTRO_META_GRAPH_URL.name
+FAKE_VARIABLE = RASTRO_META_FAKE.name
 
 
 @contextmanager

@@ -37,6 +37,7 @@ from rastro_assets.defs.dagster_private import (
     WorkspaceProcessContext,
     configure_loggers,
 )
+from rastro_assets.settings import DAGSTER_HOME
 
 # dagster-webserver's defaults for the options it has and this command does not.
 LIVE_DATA_POLL_RATE_MS = 2000
@@ -63,7 +64,7 @@ def serve_ui(sock: socket.socket, workspace: Path, path_prefix: str, where: str)
         instance = dg.DagsterInstance.get()
     except dg.DagsterError as exc:
         raise ValueError(
-            f"the Dagster instance at {os.environ.get('DAGSTER_HOME')}: {exc}"
+            f"the Dagster instance at {DAGSTER_HOME.raw()}: {exc}"
         ) from None
     with instance:
         instance.optimize_for_webserver(

@@ -21,9 +21,9 @@ from rastro_assets.meta.limits import ACCOUNT_HOLD_PCT, MIN_HOLD, RateLimit, des
 from rastro_assets.outcomes import ERROR_CODES, RUN_TIMEOUT_ERROR, Outcome
 from rastro_assets.planner.instants import local_time, span
 from rastro_assets.planner.state import OK, AccountState, SyncRun
-from rastro_assets.settings import SYNC_LEASE_SECONDS
+from rastro_assets.settings import load_time
 
-LEASE = timedelta(seconds=SYNC_LEASE_SECONDS)
+LEASE = timedelta(seconds=load_time().sync_lease_seconds)
 RETRY_BASE = timedelta(minutes=15)
 RETRY_MAX = timedelta(hours=6)
 PERMISSION_RETRY = timedelta(hours=6)

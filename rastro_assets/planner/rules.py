@@ -38,11 +38,11 @@ from rastro_assets.planner.marks import (
     reads_weekly,
 )
 from rastro_assets.planner.state import AccountState, SyncRun
-from rastro_assets.settings import IDLE_LIVE_INTERVAL_MINUTES, LIVE_INTERVAL_MINUTES
+from rastro_assets.settings import LIVE_INTERVAL_MINUTES, load_time
 from rastro_assets.timekeeping import local_midnight
 
 LIVE_INTERVAL = timedelta(minutes=LIVE_INTERVAL_MINUTES)
-IDLE_LIVE_INTERVAL = timedelta(minutes=IDLE_LIVE_INTERVAL_MINUTES)
+IDLE_LIVE_INTERVAL = timedelta(minutes=load_time().idle_live_interval_minutes)
 GAP_AFTER = timedelta(days=27)
 LIVE_DAYS = 2
 DAILY_HOUR = 4

@@ -10,7 +10,7 @@ import pytest
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import planned_accounts
 from rastro_assets.planner.rules import GAP_AFTER
-from rastro_assets.settings import RETENTION
+from rastro_assets.settings import load_time
 from rastro_assets.timekeeping import local_date, local_midnight
 from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.runs import prune_sync_runs
@@ -84,7 +84,7 @@ def assert_default_pruning_changes_no_plan(con) -> None:
     owed = [cadence.plan(unpruned.state, at) for at in INSTANTS]
     assert [plan.kind for plan in owed] == ["live", "daily"]
 
-    pruned = prune_sync_runs(con, NOW - RETENTION.sync_runs, GAP_AFTER)
+    pruned = prune_sync_runs(con, NOW - load_time().retention.sync_runs, GAP_AFTER)
 
     assert pruned > 500  # the live syncs older than the retention age, or most of them
     for account in (*planned_accounts(con), *planned_accounts(con, full_history=True)):

@@ -41,16 +41,16 @@ from rastro_assets.defs.keys import (
 )
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.settings import (
-    SENSOR_INTERVAL_OVERRIDE_SECONDS,
     AlertThresholds,
     SettingsError,
+    load_time,
     load_time_refusals,
 )
 from rastro_assets.warehouse import incidents as store
 from rastro_assets.warehouse.connection import Warehouse, WarehouseLocked
 
 INCIDENTS_SENSOR = "meta_incidents"
-INCIDENTS_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 60
+INCIDENTS_SENSOR_SECONDS = load_time().sensor_interval_override_seconds or 60
 CADENCE_SENSORS = ("meta_accounts", "meta_cadence")
 RUNS_LOOKED_AT = 300
 RUNS_WINDOW = timedelta(days=1)

@@ -45,13 +45,13 @@ from rastro_assets.defs.keys import (
 )
 from rastro_assets.defs.partitions import SHARD_COUNT
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS
+from rastro_assets.settings import load_time
 from rastro_assets.warehouse.complete_reads import recent_ok_syncs
 from rastro_assets.warehouse.connection import WarehouseLocked
 from rastro_assets.warehouse.shard_store import account_shards
 
 RECORDS_SENSOR = "meta_records"
-RECORDS_SENSOR_SECONDS = max(SENSOR_INTERVAL_OVERRIDE_SECONDS, 60)
+RECORDS_SENSOR_SECONDS = max(load_time().sensor_interval_override_seconds, 60)
 """A shorter override (tests, demos) would not make a crash's records come much sooner, but
 its every tick would open the warehouse beside the syncs it is there to speed up."""
 ACCOUNTS_PER_TICK = 200

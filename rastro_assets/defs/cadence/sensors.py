@@ -54,12 +54,12 @@ from rastro_assets.defs.partitions import (
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
-from rastro_assets.settings import SENSOR_INTERVAL_OVERRIDE_SECONDS
+from rastro_assets.settings import load_time
 from rastro_assets.warehouse import shard_store
 from rastro_assets.warehouse.connection import WarehouseLocked
 
-ACCOUNTS_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 30
-CADENCE_SENSOR_SECONDS = SENSOR_INTERVAL_OVERRIDE_SECONDS or 60
+ACCOUNTS_SENSOR_SECONDS = load_time().sensor_interval_override_seconds or 30
+CADENCE_SENSOR_SECONDS = load_time().sensor_interval_override_seconds or 60
 WAVE_KINDS = ("live", "daily", "weekly")
 
 
