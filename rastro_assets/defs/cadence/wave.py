@@ -236,7 +236,7 @@ def _requests(
     """The wave's syncs, each account once, or `dg.Failure` with one line before anything is
     read or written: kinds only the cadence's sensors may record without their seal, an
     account id or a date that cannot be read, an account listed twice with two different
-    syncs, or a range Meta cannot answer (`sync.spend.range_refusal`)."""
+    syncs, or a range Meta cannot answer (`sync.spend_read.range_refusal`)."""
     syncs = [
         {name: getattr(item, name) for name in SEALED_FIELDS} for item in config.syncs
     ]
