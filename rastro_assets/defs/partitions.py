@@ -35,22 +35,28 @@ from functools import cache
 
 import dagster as dg
 
-from rastro_assets import shards
+from rastro_assets import settings, shards
 from rastro_assets.accounts import normalize_account_id
 from rastro_assets.defs.keys import ad_spend_key, site_spend_key
 from rastro_assets.meta.insights import META_INSIGHTS_MONTHS
 from rastro_assets.planner import cadence
 from rastro_assets.planner.state import AccountState
-from rastro_assets.settings import ACCOUNT_SHARDS, PARTITIONS_START
+from rastro_assets.settings import PARTITIONS_START
 from rastro_assets.timekeeping import local_date, months_before
 
 AXIS_START = PARTITIONS_START
 FIRST_DATE = AXIS_START.isoformat()
-SHARD_COUNT = ACCOUNT_SHARDS
 
 date_partitions = dg.DailyPartitionsDefinition(
     start_date=FIRST_DATE, timezone="Etc/GMT-14", end_offset=1
 )
+
+
+def configured_shard_count() -> int:
+    """How many spend pairs this process's code location defines (`RASTRO_ACCOUNT_SHARDS`,
+    read once): asked where the location is built and by what runs outside the shards'
+    factories (a wave, the run queue, the record count of `rastro check`)."""
+    return settings.ACCOUNT_SHARDS
 
 
 def shard_account_partitions(shard: int) -> dg.DynamicPartitionsDefinition:
@@ -63,7 +69,6 @@ def shard_spend_partitions(shard: int) -> dg.MultiPartitionsDefinition:
     )
 
 
-account_partitions = shard_account_partitions(0)
 spend_partitions = shard_spend_partitions(0)
 
 
