@@ -788,7 +788,10 @@ def measure_sensor_ticks(instance, accounts: int, directory: Path,
     import dagster as dg
     import sensor as sensor_bench
 
-    from rastro_assets.defs.cadence.sensors import meta_accounts_sensor, meta_cadence_sensor
+    from rastro_assets.defs.cadence.sensors import (
+        build_meta_accounts_sensor,
+        build_meta_cadence_sensor,
+    )
     from rastro_assets.warehouse.connection import Warehouse
     from rastro_assets_tests.pinned import pinned
 
@@ -807,6 +810,8 @@ def measure_sensor_ticks(instance, accounts: int, directory: Path,
     os.environ["RASTRO_DUCKDB_PATH"] = str(path)
     rastro = pinned(sensor_bench.NOW)
     figures: dict[str, float] = {}
+    meta_cadence_sensor = build_meta_cadence_sensor(shard_count)
+    meta_accounts_sensor = build_meta_accounts_sensor(shard_count)
     cursor = None
     for tick in range(3):
         context = dg.build_sensor_context(instance=instance, cursor=cursor,

@@ -173,13 +173,20 @@ def main() -> None:
 
     import dagster as dg
 
-    from rastro_assets.defs.cadence.incidents import meta_incidents_sensor
-    from rastro_assets.defs.cadence.sensors import meta_accounts_sensor, meta_cadence_sensor
+    from rastro_assets.defs.cadence.incidents import build_meta_incidents_sensor
+    from rastro_assets.defs.cadence.sensors import (
+        build_meta_accounts_sensor,
+        build_meta_cadence_sensor,
+    )
+    from rastro_assets.defs.partitions import configured_shard_count
     from rastro_assets.planner import cadence
     from rastro_assets.planner.history import planned_accounts
     from rastro_assets.warehouse.connection import Warehouse
     from rastro_assets_tests.pinned import pinned
 
+    meta_cadence_sensor = build_meta_cadence_sensor(configured_shard_count())
+    meta_accounts_sensor = build_meta_accounts_sensor(configured_shard_count())
+    meta_incidents_sensor = build_meta_incidents_sensor()
     with _world.tempdir() as directory:
         path = args.keep or Path(directory) / "rastro.duckdb"
         if not path.exists():

@@ -9,7 +9,7 @@ last tests can plant a bad import in a copy of the tree and watch the rule catch
   `importlib.import_module` or `__import__` of a constant name, under whatever name the
   module binds them to (`from importlib import import_module as load`, `load = __import__`);
   one whose name the source does not say, or a loader of a file or spec (`importlib.util`'s,
-  `runpy`'s), is refused (`DYNAMIC_IMPORTERS` names the one module allowed it, and what it
+  `runpy`'s), is refused (`DYNAMIC_IMPORTERS` names the modules allowed it, and what each
   may load).
 - A layer imports only the leaves, itself and the layers it names: `meta/` (the Graph client)
   is the bottom; `warehouse/` adds `meta/`; `planner/` and `sync/` add `warehouse/`;
@@ -124,8 +124,9 @@ FAKE_USERS = (_META, _DEMO)
 LAZY_ONLY = {(_META, FAKE)}
 
 # The modules that import a name their source does not spell, and the package it is in:
-# the loader of the instance plug-ins' old paths loads each at its new one.
-DYNAMIC_IMPORTERS = {f"{PRODUCT}.instance.moved": _INSTANCE}
+# the loader of the instance plug-ins' old paths loads each at its new one; the code
+# location loads every module of `defs/` to find the domains' definitions.
+DYNAMIC_IMPORTERS = {f"{PRODUCT}.instance.moved": _INSTANCE, f"{PRODUCT}.definitions": _DEFS}
 
 # `defs/`'s shared modules; every other module of `defs/` belongs to the domain its first
 # name after `defs` says (`defs.spend.fill` to `spend`, `defs.catalog` to `catalog`).

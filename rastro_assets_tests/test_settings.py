@@ -221,18 +221,16 @@ import os
 import dagster as dg
 import rastro_assets.settings  # a bad value must not break the import itself
 from rastro_assets.definitions import defs
-from rastro_assets.defs.cadence.incidents import INCIDENTS_SENSOR, meta_incidents_sensor
+from rastro_assets.defs.cadence.incidents import INCIDENTS_SENSOR
 from rastro_assets.defs.resources import RastroResource
-from rastro_assets.defs.retention import retention_sensor
 from rastro_assets.settings import SettingsError
 from rastro_assets.warehouse import incidents as store
 from rastro_assets.warehouse.connection import Warehouse
 
 said = {"sensors": sorted(sensor.name for sensor in defs.sensors)}
 with dg.DagsterInstance.ephemeral() as instance:
-    for name, sensor in (
-        ("retention", retention_sensor), (INCIDENTS_SENSOR, meta_incidents_sensor)
-    ):
+    for name in ("retention", INCIDENTS_SENSOR):
+        sensor = defs.get_sensor_def(name)
         context = dg.build_sensor_context(
             instance=instance, repository_name="__repository__", sensor_name=name,
             definitions=defs, resources={"rastro": RastroResource()},

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 import dagster as dg
 
+from rastro_assets import shards
 from rastro_assets.account_ids import normalize_account_id
 from rastro_assets.defs.keys import (
     AD_CATALOG,
@@ -33,7 +34,7 @@ from rastro_assets.defs.metadata import (
     table_metadata,
     thumbnail_metadata,
 )
-from rastro_assets.defs.partitions import account_partitions, not_linked
+from rastro_assets.defs.partitions import not_linked
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.outcomes import with_guide
@@ -44,8 +45,7 @@ GROUP = "meta_catalog"
 __all__ = [
     "AD_CATALOG",
     "AD_THUMBNAILS",
-    "ad_catalog",
-    "ad_thumbnails",
+    "build_catalog_assets",
     "catalog_materializations",
     "catalog_metadata",
     "thumbnail_metadata",
@@ -74,11 +74,17 @@ def _succeeded(account: str, sync: Callable[[], Outcome]) -> Outcome:
     return outcome
 
 
-def _catalog_asset(key: dg.AssetKey, *, deps: list[dg.AssetKey], description: str):
+def _catalog_asset(
+    partitions: dg.PartitionsDefinition,
+    key: dg.AssetKey,
+    *,
+    deps: list[dg.AssetKey],
+    description: str,
+):
     """`dg.asset` with what both catalog assets share (partitions, kinds, group, owners, pool)."""
     return dg.asset(
         key=key,
-        partitions_def=account_partitions,
+        partitions_def=partitions,
         deps=deps,
         kinds={"meta", WAREHOUSE_KIND},
         metadata=table_metadata(key.path[-1]),
@@ -90,65 +96,83 @@ def _catalog_asset(key: dg.AssetKey, *, deps: list[dg.AssetKey], description: st
     )
 
 
-@_catalog_asset(
-    AD_CATALOG,
-    # The registry tables are this asset's upstreams in the lineage, not the spend assets':
-    # each upstream adds data-version tags to every event of its downstream, and the spend
-    # assets record an event per account-day.
-    deps=[AD_SPEND_DAILY, LEAD_DAILY_ROLLUPS, META_AD_ACCOUNTS, META_CONNECTIONS],
-    description=(
-        "Every ad of the account, any status (deleted and archived included), with the names "
-        "analysts read spend by: ad, ad set and campaign, Meta's effective_status as ad_status, "
-        "and the creative kind (video, image, carousel, other). Names arrive with each spend "
-        "read; the full catalog is read once a local day and by this materialization. A field "
-        "Meta leaves out keeps its stored value."
-    ),
-)
-def ad_catalog(context: dg.AssetExecutionContext, rastro: RastroResource):
-    """Reads the account's whole catalog from Meta and merges it into `ad_catalog`."""
-    account = _account(context)
-    outcome = _succeeded(
-        account,
-        lambda: rastro.syncer().catalog.sync_catalog(
-            account, full=True, run_id=context.run_id, own_run=True
+def build_catalog_assets(shard_count: int) -> list[dg.AssetsDefinition]:
+    """The catalog pair, partitioned by every linked account whatever its shard.
+
+    With several shards it depends on no spend shard: an upstream adds data-version tags
+    to each of its downstream's events, and a dependency on every shard would add one per
+    shard. The registry tables stay its upstreams.
+    """
+    partitions = dg.DynamicPartitionsDefinition(name=shards.all_accounts_name(shard_count))
+    spend = [AD_SPEND_DAILY] if shard_count == 1 else []
+
+    @_catalog_asset(
+        partitions,
+        AD_CATALOG,
+        # The registry tables are this asset's upstreams in the lineage, not the spend assets':
+        # each upstream adds data-version tags to every event of its downstream, and the spend
+        # assets record an event per account-day.
+        deps=[*spend, LEAD_DAILY_ROLLUPS, META_AD_ACCOUNTS, META_CONNECTIONS],
+        description=(
+            "Every ad of the account, any status (deleted and archived included), with the "
+            "names analysts read spend by: ad, ad set and campaign, Meta's effective_status as "
+            "ad_status, and the creative kind (video, image, carousel, other). Names arrive "
+            "with each spend read; the full catalog is read once a local day and by this "
+            "materialization. A field Meta leaves out keeps its stored value."
+        ),
+    )
+    def ad_catalog(context: dg.AssetExecutionContext, rastro: RastroResource):
+        """Reads the account's whole catalog from Meta and merges it into `ad_catalog`."""
+        account = _account(context)
+        outcome = _succeeded(
+            account,
+            lambda: rastro.syncer().catalog.sync_catalog(
+                account, full=True, run_id=context.run_id, own_run=True
+            )
         )
-    )
-    context.log.info(
-        f"{account}: {outcome.ads_read} ads read, {outcome.added} added, {outcome.renamed} "
-        f"renamed, {outcome.status_changed} status changes; {outcome.total_ads} in the catalog"
-    )
-    yield dg.MaterializeResult(metadata=catalog_metadata(outcome))
-    _record_table(context, rastro, AD_CATALOG)
-    publish_after_writes(context, rastro)
+        context.log.info(
+            f"{account}: {outcome.ads_read} ads read, {outcome.added} added, {outcome.renamed} "
+            f"renamed, {outcome.status_changed} status changes; {outcome.total_ads} in the catalog"
+        )
+        yield dg.MaterializeResult(metadata=catalog_metadata(outcome))
+        _record_table(context, rastro, AD_CATALOG)
+        publish_after_writes(context, rastro)
 
 
-@_catalog_asset(
-    AD_THUMBNAILS,
-    deps=[AD_CATALOG],
-    description=(
-        "The picture of each catalogued ad that has one at Meta, copied as served (bytes, "
-        "content type, sha256), because Meta's thumbnail URLs expire within days. Re-copied "
-        "when the ad's creative changes. A failed download keeps the previous row and is "
-        "retried on the next run; a broken image is never stored."
-    ),
-)
-def ad_thumbnails(context: dg.AssetExecutionContext, rastro: RastroResource):
-    """Copies every missing or stale thumbnail of the account (at most 300 a run)."""
-    account = _account(context)
-    outcome = _succeeded(
-        account,
-        lambda: rastro.syncer().catalog.sync_thumbnails(account, run_id=context.run_id)
+    @_catalog_asset(
+        partitions,
+        AD_THUMBNAILS,
+        deps=[AD_CATALOG],
+        description=(
+            "The picture of each catalogued ad that has one at Meta, copied as served (bytes, "
+            "content type, sha256), because Meta's thumbnail URLs expire within days. Re-copied "
+            "when the ad's creative changes. A failed download keeps the previous row and is "
+            "retried on the next run; a broken image is never stored."
+        ),
     )
-    if outcome.failed:
-        # Single pictures failing is routine (URLs expire): the next run retries.
-        context.log.warning(
-            f"{account}: {outcome.failed} of {outcome.wanted} thumbnails failed and will be "
-            f"retried; first: {outcome.failures[0] if outcome.failures else 'unknown'}"
+    def ad_thumbnails(context: dg.AssetExecutionContext, rastro: RastroResource):
+        """Copies every missing or stale thumbnail of the account (at most 300 a run)."""
+        account = _account(context)
+        outcome = _succeeded(
+            account,
+            lambda: rastro.syncer().catalog.sync_thumbnails(account, run_id=context.run_id)
         )
-    context.log.info(f"{account}: {outcome.fetched} of {outcome.wanted} thumbnails fetched")
-    yield dg.MaterializeResult(metadata=thumbnail_metadata(outcome))
-    _record_table(context, rastro, AD_THUMBNAILS)
-    publish_after_writes(context, rastro)
+        if outcome.failed:
+            # Single pictures failing is routine (URLs expire): the next run retries.
+            context.log.warning(
+                f"{account}: {outcome.failed} of {outcome.wanted} thumbnails failed and will be "
+                f"retried; first: {outcome.failures[0] if outcome.failures else 'unknown'}"
+            )
+        context.log.info(f"{account}: {outcome.fetched} of {outcome.wanted} thumbnails fetched")
+        yield dg.MaterializeResult(metadata=thumbnail_metadata(outcome))
+        _record_table(context, rastro, AD_THUMBNAILS)
+        publish_after_writes(context, rastro)
+
+    return [ad_catalog, ad_thumbnails]
+
+
+def location_defs(shard_count: int) -> dg.Definitions:
+    return dg.Definitions(assets=build_catalog_assets(shard_count))
 
 
 def _record_table(

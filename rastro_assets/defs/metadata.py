@@ -25,7 +25,7 @@ from functools import cache
 import dagster as dg
 
 from rastro_assets.defs.keys import AD_CATALOG, AD_THUMBNAILS
-from rastro_assets.defs.partitions import SHARD_COUNT, spend_partition_key, spend_shard
+from rastro_assets.defs.partitions import spend_partition_key, spend_shard
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.process_settings import warehouse_engine
 from rastro_assets.sync.types import CatalogOutcome, SyncOutcome, ThumbnailOutcome
@@ -275,7 +275,7 @@ def materializations(
 def table_materializations(
     rastro: RastroResource,
     shard: int,
-    shard_count: int = SHARD_COUNT,
+    shard_count: int,
     outcomes: Iterable[SyncOutcome] = (),
 ) -> list[dg.AssetMaterialization]:
     """The whole-table events a run ends with: the spend pair's, and the catalog's and

@@ -46,11 +46,17 @@ from rastro_assets.timekeeping import local_date, months_before
 
 AXIS_START = load_time().partitions_start
 FIRST_DATE = AXIS_START.isoformat()
-SHARD_COUNT = load_time().account_shards
 
 date_partitions = dg.DailyPartitionsDefinition(
     start_date=FIRST_DATE, timezone="Etc/GMT-14", end_offset=1
 )
+
+
+def configured_shard_count() -> int:
+    """How many spend pairs this process's code location defines (`RASTRO_ACCOUNT_SHARDS`,
+    read once): asked where the location is built and by what runs outside the shards'
+    factories (a wave, the run queue, the record count of `rastro check`)."""
+    return load_time().account_shards
 
 
 def shard_account_partitions(shard: int) -> dg.DynamicPartitionsDefinition:
@@ -63,7 +69,6 @@ def shard_spend_partitions(shard: int) -> dg.MultiPartitionsDefinition:
     )
 
 
-account_partitions = shard_account_partitions(0)
 spend_partitions = shard_spend_partitions(0)
 
 

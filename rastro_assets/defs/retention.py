@@ -307,15 +307,7 @@ def _naive_utc(instant: datetime) -> datetime:
     return instant.astimezone(UTC).replace(tzinfo=None)
 
 
-@dg.sensor(
-    name="retention",
-    minimum_interval_seconds=RETENTION_SENSOR_SECONDS,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Hourly: deletes asset events older than the retention age that a newer "
-    "event of the same partition supersedes, then finished runs left holding none, and "
-    "prunes old meta_sync_runs rows the planner no longer needs.",
-)
-def retention_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
+def _retention_tick(context: dg.SensorEvaluationContext, rastro: RastroResource):
     refused = load_time_refusals().get("retention")
     if refused is not None:
         # A deletion is for good: it never runs on a default the operator did not choose.
@@ -335,3 +327,22 @@ def retention_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource
     return dg.SensorResult(
         skip_reason=f"{done} and {pruned} old meta_sync_runs rows", cursor=tick.cursor.to_json()
     )
+
+
+def build_retention_sensor() -> dg.SensorDefinition:
+    @dg.sensor(
+        name="retention",
+        minimum_interval_seconds=RETENTION_SENSOR_SECONDS,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Hourly: deletes asset events older than the retention age that a newer "
+        "event of the same partition supersedes, then finished runs left holding none, and "
+        "prunes old meta_sync_runs rows the planner no longer needs.",
+    )
+    def retention_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
+        return _retention_tick(context, rastro)
+
+    return retention_sensor
+
+
+def location_defs(shard_count: int) -> dg.Definitions:
+    return dg.Definitions(sensors=[build_retention_sensor()])

@@ -14,13 +14,13 @@ import dagster as dg
 
 from rastro_assets import shards
 from rastro_assets.defs.cadence.busy import move_blockers
-from rastro_assets.defs.partitions import SHARD_COUNT, spend_shard
+from rastro_assets.defs.partitions import spend_shard
 
 MOVED_FROM = "rastro/moved_from"
 
 
 def add_account_partition(
-    ad_account_id: str, shard: int = 0, shard_count: int = SHARD_COUNT
+    ad_account_id: str, shard: int, shard_count: int
 ) -> None:
     """Add `ad_account_id` to its shard's account partitions of the instance at DAGSTER_HOME
     (and, with several shards, to the catalog's set of every account)."""
@@ -29,7 +29,7 @@ def add_account_partition(
 
 
 def add_account_partitions(
-    instance: dg.DagsterInstance, shard_of: Mapping[str, int], shard_count: int = SHARD_COUNT
+    instance: dg.DagsterInstance, shard_of: Mapping[str, int], shard_count: int
 ) -> None:
     """Add each account to its shard's account partitions (and, with several shards, to the
     catalog's set of every account): one call per shard, whatever the number of accounts,
@@ -73,7 +73,7 @@ def move_account(
     materialized: dict[dg.AssetKey, set[str]] | None = None,
     *,
     store_shard: Callable[[], None] | None = None,
-    shard_count: int = SHARD_COUNT,
+    shard_count: int,
 ) -> Moved:
     """Move the account's spend partitions from `old_shard`'s pair to `new_shard`'s.
 

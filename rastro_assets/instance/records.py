@@ -13,6 +13,7 @@ from datetime import datetime
 import dagster as dg
 
 from rastro_assets.defs.cadence.records import RECORD_GRACE, stored_not_recorded
+from rastro_assets.defs.partitions import configured_shard_count
 from rastro_assets.planner.runs import epoch_us
 from rastro_assets.warehouse.connection import Warehouse
 
@@ -33,6 +34,6 @@ def unrecorded_at(home: str, warehouse: Warehouse, now: datetime) -> Unrecorded:
     first stored `RECORD_GRACE` before `now` or earlier (`meta_records` records the others
     at its next ticks)."""
     with dg.DagsterInstance.from_config(home) as instance:
-        missing = stored_not_recorded(instance, warehouse, now)
+        missing = stored_not_recorded(instance, warehouse, now, configured_shard_count())
     settled = epoch_us(now - RECORD_GRACE)
     return Unrecorded(missing.account_days(stored_before_us=settled))

@@ -248,8 +248,9 @@ def test_stored_days_dagster_does_not_record_are_open_until_recorded(
     code, out, _ = rastro("status", "--check", environ=environ)
     assert code == 1 and out.startswith("unrecorded: 1 account-day the warehouse holds"), out
 
-    from rastro_assets.defs.cadence.recorder import meta_records_sensor
+    from rastro_assets.defs.cadence.recorder import build_meta_records_sensor
     from rastro_assets_tests.pinned import pinned
+    meta_records_sensor = build_meta_records_sensor(1)
 
     monkeypatch.setenv("RASTRO_DUCKDB_PATH", str(duckdb_path))
     if (url := getattr(healthy, "url_with_password", None)) is not None:

@@ -11,12 +11,19 @@ import duckdb
 import pytest
 
 from rastro_assets.definitions import defs
-from rastro_assets.defs.analytics import analytics_publisher_sensor, analytics_snapshot
+from rastro_assets.defs.analytics import (
+    build_analytics_publisher_sensor,
+    build_analytics_snapshot,
+    build_publish_snapshot_job,
+)
 from rastro_assets.defs.keys import ANALYTICS_SNAPSHOT
 from rastro_assets_tests.analytics.analyst import Analyst
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.defs.waves import live, run_wave
 from rastro_assets_tests.pinned import PinnedRastroResource
+
+analytics_publisher_sensor = build_analytics_publisher_sensor(build_publish_snapshot_job())
+analytics_snapshot = build_analytics_snapshot(1)
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from dagster._core.definitions.events import AssetKeyPartitionKey
 
 from rastro_assets import shards
 from rastro_assets.definitions import defs
-from rastro_assets.defs.cadence.wave import sync_wave_job
+from rastro_assets.defs.cadence.wave import build_sync_wave_job
 from rastro_assets.defs.keys import (
     AD_SPEND_DAILY,
     MAX_DAYS_PER_RUN,
@@ -42,6 +42,8 @@ from rastro_assets.timekeeping import days_between
 from rastro_assets.warehouse.run_history import sync_run_rows
 from rastro_assets_tests.truth import assert_equals_truth
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
+
+sync_wave_job = build_sync_wave_job()
 
 EFFECTIVE = datetime(2026, 11, 30, 12, tzinfo=UTC)
 LAST_DAY = date(2026, 11, 29)

@@ -13,13 +13,15 @@ import pytest
 
 from rastro_assets import cli
 from rastro_assets.cli.context import Context
-from rastro_assets.defs.catalog import ad_catalog, ad_thumbnails
+from rastro_assets.defs.catalog import build_catalog_assets
 from rastro_assets.defs.keys import AD_CATALOG, AD_THUMBNAILS
 from rastro_assets.defs.metadata import catalog_materializations
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets.timekeeping import fixed_clock
 from rastro_assets_tests.conftest import NOW, TOKEN
 from rastro_assets_tests.defs.conftest import TODAY
+
+ad_catalog, ad_thumbnails = build_catalog_assets(1)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import duckdb
 import pytest
 
 from rastro_assets.alerts.channels import EMAIL_TO_VAR, SMTP_URL_VAR, WEBHOOK_URLS_VAR
-from rastro_assets.defs.cadence.incidents import INCIDENTS_SENSOR, meta_incidents_sensor
+from rastro_assets.defs.cadence.incidents import INCIDENTS_SENSOR, build_meta_incidents_sensor
 from rastro_assets.defs.keys import NO_OPEN_INCIDENTS, RANGE_END_TAG, RANGE_START_TAG
 from rastro_assets.defs.spend.fill import build_spend_fill
 from rastro_assets.planner.runs import runs_by_account
@@ -39,6 +39,8 @@ from rastro_assets_tests.alerts.receivers import (
 )
 from rastro_assets_tests.conftest import NOW, TOKEN
 from rastro_assets_tests.defs.waves import live, run_wave
+
+meta_incidents_sensor = build_meta_incidents_sensor()
 
 NEW_TOKEN = "EAAnewTOKENr5Jw27KxQm8VtYp03"
 RECIPIENT = "ops@rastro.test"
@@ -395,7 +397,8 @@ def test_meta_s_words_and_a_partition_key_reach_the_channels_as_quoted_data(
     daemon, hook, smtp, instance, rastro_at, warehouse, now,
 ):
     from rastro_assets import shards
-    from rastro_assets.defs.catalog import ad_catalog
+    from rastro_assets.defs.catalog import build_catalog_assets
+    ad_catalog, _ = build_catalog_assets(1)
 
     with warehouse.connect() as con:
         sealed_at = registry.get_connection(con, "c1").sealed_at

@@ -10,8 +10,8 @@ import pytest
 
 from rastro_assets import shards
 from rastro_assets.defs.cadence import recorder, records
-from rastro_assets.defs.cadence.health import meta_account_health
-from rastro_assets.defs.cadence.recorder import meta_records_sensor
+from rastro_assets.defs.cadence.health import build_meta_account_health
+from rastro_assets.defs.cadence.recorder import build_meta_records_sensor
 from rastro_assets.defs.cadence.records import (
     RECORDED_FROM,
     SYNC_RUN_ID,
@@ -31,6 +31,9 @@ from rastro_assets.warehouse.runs import SyncRunEnd, SyncRunStart, finish_sync_r
 from rastro_assets_tests.conftest import NOW, record_sync_run
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.defs.instance_events import add_run
+
+meta_account_health = build_meta_account_health(1)
+meta_records_sensor = build_meta_records_sensor(1)
 
 ACCOUNTS = ("act_101", "act_202")
 FIRST = TODAY - timedelta(days=89)
@@ -219,7 +222,8 @@ def test_only_the_asset_a_killed_run_left_unrecorded_is_recorded(
 
 def cadence_health(instance, rastro, cursor=None):
     from rastro_assets.definitions import defs
-    from rastro_assets.defs.cadence.sensors import meta_cadence_sensor
+    from rastro_assets.defs.cadence.sensors import build_meta_cadence_sensor
+    meta_cadence_sensor = build_meta_cadence_sensor(1)
 
     context = dg.build_sensor_context(
         instance=instance, cursor=cursor, definitions=defs, resources={"rastro": rastro}
@@ -260,7 +264,8 @@ def test_the_health_counts_stored_days_not_recorded_while_any_remain(
 def test_meta_accounts_no_longer_says_its_partitions_are_up_to_date(
     instance, rastro, warehouse, linked_world
 ):
-    from rastro_assets.defs.cadence.sensors import meta_accounts_sensor
+    from rastro_assets.defs.cadence.sensors import build_meta_accounts_sensor
+    meta_accounts_sensor = build_meta_accounts_sensor(1)
 
     with warehouse.connect() as con:
         for account in ACCOUNTS:

@@ -13,7 +13,7 @@ import dagster as dg
 import pytest
 
 from rastro_assets import shards
-from rastro_assets.defs.cadence.recorder import meta_records_sensor
+from rastro_assets.defs.cadence.recorder import build_meta_records_sensor
 from rastro_assets.defs.cadence.records import RECORDED_FROM, SYNC_RUN_ID
 from rastro_assets.defs.keys import AD_SPEND_DAILY, SITE_SPEND_DAILY, fill_key
 from rastro_assets.timekeeping import days_between
@@ -21,6 +21,8 @@ from rastro_assets.warehouse.run_history import sync_run_rows
 from rastro_assets_tests.conftest import NOW
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.truth import assert_equals_truth
+
+meta_records_sensor = build_meta_records_sensor(1)
 
 pytestmark = pytest.mark.slow
 

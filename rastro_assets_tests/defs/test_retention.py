@@ -12,15 +12,14 @@ import pytest
 
 from rastro_assets.defs.keys import AD_SPEND_DAILY, SITE_SPEND_DAILY
 from rastro_assets.defs.partitions import spend_partition_key
-from rastro_assets.defs.retention import (
-    RetentionCursor,
-    prune_instance,
-    retention_sensor,
-)
-from rastro_assets.defs.spend.assets import meta_spend
+from rastro_assets.defs.retention import RetentionCursor, build_retention_sensor, prune_instance
+from rastro_assets.defs.spend.assets import build_meta_spend
 from rastro_assets_tests.conftest import NOW, record_sync_run
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.defs.instance_events import add_run, record_spend, spend_events
+
+retention_sensor = build_retention_sensor()
+meta_spend = build_meta_spend(0, 1)
 
 DAY_1, DAY_2, DAY_3 = "act_101|2026-11-28", "act_101|2026-11-29", "act_101|2026-11-30"
 

@@ -17,7 +17,7 @@ from rastro_assets.defs.cadence.backfills import (
     Fill,
     first_data,
 )
-from rastro_assets.defs.cadence.sensors import meta_accounts_sensor, meta_cadence_sensor
+from rastro_assets.defs.cadence.sensors import build_meta_accounts_sensor, build_meta_cadence_sensor
 from rastro_assets.defs.keys import (
     ACCOUNT_TAG,
     AD_SPEND_DAILY,
@@ -41,6 +41,9 @@ from rastro_assets.defs.partitions import (
 from rastro_assets.warehouse import link_store, registry
 from rastro_assets_tests.conftest import NOW, record_sync_run
 from rastro_assets_tests.defs.conftest import TODAY
+
+meta_accounts_sensor = build_meta_accounts_sensor(1)
+meta_cadence_sensor = build_meta_cadence_sensor(1)
 
 
 @pytest.fixture

@@ -211,7 +211,7 @@ def test_a_move_keeps_every_account_days_status(instance):
                                   for day in days])
     before = {key: instance.get_materialized_partitions(key) for key in spend_shard(0).keys}
 
-    moved = move_account(instance, "act_2", 0, 1)
+    moved = move_account(instance, "act_2", 0, 1, shard_count=SHARDS)
 
     assert moved.partitions == 90
     for old_key, new_key in zip(spend_shard(0).keys, spend_shard(1).keys, strict=True):

@@ -17,13 +17,16 @@ from rastro_assets import shards
 from rastro_assets.defs.dagster_private import AssetGraphSubset, PartitionBackfill
 from rastro_assets.defs.keys import AD_SPEND_DAILY, SITE_SPEND_DAILY
 from rastro_assets.defs.partitions import spend_partition_key, spend_shard
-from rastro_assets.defs.spend.assets import meta_spend, spend_specs
-from rastro_assets.defs.spend.checks import site_spend_equals_ad_sums
+from rastro_assets.defs.spend.assets import build_meta_spend, spend_specs
+from rastro_assets.defs.spend.checks import build_sum_check
 from rastro_assets.warehouse import link_store
 from rastro_assets_tests.conftest import TOKEN
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.truth import assert_equals_truth, stored_rows
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
+
+meta_spend = build_meta_spend(0, 1)
+site_spend_equals_ad_sums = build_sum_check(0)
 
 REPO = Path(__file__).resolve().parents[2]
 

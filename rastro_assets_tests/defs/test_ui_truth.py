@@ -25,10 +25,14 @@ from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 from dagster_graphql.test.utils import execute_dagster_graphql
 
 from rastro_assets import shards
-from rastro_assets.defs.cadence.incidents import meta_incidents_sensor
-from rastro_assets.defs.cadence.sensors import meta_accounts_sensor, meta_cadence_sensor
+from rastro_assets.defs.cadence.incidents import build_meta_incidents_sensor
+from rastro_assets.defs.cadence.sensors import build_meta_accounts_sensor, build_meta_cadence_sensor
 from rastro_assets.defs.keys import FILL_ACCOUNTS_PER_RUN
 from rastro_assets.defs.spend.fill import build_spend_fill
+
+meta_incidents_sensor = build_meta_incidents_sensor()
+meta_accounts_sensor = build_meta_accounts_sensor(1)
+meta_cadence_sensor = build_meta_cadence_sensor(1)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -336,9 +340,12 @@ def test_a_ui_backfill_of_one_spend_asset_leaves_every_check_of_both_evaluated(
     runs only for selected assets, are evaluated by the run itself."""
     from rastro_assets.definitions import defs
     from rastro_assets.defs.partitions import spend_partition_key
-    from rastro_assets.defs.spend.assets import meta_spend
-    from rastro_assets.defs.spend.checks import accounts_fresh, site_spend_equals_ad_sums
+    from rastro_assets.defs.spend.assets import build_meta_spend
+    from rastro_assets.defs.spend.checks import build_freshness_check, build_sum_check
     from rastro_assets_tests.defs.conftest import TODAY
+    meta_spend = build_meta_spend(0, 1)
+    accounts_fresh = build_freshness_check(0, 1)
+    site_spend_equals_ad_sums = build_sum_check(0)
 
     instance.add_dynamic_partitions(shards.accounts_name(0), ["act_101", "act_202"])
     since = TODAY - timedelta(days=2)

@@ -13,12 +13,14 @@ import pytest
 
 from rastro_assets.defs.cadence import wave
 from rastro_assets.defs.cadence.sensors import wave_request
-from rastro_assets.defs.cadence.wave import sync_wave_job
+from rastro_assets.defs.cadence.wave import build_sync_wave_job
 from rastro_assets.defs.partitions import months_before
 from rastro_assets.planner import cadence
 from rastro_assets_tests.conftest import NOW
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.defs.waves import live
+
+sync_wave_job = build_sync_wave_job()
 
 YESTERDAY = TODAY - timedelta(days=1)
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from rastro_assets.defs.cadence.wave import sealed_wave_config, sync_wave_job
+from rastro_assets.defs.cadence.wave import build_sync_wave_job, sealed_wave_config
 from rastro_assets_tests.defs.conftest import TODAY
+
+sync_wave_job = build_sync_wave_job()
 
 
 def live(account: str) -> dict:

@@ -47,7 +47,7 @@ from dagster._core.execution.backfill import PartitionBackfill
 from rastro_assets import shards
 from rastro_assets.definitions import defs
 from rastro_assets.defs.cadence.held import BEGINS_AT_TAG, HELD, HOLD_TAG, WAITS_FOR_TAG
-from rastro_assets.defs.cadence.sensors import meta_cadence_sensor
+from rastro_assets.defs.cadence.sensors import build_meta_cadence_sensor
 from rastro_assets.defs.keys import (
     ACCOUNT_TAG,
     AD_SPEND_DAILY,
@@ -76,6 +76,8 @@ from rastro_assets_tests.truth import assert_equals_truth, truth_rows
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
 from rastro_fake_graph.server import serve
 from rastro_fake_graph.world import FakeWorld, MutableClock
+
+meta_cadence_sensor = build_meta_cadence_sensor(1)
 
 pytestmark = pytest.mark.slow
 
@@ -167,7 +169,7 @@ def link_live_accounts(
                 now - read_ago, catalog=True,
             )
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        add_account_partitions(instance, dict.fromkeys(accounts, 0))
+        add_account_partitions(instance, dict.fromkeys(accounts, 0), 1)
         assert instance.get_dynamic_partitions(shards.accounts_name(0)) == list(accounts)
     return warehouse, snapshot_path
 

@@ -29,13 +29,15 @@ from rastro_assets import shards
 from rastro_assets.definitions import defs
 from rastro_assets.defs.cadence.busy import busy_accounts, in_flight
 from rastro_assets.defs.cadence.held import BEGINS_AT_TAG, HOLD_TAG, WAITS_FOR_TAG
-from rastro_assets.defs.cadence.sensors import meta_cadence_sensor
+from rastro_assets.defs.cadence.sensors import build_meta_cadence_sensor
 from rastro_assets.defs.keys import ACCOUNT_TAG, RANGE_END_TAG, RANGE_START_TAG
 from rastro_assets.instance.run_queue import AccountRunCoordinator
 from rastro_assets.timekeeping import fixed_clock
 from rastro_assets.warehouse import link_store, registry, site_store
 from rastro_assets.warehouse.connection import Warehouse
 from rastro_assets_tests.pinned import pinned
+
+meta_cadence_sensor = build_meta_cadence_sensor(1)
 
 REPO = Path(__file__).resolve().parents[2]
 # 12:00 UTC: 2026-12-08 02:00 in Kiritimati (UTC+14, the date axis's newest date), still

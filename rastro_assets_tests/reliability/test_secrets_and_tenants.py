@@ -23,9 +23,9 @@ import duckdb
 import pytest
 
 from rastro_assets import cli, shards
-from rastro_assets.defs.catalog import ad_catalog, ad_thumbnails
+from rastro_assets.defs.catalog import build_catalog_assets
 from rastro_assets.defs.partitions import spend_partition_key
-from rastro_assets.defs.spend.assets import meta_spend
+from rastro_assets.defs.spend.assets import build_meta_spend
 from rastro_assets.sync.catalog import CatalogSyncer
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets.vault import ENV_VAR, Vault
@@ -43,6 +43,9 @@ from rastro_assets_tests.reliability.helpers import (
 from rastro_assets_tests.truth import assert_equals_truth
 from rastro_assets_tests.warehouse.assertions import assert_site_spend_exact
 from rastro_fake_graph.world import FakeWorld, MutableClock
+
+ad_catalog, ad_thumbnails = build_catalog_assets(1)
+meta_spend = build_meta_spend(0, 1)
 
 TODAY = date(2026, 11, 30)
 WEEK = (TODAY - timedelta(days=6), TODAY)

@@ -10,9 +10,9 @@ import dagster as dg
 
 from rastro_assets import shards
 from rastro_assets.defs.cadence.wave import (
+    WAVE_JOB,
     WAVE_MAX_RUNTIME_SECONDS,
     sealed_wave_config,
-    sync_wave_job,
 )
 from rastro_assets.defs.dagster_private import AssetGraphSubset
 from rastro_assets.defs.keys import (
@@ -28,8 +28,6 @@ from rastro_assets.defs.partitions import Fill, reachable_fill, shard_account_pa
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount
 from rastro_assets.planner.state import SyncRun
-
-WAVE_JOB = sync_wave_job.name
 
 BACKFILL_KINDS = ("backfill", "gap")
 

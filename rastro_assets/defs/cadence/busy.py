@@ -33,7 +33,7 @@ from rastro_assets.defs.keys import (
     WAVE_TAG,
     is_fill_key,
 )
-from rastro_assets.defs.partitions import SHARD_COUNT
+from rastro_assets.defs.partitions import configured_shard_count
 
 QUEUED = dg.DagsterRunStatus.QUEUED
 
@@ -143,7 +143,7 @@ def _run_accounts(
         return {first}
     # A range over several accounts (one date of many, from the UI) writes every account
     # between its ends in its shard's partitions' order, as Dagster reads the range.
-    for shard in range(SHARD_COUNT):
+    for shard in range(configured_shard_count()):
         if shard not in accounts_of_shard:
             accounts_of_shard[shard] = list(
                 instance.get_dynamic_partitions(shards.accounts_name(shard))

@@ -29,7 +29,6 @@ import dagster as dg
 from rastro_assets.defs.account_health import MAX_HEALTH_ROWS, freshness, narrow_health_table
 from rastro_assets.defs.cadence.records import UNRECORDED, stored_not_recorded
 from rastro_assets.defs.keys import META_ACCOUNT_HEALTH
-from rastro_assets.defs.partitions import SHARD_COUNT
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.outcomes import counted
 from rastro_assets.planner.cadence import AccountStatus
@@ -128,33 +127,43 @@ def health_due(before: dict, signature: str, now: datetime) -> bool:
     return now - recorded_at >= timedelta(minutes=HEALTH_REFRESH_MINUTES)
 
 
-@dg.asset(
-    key=META_ACCOUNT_HEALTH,
-    description=meta_account_health_description,
-    group_name="meta_spend",
-    kinds={"meta"},
-    owners=["team:data-engineering"],
-    tags={"domain": "marketing"},
-)
-def meta_account_health(
-    context: dg.AssetExecutionContext, rastro: RastroResource
-) -> dg.MaterializeResult:
-    """Every linked account's health now, read from the warehouse as the cadence reads it,
-    and the account-days it holds that the instance does not record, counted now."""
-    with rastro.warehouse().connect(read_only=True) as con:
-        accounts = planned_accounts(con)
-    now = rastro.clock()()
-    missing = stored_not_recorded(context.instance, rastro.warehouse(), now, SHARD_COUNT)
-    unrecorded = sum(missing.account_days().values())
-    metadata, line, _ = health_metadata(accounts, now, SHARD_COUNT, unrecorded=unrecorded)
-    context.log.info(line)
-    return dg.MaterializeResult(metadata=metadata)
+def build_meta_account_health(shard_count: int) -> dg.AssetsDefinition:
+    """`meta_account_health` over the accounts of `shard_count` shards."""
+
+    @dg.asset(
+        key=META_ACCOUNT_HEALTH,
+        description=meta_account_health_description,
+        group_name="meta_spend",
+        kinds={"meta"},
+        owners=["team:data-engineering"],
+        tags={"domain": "marketing"},
+    )
+    def meta_account_health(
+        context: dg.AssetExecutionContext, rastro: RastroResource
+    ) -> dg.MaterializeResult:
+        """Every linked account's health now, read from the warehouse as the cadence reads
+        it, and the account-days it holds that the instance does not record, counted now."""
+        with rastro.warehouse().connect(read_only=True) as con:
+            accounts = planned_accounts(con)
+        now = rastro.clock()()
+        missing = stored_not_recorded(context.instance, rastro.warehouse(), now, shard_count)
+        unrecorded = sum(missing.account_days().values())
+        metadata, line, _ = health_metadata(accounts, now, shard_count, unrecorded=unrecorded)
+        context.log.info(line)
+        return dg.MaterializeResult(metadata=metadata)
+
+    return meta_account_health
 
 
-meta_account_health_job = dg.define_asset_job(
-    HEALTH_JOB,
-    selection=[META_ACCOUNT_HEALTH],
-    description="Every linked account's health, computed now. The meta_cadence sensor records "
-    f"it whenever a state changes and every {HEALTH_REFRESH_MINUTES} minutes; launch this "
-    "job to refresh it by hand.",
-)
+def build_health_job():
+    return dg.define_asset_job(
+        HEALTH_JOB,
+        selection=[META_ACCOUNT_HEALTH],
+        description="Every linked account's health, computed now. The meta_cadence sensor "
+        f"records it whenever a state changes and every {HEALTH_REFRESH_MINUTES} minutes; "
+        "launch this job to refresh it by hand.",
+    )
+
+
+def location_defs(shard_count: int) -> dg.Definitions:
+    return dg.Definitions(assets=[build_meta_account_health(shard_count)])

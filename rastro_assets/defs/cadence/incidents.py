@@ -381,18 +381,7 @@ def _latest_health(instance: dg.DagsterInstance) -> dg.EventLogRecord | None:
     return records[0].asset_entry.last_materialization_record if records else None
 
 
-@dg.sensor(
-    name=INCIDENTS_SENSOR,
-    minimum_interval_seconds=INCIDENTS_SENSOR_SECONDS,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Finds what needs a person (a dead token, stale or stuck accounts, lost "
-    "permissions, long throttles, Meta failing every try, the snapshot left behind, runs "
-    "failing in a row, cadence sensors stopped), stores each incident once, and sends its "
-    "notices to the channels of "
-    "RASTRO_ALERT_WEBHOOK_URLS and RASTRO_ALERT_SMTP_URL: opened, reminded, resolved. The "
-    "no_open_incidents check on meta_account_health names what is open.",
-)
-def meta_incidents_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
+def _incidents_tick(context: dg.SensorEvaluationContext, rastro: RastroResource):
     now = rastro.clock()()
     if not rastro.warehouse().exists():
         return dg.SkipReason("no warehouse yet: nothing is linked")
@@ -493,19 +482,7 @@ def _summary(open_now: Sequence[store.StoredIncident]) -> str:
     return f"{count} open incident{'' if count == 1 else 's'}: {shown}"
 
 
-@dg.asset_check(
-    asset=META_ACCOUNT_HEALTH,
-    name=NO_OPEN_INCIDENTS,
-    description="Fails while an incident is open (a dead token, stale or stuck accounts, "
-    "lost permissions, long throttles, Meta failing every try, the snapshot left behind, "
-    "failing runs or stopped sensors), naming each with what to do, and says where alerts go "
-    "and which channel "
-    "fails. The meta_incidents sensor (Automation) evaluates it whenever that changes, so "
-    "its own Automation history stays empty; Execute reads the incidents it last stored. "
-    "A failure here turns meta_account_health red: its materialization is fine, the "
-    "incidents are what need a person (docs/errors.md, \"Alerts\").",
-)
-def no_open_incidents(context: dg.AssetCheckExecutionContext, rastro: RastroResource):
+def _open_incidents_evaluation(rastro: RastroResource) -> dg.AssetCheckResult:
     channels, channel_problem = configured_channels()
     with rastro.warehouse().connect(read_only=True) as con:
         open_now = store.open_incidents(con)
@@ -518,4 +495,47 @@ def no_open_incidents(context: dg.AssetCheckExecutionContext, rastro: RastroReso
         severity=evaluation.severity,
         description=evaluation.description,
         metadata=evaluation.metadata,
+    )
+
+
+def build_meta_incidents_sensor() -> dg.SensorDefinition:
+    @dg.sensor(
+        name=INCIDENTS_SENSOR,
+        minimum_interval_seconds=INCIDENTS_SENSOR_SECONDS,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Finds what needs a person (a dead token, stale or stuck accounts, lost "
+        "permissions, long throttles, Meta failing every try, the snapshot left behind, runs "
+        "failing in a row, cadence sensors stopped), stores each incident once, and sends its "
+        "notices to the channels of "
+        "RASTRO_ALERT_WEBHOOK_URLS and RASTRO_ALERT_SMTP_URL: opened, reminded, resolved. The "
+        "no_open_incidents check on meta_account_health names what is open.",
+    )
+    def meta_incidents_sensor(context: dg.SensorEvaluationContext, rastro: RastroResource):
+        return _incidents_tick(context, rastro)
+
+    return meta_incidents_sensor
+
+
+def build_no_open_incidents() -> dg.AssetChecksDefinition:
+    @dg.asset_check(
+        asset=META_ACCOUNT_HEALTH,
+        name=NO_OPEN_INCIDENTS,
+        description="Fails while an incident is open (a dead token, stale or stuck accounts, "
+        "lost permissions, long throttles, Meta failing every try, the snapshot left behind, "
+        "failing runs or stopped sensors), naming each with what to do, and says where alerts go "
+        "and which channel "
+        "fails. The meta_incidents sensor (Automation) evaluates it whenever that changes, so "
+        "its own Automation history stays empty; Execute reads the incidents it last stored. "
+        "A failure here turns meta_account_health red: its materialization is fine, the "
+        "incidents are what need a person (docs/errors.md, \"Alerts\").",
+    )
+    def no_open_incidents(context: dg.AssetCheckExecutionContext, rastro: RastroResource):
+        return _open_incidents_evaluation(rastro)
+
+    return no_open_incidents
+
+
+def location_defs(shard_count: int) -> dg.Definitions:
+    return dg.Definitions(
+        sensors=[build_meta_incidents_sensor()], asset_checks=[build_no_open_incidents()]
     )

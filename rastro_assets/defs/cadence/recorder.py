@@ -43,7 +43,6 @@ from rastro_assets.defs.keys import (
     META_ACCOUNT_HEALTH,
     SENSOR_LOCK_WAIT_SECONDS,
 )
-from rastro_assets.defs.partitions import SHARD_COUNT
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.settings import load_time
 from rastro_assets.warehouse.complete_reads import recent_ok_syncs
@@ -250,5 +249,6 @@ def build_meta_records_sensor(shard_count: int) -> dg.SensorDefinition:
     return meta_records_sensor
 
 
-meta_records_sensor = build_meta_records_sensor(SHARD_COUNT)
+def location_defs(shard_count: int) -> dg.Definitions:
+    return dg.Definitions(sensors=[build_meta_records_sensor(shard_count)])
 

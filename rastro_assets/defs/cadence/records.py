@@ -32,7 +32,6 @@ from rastro_assets.defs.cadence.busy import LAUNCHED_STATUSES, outlived
 from rastro_assets.defs.keys import META_ACCOUNT_HEALTH, fill_key
 from rastro_assets.defs.partitions import (
     AXIS_START,
-    SHARD_COUNT,
     reach_start,
     spend_shard,
 )
@@ -165,7 +164,7 @@ def missing_records(
     stored: Stored,
     now: datetime,
     in_flight: Collection[str],
-    shard_count: int = SHARD_COUNT,
+    shard_count: int,
 ) -> MissingRecords:
     """The stored account-days and the fills owed nothing that the instance does not show as
     materialized, among the accounts of `stored` that are in their shard's partitions."""
@@ -280,7 +279,7 @@ def stored_not_recorded(
     instance: dg.DagsterInstance,
     warehouse: Warehouse,
     now: datetime,
-    shard_count: int = SHARD_COUNT,
+    shard_count: int,
 ) -> MissingRecords:
     """What the instance lacks of what the warehouse holds, over every linked account.
 

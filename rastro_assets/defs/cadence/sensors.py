@@ -30,13 +30,13 @@ from rastro_assets.defs.cadence.backfills import (
 )
 from rastro_assets.defs.cadence.busy import in_flight
 from rastro_assets.defs.cadence.health import (
+    build_health_job,
     health_due,
     health_materialization,
-    meta_account_health_job,
 )
 from rastro_assets.defs.cadence.held import WAITS_FOR_TAG, release_begun
 from rastro_assets.defs.cadence.records import latest_unrecorded
-from rastro_assets.defs.cadence.wave import sealed_wave_config, sync_wave_job
+from rastro_assets.defs.cadence.wave import WAVE_JOB, build_sync_wave_job, sealed_wave_config
 from rastro_assets.defs.ended_runs import close_syncs_of_ended_runs
 from rastro_assets.defs.keys import (
     AD_CATALOG,
@@ -47,10 +47,7 @@ from rastro_assets.defs.keys import (
     WAVE_TAG,
     fill_key,
 )
-from rastro_assets.defs.partitions import (
-    SHARD_COUNT,
-    spend_shard,
-)
+from rastro_assets.defs.partitions import spend_shard
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.planner import cadence
 from rastro_assets.planner.history import PlannedAccount, planned_accounts
@@ -156,9 +153,6 @@ def _meta_accounts_tick(
     return dg.SensorResult(run_requests=requests, dynamic_partitions_requests=changes)
 
 
-meta_accounts_sensor = build_meta_accounts_sensor(SHARD_COUNT)
-
-
 def _runs_of(accounts: list[PlannedAccount]):
     return {account.state.ad_account_id: account.state.runs for account in accounts}
 
@@ -196,16 +190,20 @@ def cadence_asset_jobs(shard_count: int) -> list:
         "meta_cadence and a backfill's block reaching today keep them fresh; launch this job "
         "for an account to read them by hand.",
     )
-    return [*spend, catalog, meta_account_health_job]
+    return [*spend, catalog, build_health_job()]
 
 
-def build_meta_cadence_sensor(shard_count: int) -> dg.SensorDefinition:
-    """`meta_cadence`; its freshness evaluations go to each of `shard_count` shards' check."""
+def build_meta_cadence_sensor(
+    shard_count: int, wave_job: dg.JobDefinition | None = None
+) -> dg.SensorDefinition:
+    """`meta_cadence`; its freshness evaluations go to each of `shard_count` shards' check.
+    `wave_job`: the location's `meta_sync_wave`, when it lists the job itself (Dagster takes
+    one object per job name)."""
 
     @dg.sensor(
         name="meta_cadence",
         minimum_interval_seconds=CADENCE_SENSOR_SECONDS,
-        jobs=[sync_wave_job, *cadence_asset_jobs(shard_count)],
+        jobs=[wave_job or build_sync_wave_job(), *cadence_asset_jobs(shard_count)],
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Every tick, asks the planner about every account and starts one wave run "
         "for all live (45 min), daily (04:00 local, 7 days + catalog) and weekly (28 days) "
@@ -379,15 +377,12 @@ def _health_change(
     return events, json.dumps({**json.loads(cursor), HEALTH_CURSOR_KEY: last})
 
 
-meta_cadence_sensor = build_meta_cadence_sensor(SHARD_COUNT)
-
-
 def wave_request(due: list[cadence.Plan], now) -> dg.RunRequest:
     """One run syncing every due account; tags say how many of each kind."""
     kinds = {kind: sum(plan.kind == kind for plan in due) for kind in WAVE_KINDS}
     return dg.RunRequest(
         run_key=f"wave:{now.isoformat()}",
-        job_name=sync_wave_job.name,
+        job_name=WAVE_JOB,
         run_config={
             "ops": {
                 "sync_wave": {
@@ -412,4 +407,15 @@ def wave_request(due: list[cadence.Plan], now) -> dg.RunRequest:
             SYNC_KIND_TAG: "wave",
             **{f"rastro/{kind}": str(count) for kind, count in kinds.items() if count},
         },
+    )
+
+
+def location_defs(shard_count: int) -> dg.Definitions:
+    wave_job = build_sync_wave_job()
+    return dg.Definitions(
+        jobs=[wave_job],
+        sensors=[
+            build_meta_accounts_sensor(shard_count),
+            build_meta_cadence_sensor(shard_count, wave_job),
+        ],
     )

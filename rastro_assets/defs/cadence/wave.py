@@ -29,7 +29,11 @@ from rastro_assets.defs.metadata import (
     materializations,
     table_materializations,
 )
-from rastro_assets.defs.partitions import spend_partition_key, spend_shard
+from rastro_assets.defs.partitions import (
+    configured_shard_count,
+    spend_partition_key,
+    spend_shard,
+)
 from rastro_assets.defs.publishing import publish_after_writes
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.sum_check import evaluate_sum_checks
@@ -50,6 +54,7 @@ from rastro_assets.vault import SecretsKeyError
 from rastro_assets.warehouse import registry
 from rastro_assets.warehouse.shard_store import account_shards
 
+WAVE_JOB = "meta_sync_wave"
 WAVE_MAX_RUNTIME_SECONDS = int(cadence.LEASE.total_seconds())
 """A sync's lease: by then the planner takes the wave's accounts again, and the spend
 writer refuses what the old wave still writes."""
@@ -184,9 +189,10 @@ def sync_wave(
     if tally.recorded:
         # Each table's figures after the partitions: the overview shows the latest event's.
         shards = sorted({shard_of.get(o.request.ad_account_id, 0) for o in outcomes})
+        shard_count = configured_shard_count()
         for shard in shards:
             with_catalog = outcomes if shard == shards[0] else ()
-            for event in table_materializations(rastro, shard, outcomes=with_catalog):
+            for event in table_materializations(rastro, shard, shard_count, with_catalog):
                 context.log_event(event)
     _report(context, tally, accounts=len(requests), skipped=len(wave.refused))
     publish_after_writes(context, rastro)
@@ -364,10 +370,15 @@ def _report(
     )
 
 
-@dg.job(
-    name="meta_sync_wave",
-    description="Live, daily and weekly syncs of every account due at one sensor tick.",
-    tags={WAVE_TAG: "true", MAX_RUNTIME_TAG: str(WAVE_MAX_RUNTIME_SECONDS)},
-)
-def sync_wave_job():
-    sync_wave()
+def build_sync_wave_job() -> dg.JobDefinition:
+    """`meta_sync_wave`, the job of the wave runs `meta_cadence` starts."""
+
+    @dg.job(
+        name=WAVE_JOB,
+        description="Live, daily and weekly syncs of every account due at one sensor tick.",
+        tags={WAVE_TAG: "true", MAX_RUNTIME_TAG: str(WAVE_MAX_RUNTIME_SECONDS)},
+    )
+    def sync_wave_job():
+        sync_wave()
+
+    return sync_wave_job

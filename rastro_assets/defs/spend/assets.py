@@ -30,7 +30,6 @@ from rastro_assets.defs.metadata import (
     table_metadata,
 )
 from rastro_assets.defs.partitions import (
-    SHARD_COUNT,
     SpendShard,
     account_date_ranges,
     not_linked,
@@ -153,7 +152,8 @@ def build_meta_spend(index: int, shard_count: int) -> dg.AssetsDefinition:
     return meta_spend
 
 
-meta_spend = build_meta_spend(0, SHARD_COUNT)
+def shard_defs(shard: int, shard_count: int) -> dg.Definitions:
+    return dg.Definitions(assets=[build_meta_spend(shard, shard_count)])
 
 
 def _backfill_targets(context: dg.AssetExecutionContext, shard: SpendShard) -> list[dg.AssetKey]:

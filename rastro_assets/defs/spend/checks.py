@@ -7,7 +7,7 @@ import dagster as dg
 
 from rastro_assets.defs.account_health import freshness_evaluation
 from rastro_assets.defs.keys import ACCOUNTS_FRESH, SUM_CHECK
-from rastro_assets.defs.partitions import SHARD_COUNT, spend_shard
+from rastro_assets.defs.partitions import spend_shard
 from rastro_assets.defs.resources import RastroResource
 from rastro_assets.defs.sum_check import mismatch_line, mismatch_metadata, sum_evaluation
 from rastro_assets.planner.history import planned_accounts
@@ -56,9 +56,6 @@ def build_sum_check(shard: int) -> dg.AssetChecksDefinition:
     return site_spend_equals_ad_sums
 
 
-site_spend_equals_ad_sums = build_sum_check(0)
-
-
 def build_freshness_check(shard: int, shard_count: int) -> dg.AssetChecksDefinition:
     which = "" if shard_count == 1 else f" of shard {shard}"
 
@@ -85,4 +82,7 @@ def build_freshness_check(shard: int, shard_count: int) -> dg.AssetChecksDefinit
     return accounts_fresh
 
 
-accounts_fresh = build_freshness_check(0, SHARD_COUNT)
+def shard_defs(shard: int, shard_count: int) -> dg.Definitions:
+    return dg.Definitions(
+        asset_checks=[build_sum_check(shard), build_freshness_check(shard, shard_count)]
+    )

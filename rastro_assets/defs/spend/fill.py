@@ -93,9 +93,15 @@ def build_spend_fill(index: int, shard_count: int) -> dg.AssetsDefinition:
         pool="meta_api",
     )
     def spend_backfill(context: dg.AssetExecutionContext, rastro: RastroResource):
-        yield from fill_accounts(context, rastro, list(context.partition_keys), index)
+        yield from fill_accounts(
+            context, rastro, list(context.partition_keys), index, shard_count
+        )
 
     return spend_backfill
+
+
+def shard_defs(shard: int, shard_count: int) -> dg.Definitions:
+    return dg.Definitions(assets=[build_spend_fill(shard, shard_count)])
 
 
 @dataclass
@@ -117,7 +123,11 @@ class _Progress:
 
 
 def fill_accounts(
-    context: dg.AssetExecutionContext, rastro: RastroResource, accounts: list[str], shard: int
+    context: dg.AssetExecutionContext,
+    rastro: RastroResource,
+    accounts: list[str],
+    shard: int,
+    shard_count: int,
 ) -> Iterator[dg.AssetMaterialization]:
     """Read each account's owed blocks, newest first, round after round, as events come."""
     syncer = rastro.syncer()
@@ -158,7 +168,7 @@ def fill_accounts(
     else:
         _, finished = _next_blocks(context, rastro, accounts, progress, shard_of, read=False)
         yield from finished
-    _finish(context, rastro, shard, progress, checked, shard_of)
+    _finish(context, rastro, shard, shard_count, progress, checked, shard_of)
 
 
 def _next_blocks(
@@ -284,6 +294,7 @@ def _finish(
     context: dg.AssetExecutionContext,
     rastro: RastroResource,
     shard: int,
+    shard_count: int,
     progress: _Progress,
     checked: list[tuple[str, date]],
     shard_of: dict[str, int],
@@ -298,7 +309,7 @@ def _finish(
     """
     if progress.outcomes:
         record_table_events(
-            context, table_materializations(rastro, shard, outcomes=progress.outcomes)
+            context, table_materializations(rastro, shard, shard_count, progress.outcomes)
         )
     if checked:
         evaluate_sum_checks(context, rastro, checked, shard_of)
