@@ -1,13 +1,25 @@
-"""How the suite runs: the long end-to-end tests first, the rest in any order asked for.
+"""How the suite runs: the long end-to-end tests first, the rest in any order asked for, and
+the tests' temporary directories in memory where the machine has room for them.
 
 Here, at the root, so that `--shuffle-seed N` is known however pytest is invoked.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
+from pathlib import Path
 
 import pytest
+
+MEMORY_TEMP_ROOT = Path("/dev/shm")
+"""A RAM disk on Linux: Dagster's SQLite storages and the DuckDB files in the tests' directories
+commit thousands of times in a run, and on a disk each commit waits for the disk while the
+worker's core idles. A passing test's directory goes as it ends (pyproject's
+`tmp_path_retention_policy`), so only the running tests' files take memory."""
+MEMORY_TEMP_ROOM = 8 * 2**30
+"""The room left on it below which the temporary directories stay where pytest puts them."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -18,6 +30,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the tests in an order shuffled by this seed (the suite may not depend on"
         " its order); the end-to-end tests still start first",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The temporary directories under `MEMORY_TEMP_ROOT`, unless a base was asked for."""
+    if config.option.basetemp or os.environ.get("PYTEST_DEBUG_TEMPROOT"):
+        return
+    if memory_has_room(MEMORY_TEMP_ROOT):
+        # pytest's own setting of the root its numbered `pytest-of-USER/pytest-N` go under;
+        # the xdist workers are handed their directories below the controller's.
+        os.environ["PYTEST_DEBUG_TEMPROOT"] = str(MEMORY_TEMP_ROOT)
+
+
+def memory_has_room(root: Path) -> bool:
+    if not (root.is_dir() and os.access(root, os.W_OK | os.X_OK)):
+        return False
+    return shutil.disk_usage(root).free >= MEMORY_TEMP_ROOM
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -52,7 +52,7 @@ import os
 import stat
 from collections.abc import Iterable, Iterator
 from contextlib import suppress
-from datetime import UTC, date, datetime
+from datetime import date
 from pathlib import Path
 
 import dagster as dg
@@ -232,7 +232,7 @@ class AccountRunCoordinator(dg.QueuedRunCoordinator):
             tags.update(hold)
         elif run.tags.get(HOLD_TAG) == HELD:  # a copy of a held run's tags: a re-execution
             tags[HOLD_TAG] = RELEASED
-        priority = range_priority(run.tags, datetime.now(UTC).date())
+        priority = range_priority(run.tags, self.clock().date())
         if run.tags.get(WAVE_TAG) == "true" or run.tags.get(FIRST_DATA_TAG):
             priority = CADENCE_PRIORITY
         if priority is not None and PRIORITY_TAG not in run.tags:

@@ -15,7 +15,9 @@ from rastro_assets.defs.spend.assets import build_meta_spend
 from rastro_assets.defs.spend.checks import build_sum_check
 from rastro_assets.instance.accounts import move_account
 from rastro_assets.instance.run_queue import AccountRunCoordinator, range_priority, run_account
+from rastro_assets.timekeeping import fixed_clock
 from rastro_assets.warehouse import link_store, registry, shard_store, site_store
+from rastro_assets_tests.conftest import NOW
 from rastro_assets_tests.defs.conftest import TODAY
 from rastro_assets_tests.defs.instance_events import add_run, record_spend
 from rastro_assets_tests.defs.waves import live, run_wave
@@ -327,8 +329,11 @@ def test_the_queue_tags_each_range_run_of_a_shared_backfill_with_its_account(tmp
             "class": "AccountRunCoordinator",
         }
     }
+    # A day whose ranking differs from the real today's: the queue ranks on its own clock.
+    later = datetime(2027, 1, 15, 12, 0, tzinfo=UTC)
     with dg.instance_for_test(temp_dir=str(tmp_path), overrides=overrides) as instance:
         assert isinstance(instance.run_coordinator, AccountRunCoordinator)
+        instance.run_coordinator.clock = fixed_clock(later)
         queued = {}
         for account in ("act_1", "act_2"):
             run_id = str(uuid.uuid4())
@@ -354,11 +359,9 @@ def test_the_queue_tags_each_range_run_of_a_shared_backfill_with_its_account(tmp
             "act_1": "act_1",
             "act_2": "act_2",
         }
-        # Each ranked by how far back its range ends.
-        today = datetime.now(UTC).date()
-        assert {run.tags["dagster/priority"] for run in queued.values()} == {
-            str(range_priority(queued["act_1"].tags, today))
-        }
+        # Each ranked by how far back its range ends: 46 days, the second block of 30.
+        assert range_priority(queued["act_1"].tags, later.date()) == -1
+        assert {run.tags["dagster/priority"] for run in queued.values()} == {"-1"}
         assert {run.status for run in queued.values()} == {dg.DagsterRunStatus.QUEUED}
 
 
@@ -370,13 +373,14 @@ def test_the_queue_starts_the_cadences_runs_before_any_backfills(tmp_path):
         }
     }
     with dg.instance_for_test(temp_dir=str(tmp_path), overrides=overrides) as instance:
+        instance.run_coordinator.clock = fixed_clock(NOW)
         priorities = {}
         for name, tags in (
             ("wave", {WAVE_TAG: "true"}),
             ("first-data", {FIRST_DATA_TAG: "3"}),
             ("newest block", {
-                "dagster/asset_partition_range_start": f"act_1|{datetime.now(UTC).date()}",
-                "dagster/asset_partition_range_end": f"act_1|{datetime.now(UTC).date()}",
+                "dagster/asset_partition_range_start": f"act_1|{TODAY}",
+                "dagster/asset_partition_range_end": f"act_1|{TODAY}",
             }),
             ("by hand", {}),
         ):
