@@ -52,7 +52,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The minutes-long end-to-end tests first, each followed by one short test, then the
     other slow tests (the other end-to-end ones first), then the rest.
 
-    Under `-n 3 --maxschedchunk 1`, xdist hands each worker two consecutive tests to start
+    Under `-n 4 --maxschedchunk 1`, xdist hands each worker two consecutive tests to start
     with, then one at a time: so each end-to-end test starts at once on a worker of its own
     while the short tests fill the time around them. Every worker collects and sorts alike:
     the seed, not the worker, picks the order.
