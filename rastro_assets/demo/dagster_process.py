@@ -180,7 +180,8 @@ class _Canceller:
             text=True,
             process_group=0,
         )
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         for line in self.process.stdout:
@@ -189,6 +190,9 @@ class _Canceller:
                 self.done.set()
             elif len(words) == 3 and words[0] == "canceled":
                 say(f"run {words[1][:8]} ({words[2]}) canceled: stopped by the user")
+            elif len(words) == 4 and words[0] == "ended":
+                say(f"run {words[1][:8]} ({words[2]}) ended {words[3].lower()} before the stop"
+                    " reached it")
         self.done.set()
 
     def swept(self, now: float) -> bool:
@@ -204,6 +208,8 @@ class _Canceller:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        # Its last lines say how the runs it stopped ended: said before the demo's "stopped".
+        self.reader.join(RELAY_DRAIN_SECONDS)
 
 
 def _end_group(pgid: int) -> None:

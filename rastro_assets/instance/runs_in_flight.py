@@ -5,7 +5,9 @@ is marked as canceled by the user, not failed, and its worker is asked to stop.
 (`rastro demo` runs it when it is stopped, before Dagster is): once, then again every
 `SWEEP_SECONDS` for the runs the daemon launches meanwhile, until its stdin closes once
 Dagster has stopped; then the runs it stopped that no worker marked canceled are marked so.
-It prints `swept` after the first pass and `canceled RUN_ID JOB` for each run it stops.
+It prints `swept` after the first pass, and for each run it stopped how that run ended, once it
+has: `canceled RUN_ID JOB`, or `ended RUN_ID JOB STATUS` for a run whose worker finished it
+before the request to stop reached it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import dagster as dg
 
 IN_FLIGHT = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
 """Runs a worker is executing. Queued runs stay queued: the next start runs them."""
+ENDED = [dg.DagsterRunStatus.CANCELED, dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE]
 STOPPED_BY_THE_USER = "stopped by the user: Dagster is stopping"
 SWEEP_SECONDS = 0.5
 
@@ -57,6 +60,25 @@ def end_canceling(instance: dg.DagsterInstance, message: str, run_ids: list[str]
         instance.report_run_canceled(run, message=message)
 
 
+def newly_ended(
+    instance: dg.DagsterInstance, stopped: dict[str, str], told: set[str]
+) -> list[str]:
+    """A line for each run of `stopped` (run id: job) that has ended since the last call:
+    a worker may finish its run in the moment between the request to stop and its arrival,
+    and the run then ended as its worker says, not canceled."""
+    pending = [run_id for run_id in stopped if run_id not in told]
+    if not pending:
+        return []
+    lines = []
+    for run in instance.get_runs(filters=dg.RunsFilter(run_ids=pending, statuses=ENDED)):
+        told.add(run.run_id)
+        if run.status == dg.DagsterRunStatus.CANCELED:
+            lines.append(f"canceled {run.run_id} {stopped[run.run_id]}")
+        else:
+            lines.append(f"ended {run.run_id} {stopped[run.run_id]} {run.status.value}")
+    return lines
+
+
 def main() -> int:
     stdin_closed = threading.Event()
 
@@ -66,15 +88,21 @@ def main() -> int:
 
     threading.Thread(target=wait_for_eof, daemon=True).start()
     handled: dict[str, dg.DagsterRunStatus] = {}
+    stopped: dict[str, str] = {}
+    told: set[str] = set()
     with dg.DagsterInstance.get() as instance:
         for sweep in itertools.count():
             for run in cancel_runs_in_flight(instance, STOPPED_BY_THE_USER, handled):
-                print(f"canceled {run.run_id} {run.job_name}", flush=True)
+                stopped[run.run_id] = run.job_name
+            for line in newly_ended(instance, stopped, told):
+                print(line, flush=True)
             if sweep == 0:
                 print("swept", flush=True)
             if stdin_closed.wait(SWEEP_SECONDS):
                 break
         end_canceling(instance, STOPPED_BY_THE_USER, list(handled))
+        for line in newly_ended(instance, stopped, told):
+            print(line, flush=True)
     return 0
 
 
