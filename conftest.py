@@ -1,17 +1,32 @@
-"""How the suite runs: the long end-to-end tests first, the rest in any order asked for, and
-the tests' temporary directories in memory where the machine has room for them.
+"""How the suite runs: the long end-to-end tests first, the rest in any order asked for, the
+tests' temporary directories in memory where the machine has room for them, and the code
+compiled once for the suite's hundreds of Python processes.
 
 Here, at the root, so that `--shuffle-seed N` is known however pytest is invoked.
 """
 
 from __future__ import annotations
 
+import compileall
 import os
+import py_compile
 import random
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parent
+COMPILED_PACKAGES = ("rastro_assets", "rastro_fake_graph")
+"""Imported by nearly every process the tests start: the code servers, daemons, run workers
+and `rastro` commands, in this checkout and in the end-to-end tests' copies of it."""
+
+# An environment that asks Python not to write bytecode (PYTHONDONTWRITEBYTECODE) makes every
+# xdist worker rewrite and compile each test module again, and every process the tests start
+# compile the product again: seconds of CPU each, thousands of times over a run on two cores.
+# A cache is not a change of behaviour, so the suite keeps one.
+sys.dont_write_bytecode = False
 
 MEMORY_TEMP_ROOT = Path("/dev/shm")
 """A RAM disk on Linux: Dagster's SQLite storages and the DuckDB files in the tests' directories
@@ -33,13 +48,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The temporary directories under `MEMORY_TEMP_ROOT`, unless a base was asked for."""
+    """The product compiled (by the controller, before any worker starts), and the temporary
+    directories under `MEMORY_TEMP_ROOT` unless a base was asked for."""
+    if not hasattr(config, "workerinput"):
+        compile_product()
     if config.option.basetemp or os.environ.get("PYTEST_DEBUG_TEMPROOT"):
         return
     if memory_has_room(MEMORY_TEMP_ROOT):
         # pytest's own setting of the root its numbered `pytest-of-USER/pytest-N` go under;
         # the xdist workers are handed their directories below the controller's.
         os.environ["PYTEST_DEBUG_TEMPROOT"] = str(MEMORY_TEMP_ROOT)
+
+
+def compile_product() -> None:
+    """Bytecode for the product's modules, read by the processes the tests start even when
+    their environment forbids writing it. Checked against each source's hash rather than its
+    time, so a copy of the checkout (`e2e/demo_harness.copy_tracked_files`) may use it too,
+    and an edited module is compiled afresh, never run stale."""
+    for package in COMPILED_PACKAGES:
+        compileall.compile_dir(
+            ROOT / package, quiet=1,
+            invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
+        )
 
 
 def memory_has_room(root: Path) -> bool:

@@ -4,6 +4,7 @@ stopping it (`stop`), and brief read-only looks at its warehouse."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -39,7 +40,9 @@ T = TypeVar("T")
 
 
 def copy_tracked_files(dest: Path) -> None:
-    """The repo's tracked files as they are in the work tree (deleted ones skipped)."""
+    """The repo's tracked files as they are in the work tree (deleted ones skipped), with the
+    bytecode the suite compiled for them (the root `conftest.py`): a cache a checkout has
+    after its first run, which each of the copy's processes would otherwise compile again."""
     listing = subprocess.run(
         ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
     ).stdout.decode()
@@ -50,6 +53,16 @@ def copy_tracked_files(dest: Path) -> None:
         target = dest / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, target)
+        if source.suffix == ".py":
+            copy_bytecode(source, target)
+
+
+def copy_bytecode(source: Path, target: Path) -> None:
+    cached = Path(importlib.util.cache_from_source(str(source)))
+    if cached.is_file():
+        target_cache = Path(importlib.util.cache_from_source(str(target)))
+        target_cache.parent.mkdir(exist_ok=True)
+        shutil.copy2(cached, target_cache)
 
 
 def free_port() -> int:
