@@ -1,6 +1,6 @@
 """How the suite runs: the long end-to-end tests first, the rest in any order asked for, the
 tests' temporary directories in memory where the machine has room for them, and the code
-compiled once for the suite's hundreds of Python processes.
+compiled once for all the Python processes the suite starts.
 
 Here, at the root, so that `--shuffle-seed N` is known however pytest is invoked.
 """
@@ -24,7 +24,7 @@ and `rastro` commands, in this checkout and in the end-to-end tests' copies of i
 
 # An environment that asks Python not to write bytecode (PYTHONDONTWRITEBYTECODE) makes every
 # xdist worker rewrite and compile each test module again, and every process the tests start
-# compile the product again: seconds of CPU each, thousands of times over a run on two cores.
+# compile the product again: on a machine the suite keeps busy, that CPU is its running time.
 # A cache is not a change of behaviour, so the suite keeps one.
 sys.dont_write_bytecode = False
 
