@@ -27,7 +27,7 @@ from rastro_assets.warehouse.runs import (
     finish_sync_runs,
     start_sync_runs,
 )
-from rastro_assets_tests.analytics.helpers import publish_week
+from rastro_assets_tests.analytics.helpers import published_week
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -353,9 +353,9 @@ def test_the_guides_queries_run(warehouse: Warehouse, linked_account: str, now):
 
 
 @pytest.fixture
-def published(syncer, warehouse, fake_clock, duckdb_path: Path) -> Path:
+def published(request: pytest.FixtureRequest, duckdb_path: Path) -> Path:
     """A snapshot of a synced week, where the demo keeps it: beside the pipeline's file."""
-    return publish_week(syncer, warehouse, duckdb_path.parent / "analytics.duckdb", fake_clock)
+    return published_week(request, duckdb_path)
 
 
 def sql_commands(text: str) -> list[list[str]]:

@@ -23,7 +23,7 @@ from rastro_assets.analytics.publish import Publisher
 from rastro_assets.sync.types import SyncRequest
 from rastro_assets.warehouse import site_store
 from rastro_assets.warehouse.connection import Warehouse
-from rastro_assets_tests.analytics.helpers import WEEK, publish_week
+from rastro_assets_tests.analytics.helpers import WEEK, published_week
 from rastro_assets_tests.analytics.sandbox import (
     KEY_TEXT,
     analyst_folder,
@@ -36,8 +36,8 @@ METRICS = ["currency", "spend", "impressions", "clicks", "conversations"]
 
 
 @pytest.fixture
-def snapshot_path(syncer, warehouse, fake_clock, tmp_path: Path) -> Path:
-    return publish_week(syncer, warehouse, tmp_path / "analysts" / "analytics.duckdb", fake_clock)
+def snapshot_path(request: pytest.FixtureRequest, duckdb_path: Path, tmp_path: Path) -> Path:
+    return published_week(request, duckdb_path, tmp_path / "analysts" / "analytics.duckdb")
 
 
 @pytest.fixture

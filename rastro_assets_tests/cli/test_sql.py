@@ -21,7 +21,7 @@ import wcwidth
 
 from rastro_assets.cli.sql_print import _duration
 from rastro_assets.warehouse.connection import Warehouse
-from rastro_assets_tests.analytics.helpers import publish_week
+from rastro_assets_tests.analytics.helpers import published_week
 from rastro_assets_tests.analytics.sandbox import (
     analyst_folder,
     assert_a_writer_opens_it_now,
@@ -40,9 +40,9 @@ SPEND = (
 
 
 @pytest.fixture
-def snapshot_path(syncer, warehouse, fake_clock, duckdb_path: Path) -> Path:
+def snapshot_path(request: pytest.FixtureRequest, duckdb_path: Path) -> Path:
     """The default snapshot: `analytics.duckdb` beside the pipeline's file."""
-    return publish_week(syncer, warehouse, duckdb_path.parent / "analytics.duckdb", fake_clock)
+    return published_week(request, duckdb_path)
 
 
 def in_snapshot(path: Path, query: str) -> list[tuple]:

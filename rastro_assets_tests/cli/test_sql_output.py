@@ -16,7 +16,7 @@ import pytest
 from rastro_assets import cli
 from rastro_assets.analytics.publish import Publisher
 from rastro_assets.cli.context import Context
-from rastro_assets_tests.analytics.helpers import publish_week
+from rastro_assets_tests.analytics.helpers import publish_week, published_week
 from rastro_assets_tests.cli.conftest import assert_usage_error
 
 SPEND = "SELECT ad_account_id, day, sum(spend) AS spend FROM ad_spend_daily GROUP BY ALL"
@@ -27,8 +27,8 @@ NOBODY = 65534
 
 
 @pytest.fixture
-def snapshot_path(syncer, warehouse, fake_clock, duckdb_path: Path) -> Path:
-    return publish_week(syncer, warehouse, duckdb_path.parent / "analytics.duckdb", fake_clock)
+def snapshot_path(request: pytest.FixtureRequest, duckdb_path: Path) -> Path:
+    return published_week(request, duckdb_path)
 
 
 def leftovers(directory: Path) -> list[str]:
